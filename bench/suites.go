@@ -1,0 +1,19 @@
+package bench
+
+// All lists the benchmark suites in the order `skyhive bench all` runs them.
+// Each suite lives in its own file in this package.
+func All() []Suite {
+	return []Suite{
+		// Suites register here, one line each.
+	}
+}
+
+// Find returns the suite with the given name.
+func Find(name string) (Suite, bool) {
+	for _, s := range All() {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Suite{}, false
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/skyhive/skyhive/bench"
+	"github.com/spf13/cobra"
+)
+
+func newBenchCmd() *cobra.Command {
+	var opts bench.Options
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "bench SUITE|all",
+		Short: "Run a benchmark suite and print a table, or JSON lines with --json",
+		Long: "Run a benchmark suite. Every suite compares against a reference measured in the same run\n" +
+			"and reports medians of at least 5 repetitions with min and max.\n\nSuites:\n" + suiteList(),
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var suites []bench.Suite
+			if args[0] == "all" {
+				suites = bench.All()
+			} else {
+				s, ok := bench.Find(args[0])
+				if !ok {
+					return fmt.Errorf("unknown suite %q; suites:\n%s", args[0], suiteList())
+				}
+				suites = []bench.Suite{s}
+			}
+			if opts.Reps < 5 {
+				return fmt.Errorf("--reps must be at least 5, got %d", opts.Reps)
+			}
+			opts.Log = os.Stderr
+			for _, s := range suites {
+				rs, err := s.Run(opts)
+				if err != nil {
+					return fmt.Errorf("bench %s: %w", s.Name, err)
+				}
+				if asJSON {
+					err = bench.WriteJSON(cmd.OutOrStdout(), rs)
+				} else {
+					err = bench.WriteTable(cmd.OutOrStdout(), rs)
+				}
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per line")
+	cmd.Flags().BoolVar(&opts.Quick, "quick", false, "smaller cases, under 30 s per suite")
+	cmd.Flags().IntVar(&opts.Reps, "reps", 5, "measured repetitions per case (at least 5)")
+	return cmd
+}
+
+func suiteList() string {
+	var b strings.Builder
+	for _, s := range bench.All() {
+		fmt.Fprintf(&b, "  %-10s %s\n", s.Name, s.Short)
+	}
+	return b.String()
+}

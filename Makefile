@@ -1,0 +1,38 @@
+# Skyhive. `make demo` runs the main job, `make test` runs the checks and tests.
+GO      ?= go
+BIN     := bin/skyhive
+GOBIN   := $(shell $(GO) env GOPATH)/bin
+FUZZTIME ?= 3s
+
+.PHONY: setup build demo test lint unit fuzz bench clean
+
+setup:
+	./scripts/setup.sh
+
+build:
+	$(GO) build -o $(BIN) ./cmd/skyhive
+
+demo: setup build
+	./$(BIN) demo
+
+# The test command: formatting, vet, staticcheck, unit tests, then each fuzz
+# target for a few seconds.
+test: setup lint unit fuzz
+
+lint:
+	@bad=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi
+	$(GO) vet ./...
+	$(GOBIN)/staticcheck ./...
+
+unit:
+	$(GO) test -count=1 -timeout 15m ./...
+
+fuzz:
+	./scripts/fuzz.sh $(FUZZTIME)
+
+bench: build
+	./$(BIN) bench all
+
+clean:
+	rm -rf bin results

@@ -5,6 +5,7 @@ package bench
 func All() []Suite {
 	return []Suite{
 		// Suites register here, one line each.
+		gemmSuite(),
 	}
 }
 

@@ -21,6 +21,11 @@ func NewDataset(x *tensor.Tensor, y []int) (*Dataset, error) {
 	if x == nil || len(x.Shape) == 0 {
 		return nil, fmt.Errorf("data: examples need a tensor of rank >= 1")
 	}
+	for _, d := range x.Shape {
+		if d < 0 {
+			return nil, fmt.Errorf("data: negative dimension in shape %v", x.Shape)
+		}
+	}
 	if tensor.NumElements(x.Shape) != len(x.Data) {
 		return nil, fmt.Errorf("data: tensor shape %v does not hold %d elements", x.Shape, len(x.Data))
 	}
@@ -91,7 +96,8 @@ func (d *Dataset) Gather(idx []int) Batch {
 // Shard returns peer i's share of d when n data-parallel peers split it:
 // the contiguous block [i*N/n, (i+1)*N/n). The n shards are disjoint, cover
 // every example, and differ in size by at most one. The shard shares d's
-// memory.
+// memory. Blocks are contiguous, so shuffle an ordered dataset (Split with
+// n = 0 returns a shuffled copy) before sharding it.
 func (d *Dataset) Shard(i, n int) (*Dataset, error) {
 	if n < 1 || i < 0 || i >= n {
 		return nil, fmt.Errorf("data: shard %d of %d: need 0 <= i < n", i, n)

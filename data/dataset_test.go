@@ -45,6 +45,9 @@ func TestNewDatasetValidates(t *testing.T) {
 	if _, err := NewDataset(&tensor.Tensor{Shape: []int{2, 2}, Data: make([]float32, 3)}, []int{1, 2}); err == nil {
 		t.Error("inconsistent tensor accepted")
 	}
+	if _, err := NewDataset(&tensor.Tensor{Shape: []int{-1, -2}, Data: make([]float32, 2)}, nil); err == nil {
+		t.Error("negative shape accepted")
+	}
 	if _, err := NewDataset(nil, nil); err == nil {
 		t.Error("nil tensor accepted")
 	}

@@ -6,6 +6,7 @@ func All() []Suite {
 	return []Suite{
 		// Suites register here, one line each.
 		gemmSuite(),
+		layersSuite(),
 	}
 }
 

@@ -17,18 +17,14 @@ import (
 //     AVX-512 or AVX2+FMA assembly micro-kernel on amd64 CPUs that have them
 //     and plain Go elsewhere.
 //
-// Gemm uses OpenBLAS when it is found, except for tiny products, where the
-// cost of the foreign call and of OpenBLAS's threads exceeds the work and
-// the Go kernel is faster. Setting the environment variable SKYHIVE_BLAS=go
-// before the first GEMM forces the pure-Go kernel. The choice is made once,
+// Gemm uses OpenBLAS for every size when it is found: measured on a 2-core
+// AVX-512 machine, OpenBLAS (with the foreign call, about 0.7 µs) was faster
+// than the Go kernel at every size from 4×4×4 up, by about 2× below
+// 100×100×100 (OpenBLAS runs small products on one thread), so no size
+// threshold sends work to Go. Setting the environment variable
+// SKYHIVE_BLAS=go before the first GEMM forces the pure-Go kernel. The choice is made once,
 // lazily, at the first call (see defaultBackends); it is the package's only
 // state besides the packing-buffer pool of the Go kernel.
-
-// blasMinFlops is the size, in 2·m·n·k, below which Gemm uses the Go kernel
-// even when OpenBLAS is loaded. Measured on a 2-core AVX-512 machine: at
-// 32×32×32 (65 kFLOP) the Go kernel is about 2× faster; the two meet around
-// 64×64×64 (0.5 MFLOP).
-const blasMinFlops = 1 << 19
 
 // Engine is one GEMM implementation. The zero value is not usable; get one
 // from GoEngine, BLASEngine or DefaultEngine. Engines are safe for
@@ -37,20 +33,17 @@ type Engine struct {
 	name string
 	goK  *goGemm  // pure-Go kernel; always set
 	blas *blasLib // OpenBLAS, or nil
-	// minBLAS is the flop count (2·m·n·k) from which blas is used.
-	minBLAS int
 }
 
-// Name describes the engine, e.g. "openblas", "go-avx512" or
-// "openblas+go-avx512" for the default engine that sends tiny products to
-// the Go kernel.
+// Name describes the engine: "openblas", or the Go kernel's name such as
+// "go-avx512", "go-avx2" or "go-generic".
 func (e *Engine) Name() string { return e.name }
 
 // Gemm computes C = alpha*op(A)*op(B) + beta*C like the package-level Gemm,
 // with this engine.
 func (e *Engine) Gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	checkGemm(transA, transB, m, n, k, a, lda, b, ldb, c, ldc)
-	if e.blas != nil && 2*m*n*k >= e.minBLAS && fitsInt32(m, n, k, lda, ldb, ldc) {
+	if e.blas != nil && fitsInt32(m, n, k, lda, ldb, ldc) {
 		e.blas.sgemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 		return
 	}
@@ -63,16 +56,21 @@ type backends struct {
 	blasErr                         error
 }
 
-// defaultBackends builds the engines once: it picks the best Go
-// micro-kernel for this CPU and tries to load OpenBLAS (unless SKYHIVE_BLAS
-// is "go"), then logs the choice at debug level.
+// defaultBackends builds the engines once, at the first GEMM, from the
+// SKYHIVE_BLAS environment variable.
 var defaultBackends = sync.OnceValue(func() *backends {
+	return newBackends(os.Getenv("SKYHIVE_BLAS"))
+})
+
+// newBackends picks the best Go micro-kernel for this CPU and tries to load
+// OpenBLAS unless blasEnv is "go", then logs the choice at debug level.
+func newBackends(blasEnv string) *backends {
 	var bs backends
 	g := newGoGemm()
 	bs.goEngine = &Engine{name: g.name, goK: g}
 	var lib *blasLib
 	err := errors.New("tensor: OpenBLAS disabled by SKYHIVE_BLAS=go")
-	if os.Getenv("SKYHIVE_BLAS") != "go" {
+	if blasEnv != "go" {
 		lib, err = loadBLAS()
 	}
 	if err != nil {
@@ -82,17 +80,18 @@ var defaultBackends = sync.OnceValue(func() *backends {
 		return &bs
 	}
 	bs.blasEngine = &Engine{name: "openblas", goK: g, blas: lib}
-	bs.defEngine = &Engine{name: "openblas+" + g.name, goK: g, blas: lib, minBLAS: blasMinFlops}
-	slog.Debug("tensor: GEMM backend", "backend", "openblas", "library", lib.path, "small", g.name)
+	bs.defEngine = bs.blasEngine
+	slog.Debug("tensor: GEMM backend", "backend", "openblas", "library", lib.path)
 	return &bs
-})
+}
 
 // GoEngine returns the pure-Go engine with the fastest micro-kernel this
 // CPU supports.
 func GoEngine() *Engine { return defaultBackends().goEngine }
 
-// BLASEngine returns the engine that sends every product to OpenBLAS, or an
-// error saying why OpenBLAS is not available (not installed, unsupported
+// BLASEngine returns the engine that sends every product to OpenBLAS (except
+// those with a dimension beyond the 32-bit CBLAS interface, which run in
+// Go), or an error saying why OpenBLAS is not available (not installed, unsupported
 // OS, or disabled by SKYHIVE_BLAS=go).
 func BLASEngine() (*Engine, error) {
 	bs := defaultBackends()
@@ -102,9 +101,9 @@ func BLASEngine() (*Engine, error) {
 // DefaultEngine returns the engine Gemm uses.
 func DefaultEngine() *Engine { return defaultBackends().defEngine }
 
-// Backend names the GEMM backend in use: "openblas+go-…" when OpenBLAS is
-// loaded (tiny products still run in Go), or the Go kernel's name such as
-// "go-avx512", "go-avx2" or "go-generic".
+// Backend names the GEMM backend Gemm uses: "openblas" when the library is
+// loaded, or otherwise the Go kernel's name such as "go-avx512", "go-avx2"
+// or "go-generic".
 func Backend() string { return DefaultEngine().name }
 
 // Gemm computes C = alpha*op(A)*op(B) + beta*C for row-major matrices, where

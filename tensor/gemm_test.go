@@ -252,3 +252,14 @@ func TestBackendNames(t *testing.T) {
 	}
 	t.Logf("backend %s", Backend())
 }
+
+func TestForceGoBackend(t *testing.T) {
+	bs := newBackends("go")
+	if bs.blasEngine != nil || bs.blasErr == nil || bs.defEngine != bs.goEngine {
+		t.Fatalf("SKYHIVE_BLAS=go still uses %s", bs.defEngine.Name())
+	}
+	bs = newBackends("")
+	if (bs.blasEngine == nil) == (bs.blasErr == nil) {
+		t.Fatalf("inconsistent backends: engine %v, error %v", bs.blasEngine, bs.blasErr)
+	}
+}

@@ -107,7 +107,12 @@ func LogSoftmaxRows(x []float32, rows, cols int) {
 		for _, v := range row {
 			s += exp32(v - m)
 		}
-		AddScalar(-(m + float32(math.Log(float64(s)))), row)
+		// (x-m) - log s keeps the precision that x - (m + log s) would lose
+		// when |m| is large.
+		ls := float32(math.Log(float64(s)))
+		for i, v := range row {
+			row[i] = (v - m) - ls
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ func All() []Suite {
 		// Suites register here, one line each.
 		gemmSuite(),
 		layersSuite(),
+		allocSuite(),
 	}
 }
 

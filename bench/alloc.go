@@ -1,0 +1,222 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/skyhive/skyhive/alloc"
+)
+
+// Scenario constants of the alloc suite.
+const (
+	allocBaseSpeed = 10e12 // effective FLOP/s of an unslowed device
+	allocBatch     = 32    // BERT-large batch per iteration
+	allocMicro     = 32    // micro-batches of the pipelined schedule
+)
+
+func allocSuite() Suite {
+	return Suite{
+		Name:  "alloc",
+		Short: "predicted iteration time per allocation strategy vs even; solve time; gap to the proven optimum",
+		Run:   runAlloc,
+	}
+}
+
+// allocProblem draws a seeded BERT-large scenario: n devices with speed
+// base/U[1,6], memory caps (L/n)·layer memory·U[lo,hi] (so some even
+// splits do not fit; caps are scaled up if the total is below 1.15× the
+// model), in regions regions given in shuffled order. Links inside a
+// region: 0.2 ms, 10 Gbit/s; between regions 50–150 ms and 10–100 Mbit/s.
+func allocProblem(seed uint64, cs allocCase, micro int) alloc.Problem {
+	n, L, regions := cs.n, cs.L, cs.regions
+	rng := rand.New(rand.NewPCG(seed, uint64(n*1000+L)))
+	m := alloc.BertLarge(allocBatch).Model(fmt.Sprintf("bert-large:%d", L), L)
+	m.MicroBatches = micro
+	layerMem := m.Layers[0].MemBytes()
+	c := &alloc.Cluster{Intra: alloc.Link{Latency: 0.2e-3, Bandwidth: 10e9 / 8}}
+	names := []string{"eu", "us", "asia", "au"}
+	for a := 0; a < regions; a++ {
+		for b := a + 1; b < regions; b++ {
+			c.RegionLinks = append(c.RegionLinks, alloc.RegionLink{A: names[a], B: names[b], Link: alloc.Link{
+				Latency:   (50 + 100*rng.Float64()) * 1e-3,
+				Bandwidth: (10 + 90*rng.Float64()) * 1e6 / 8,
+			}})
+		}
+	}
+	var total int64
+	for i := 0; i < n; i++ {
+		d := alloc.Device{
+			Name:     fmt.Sprintf("w%02d", i),
+			Speed:    allocBaseSpeed / (1 + 5*rng.Float64()),
+			MemBytes: int64(float64(layerMem) * float64(L) / float64(n) * (cs.memLo + (cs.memHi-cs.memLo)*rng.Float64())),
+			Region:   names[rng.IntN(regions)],
+		}
+		total += d.MemBytes
+		c.Devices = append(c.Devices, d)
+	}
+	if need := int64(1.15 * float64(layerMem) * float64(L)); total < need {
+		for i := range c.Devices {
+			c.Devices[i].MemBytes = int64(float64(c.Devices[i].MemBytes) * float64(need) / float64(total))
+		}
+	}
+	return alloc.Problem{Cluster: c, Model: m}
+}
+
+type allocCase struct {
+	n, L, regions int
+	// memLo and memHi bound the memory cap as a multiple of the even share.
+	memLo, memHi float64
+	tag          string
+}
+
+// Memory regimes: "roomy" caps average 2.25× the even share, "tight" ones
+// 1.6× (then most of the cluster's memory is needed).
+const (
+	roomyLo, roomyHi = 0.5, 4.0
+	tightLo, tightHi = 0.75, 2.5
+)
+
+func runAlloc(o Options) ([]Result, error) {
+	seeds := 10
+	cases := []allocCase{}
+	for _, n := range []int{16, 32, 64} {
+		for _, L := range []int{40, 80, 160} {
+			cases = append(cases, allocCase{n, L, 1, roomyLo, roomyHi, ""})
+		}
+	}
+	cases = append(cases, allocCase{64, 160, 1, tightLo, tightHi, "-tight"})
+	netCases := []allocCase{{32, 80, 2, roomyLo, roomyHi, ""}, {64, 160, 3, roomyLo, roomyHi, ""}}
+	if o.Quick {
+		seeds = 5
+		cases = []allocCase{{16, 40, 1, roomyLo, roomyHi, ""}, {64, 160, 1, roomyLo, roomyHi, ""}}
+		netCases = netCases[:1]
+	}
+	strategies := []string{"sky", "optimal", "skyhive"}
+	schedules := []struct {
+		name  string
+		micro int
+	}{{"seq", 1}, {fmt.Sprintf("gpipe%d", allocMicro), allocMicro}}
+	ctx := context.Background()
+	solve := func(name string, p alloc.Problem) (*alloc.Result, error) {
+		s, err := alloc.NewStrategy(name)
+		if err != nil {
+			return nil, err
+		}
+		if name == "optimal" {
+			s = alloc.Optimal{TimeLimit: 5 * time.Second}
+		}
+		r, err := s.Solve(ctx, p)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		return r, nil
+	}
+
+	var out []Result
+	for _, cs := range append(cases, netCases...) {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("alloc: %w", err)
+		}
+		net := cs.regions > 1
+		label := fmt.Sprintf("%dx%d%s", cs.n, cs.L, cs.tag)
+		if net {
+			label = fmt.Sprintf("net%dr-%dx%d", cs.regions, cs.n, cs.L)
+		}
+		solveMs := map[string][]float64{}
+		for _, sc := range schedules {
+			ratios := map[string][]float64{}
+			failed := map[string]int{}
+			evenOver, worse := 0, 0
+			for seed := 0; seed < seeds; seed++ {
+				p := allocProblem(uint64(seed), cs, sc.micro)
+				even, err := solve("even", p)
+				if err != nil {
+					return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
+				}
+				if !even.Report.Feasible() {
+					evenOver++
+				}
+				sh, err := solve("skyhive", p)
+				if err != nil {
+					return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
+				}
+				for _, name := range strategies {
+					r := sh
+					if name != "skyhive" {
+						if r, err = solve(name, p); errors.Is(err, alloc.ErrInfeasible) {
+							failed[name]++ // sky's phase 1 can fail on feasible clusters
+							continue
+						} else if err != nil {
+							return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
+						}
+					}
+					if sh.Predicted > r.Predicted*(1+1e-9) {
+						worse++
+					}
+					ratios[name] = append(ratios[name], even.Predicted/r.Predicted)
+					if net {
+						ratios[name+"/skyhive"] = append(ratios[name+"/skyhive"], r.Predicted/sh.Predicted)
+					}
+					solveMs[name] = append(solveMs[name], 1e3*r.SolveTime.Seconds())
+				}
+			}
+			for _, name := range strategies {
+				note := fmt.Sprintf("even over memory in %d/%d seeds (its predicted time is used anyway)", evenOver, seeds)
+				if failed[name] > 0 {
+					note += fmt.Sprintf("; %s failed (memory) in %d seeds, left out", name, failed[name])
+				}
+				if name == "skyhive" {
+					note += fmt.Sprintf("; skyhive worse than sky or optimal in %d runs", worse)
+				}
+				if len(ratios[name]) == 0 {
+					out = append(out, Result{Suite: "alloc", Case: label + "/" + sc.name, Metric: name + " failures",
+						Value: float64(failed[name]), Unit: "seeds", Note: note})
+					continue
+				}
+				st := Summarize(ratios[name])
+				out = append(out, Result{Suite: "alloc", Case: label + "/" + sc.name, Metric: "even/" + name,
+					Value: st.Median, Unit: "x", Min: st.Min, Max: st.Max, Note: note})
+				if net && name != "skyhive" {
+					st := Summarize(ratios[name+"/skyhive"])
+					out = append(out, Result{Suite: "alloc", Case: label + "/" + sc.name, Metric: name + "/skyhive",
+						Value: st.Median, Unit: "x", Min: st.Min, Max: st.Max, Note: "network-blind plan, network-aware cost"})
+				}
+			}
+			o.Logf("alloc %s/%s: even/skyhive %.3f", label, sc.name, Summarize(ratios["skyhive"]).Median)
+		}
+		for _, name := range strategies {
+			st := Summarize(solveMs[name])
+			out = append(out, Result{Suite: "alloc", Case: label, Metric: "solve " + name, Value: st.Median, Unit: "ms", Min: st.Min, Max: st.Max})
+		}
+		if net {
+			continue
+		}
+		// The paper's objective: skyhive vs the proven optimum.
+		var gaps []float64
+		proven := 0
+		for seed := 0; seed < seeds; seed++ {
+			p := allocProblem(uint64(seed), cs, 1)
+			p.Objective = alloc.ObjBottleneck
+			opt, err := solve("optimal", p)
+			if err != nil {
+				return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
+			}
+			sh, err := solve("skyhive", p)
+			if err != nil {
+				return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
+			}
+			if opt.Proven {
+				proven++
+				gaps = append(gaps, sh.Predicted/opt.Predicted)
+			}
+		}
+		st := Summarize(gaps)
+		out = append(out, Result{Suite: "alloc", Case: label + "/bottleneck", Metric: "skyhive/optimal", Value: st.Median,
+			Unit: "x", Min: st.Min, Max: st.Max,
+			Note: fmt.Sprintf("%d/%d seeds proven", proven, seeds)})
+	}
+	return out, nil
+}

@@ -44,30 +44,6 @@ func (g *goGemm) getBuf(n int) *[]float32 {
 	return &s
 }
 
-// bPanels gives the micro-kernel its B panels for one kc block: either
-// packed copies, or, when B is not transposed and each of its elements is
-// used by only one block of A (small m), the rows of B itself. Packing then
-// would cost as much as the arithmetic, so only a partial last panel, which
-// the kernel would otherwise read past the end of B for, is packed.
-type bPanels struct {
-	packed []float32 // kc×nr panels; in direct mode only the last one
-	direct []float32 // B from row pc on, or nil
-	ldb    int
-	kc, nr int
-	nFull  int // in direct mode: panels read from direct
-}
-
-// panel returns panel p and its row stride.
-func (bp *bPanels) panel(p int) ([]float32, int) {
-	if bp.direct == nil {
-		return bp.packed[p*bp.kc*bp.nr : (p+1)*bp.kc*bp.nr], bp.nr
-	}
-	if p < bp.nFull {
-		return bp.direct[p*bp.nr:], bp.ldb
-	}
-	return bp.packed[:bp.kc*bp.nr], bp.nr
-}
-
 // gemm implements Gemm (arguments already validated) with the pure-Go
 // kernels.
 func (g *goGemm) gemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
@@ -100,37 +76,30 @@ func (g *goGemm) gemm(transA, transB bool, m, n, k int, alpha float32, a []float
 	tasks := mBlocks * nChunks
 	workers = min(workers, tasks)
 
-	direct := !transB && mBlocks == 1
+	// B is always packed, even when each of its elements is used by a
+	// single block of A: reading it in place was slower, because the rows
+	// of a B with a power-of-two stride all map to the same cache sets.
 	kcMax := min(g.kc, k)
-	packFirst := 0 // first panel to pack
-	if direct {
-		packFirst = n / nr
-	}
-	bBuf := g.getBuf(kcMax * (nPanels - packFirst) * nr)
+	bBuf := g.getBuf(kcMax * nPanels * nr)
 	defer g.bufs.Put(bBuf)
-	bps := bPanels{packed: *bBuf, ldb: ldb, nr: nr, nFull: packFirst}
+	bp := *bBuf
 
 	for pc := 0; pc < k; pc += g.kc {
 		kc := min(g.kc, k-pc)
-		bps.kc = kc
-		if direct {
-			bps.direct = b[pc*ldb:]
-		}
-		// Pack the panels of op(B)[pc:pc+kc, :] that need it, in parallel.
+		// Pack op(B)[pc:pc+kc, :], in parallel over panels.
 		packB := func(p0, p1 int) {
 			for p := p0; p < p1; p++ {
 				j0 := p * nr
-				q := p - packFirst
-				g.packB(bps.packed[q*kc*nr:(q+1)*kc*nr], transB, b, ldb, pc, kc, j0, min(nr, n-j0))
+				g.packB(bp[p*kc*nr:(p+1)*kc*nr], transB, b, ldb, pc, kc, j0, min(nr, n-j0))
 			}
 		}
-		if workers == 1 || nPanels-packFirst < 2*workers {
-			packB(packFirst, nPanels)
+		if workers == 1 || nPanels < 2*workers {
+			packB(0, nPanels)
 		} else {
 			var wg sync.WaitGroup
-			per := (nPanels - packFirst + workers - 1) / workers
+			per := (nPanels + workers - 1) / workers
 			for w := 0; w < workers; w++ {
-				p0, p1 := packFirst+w*per, min(packFirst+(w+1)*per, nPanels)
+				p0, p1 := w*per, min((w+1)*per, nPanels)
 				if p0 < p1 {
 					wg.Go(func() { packB(p0, p1) })
 				}
@@ -159,7 +128,7 @@ func (g *goGemm) gemm(transA, transB bool, m, n, k int, alpha float32, a []float
 				}
 				p0 := jch * panelsPerChunk
 				p1 := min(p0+panelsPerChunk, nPanels)
-				g.macro(ap, &bps, rows, kc, p0, p1, n, c[i0*ldc:], ldc, tile[:])
+				g.macro(ap, bp, rows, kc, p0, p1, n, c[i0*ldc:], ldc, tile[:])
 			}
 		}
 		if workers == 1 {
@@ -179,24 +148,24 @@ const maxTile = 16 * 32
 
 // macro runs the micro-kernel over the tiles of a packed A block (rows×kc)
 // and B panels [p0, p1). c points at the block's first row of C.
-func (g *goGemm) macro(ap []float32, bps *bPanels, rows, kc, p0, p1, n int, c []float32, ldc int, tile []float32) {
+func (g *goGemm) macro(ap, bp []float32, rows, kc, p0, p1, n int, c []float32, ldc int, tile []float32) {
 	mr, nr := g.mr, g.nr
 	tile = tile[:mr*nr]
 	for p := p0; p < p1; p++ {
 		j0 := p * nr
 		cols := min(nr, n-j0)
-		bpan, ldb := bps.panel(p)
+		bpan := bp[p*kc*nr : (p+1)*kc*nr]
 		for i0 := 0; i0 < rows; i0 += mr {
 			apan := ap[i0*kc : (i0+mr)*kc]
 			r := min(mr, rows-i0)
 			if r == mr && cols == nr {
-				g.kernel(kc, apan, bpan, ldb, c[i0*ldc+j0:], ldc)
+				g.kernel(kc, apan, bpan, nr, c[i0*ldc+j0:], ldc)
 				continue
 			}
 			// Edge tile: compute into a scratch tile, then add the part
 			// that lies inside C.
 			clear(tile)
-			g.kernel(kc, apan, bpan, ldb, tile, nr)
+			g.kernel(kc, apan, bpan, nr, tile, nr)
 			for i := 0; i < r; i++ {
 				Add(c[(i0+i)*ldc+j0:(i0+i)*ldc+j0+cols], c[(i0+i)*ldc+j0:], tile[i*nr:])
 			}

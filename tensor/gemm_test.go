@@ -263,3 +263,38 @@ func TestForceGoBackend(t *testing.T) {
 		t.Fatalf("inconsistent backends: engine %v, error %v", bs.blasEngine, bs.blasErr)
 	}
 }
+
+// TestGemmConcurrent runs products from several goroutines at once, as the
+// in-process swarm does, and checks every result.
+func TestGemmConcurrent(t *testing.T) {
+	const goroutines, n = 6, 160
+	for name, f := range map[string]gemmFunc{"Gemm": Gemm, "GemmGo": GemmGo} {
+		t.Run(name, func(t *testing.T) {
+			errs := make(chan error, goroutines)
+			for g := 0; g < goroutines; g++ {
+				go func() {
+					rng := rand.New(rand.NewPCG(uint64(g), 9))
+					a, b := randSlice(rng, n*n), randSlice(rng, n*n)
+					want := make([]float32, n*n)
+					refGemm(false, true, n, n, n, 1, a, n, b, n, 0, want, n)
+					for it := 0; it < 5; it++ {
+						c := make([]float32, n*n)
+						f(false, true, n, n, n, 1, a, n, b, n, 0, c, n)
+						for i := range c {
+							if math.Abs(float64(c[i]-want[i])) > 1e-4 {
+								errs <- fmt.Errorf("goroutine %d: C[%d] = %v, want %v", g, i, c[i], want[i])
+								return
+							}
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for g := 0; g < goroutines; g++ {
+				if err := <-errs; err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}

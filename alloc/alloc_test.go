@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -390,5 +391,44 @@ func TestWriteTable(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "[0,3)") || !strings.Contains(b.String(), "sequential") {
 		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+func TestExamples(t *testing.T) {
+	clusters, _ := filepath.Glob("../examples/cluster-*.json")
+	models, _ := filepath.Glob("../examples/model-*.json")
+	if len(clusters) < 2 || len(models) < 2 {
+		t.Fatalf("examples missing: %v %v", clusters, models)
+	}
+	for _, cf := range clusters {
+		c, err := LoadCluster(cf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range models {
+			m, err := LoadModel(mf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := Problem{Cluster: c, Model: m}
+			sh, err := Solve(context.Background(), "skyhive", p)
+			if errors.Is(err, ErrInfeasible) {
+				t.Logf("%s on %s: %v", mf, cf, err)
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s on %s: %v", mf, cf, err)
+			}
+			checkPlan(t, p, sh)
+			ev, err := Solve(context.Background(), "even", p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s on %s: even %.3f s, skyhive %.3f s (%d stages)", filepath.Base(mf), filepath.Base(cf),
+				ev.Predicted, sh.Predicted, len(sh.Plan.Stages))
+		}
+	}
+	if _, err := LoadModel("bert-large:24"); err != nil {
+		t.Error(err)
 	}
 }

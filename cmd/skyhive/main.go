@@ -22,6 +22,7 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(
 		newBenchCmd(),
+		newTrainCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

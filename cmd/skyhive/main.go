@@ -23,6 +23,7 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(
 		newBenchCmd(),
 		newTrainCmd(),
+		newDemoCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

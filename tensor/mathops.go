@@ -4,7 +4,11 @@ import "math"
 
 // Transcendental kernels. They use exp32, a float32 exponential that is
 // several times faster than going through math.Exp in float64 and accurate
-// to about 2 ulp.
+// to about 2 ulp, and its 8-wide AVX2 version (expSlice) on slices.
+
+// chunk is the length of the stack buffers the kernels below compute
+// exponentials in.
+const chunk = 256
 
 const (
 	log2e  = 1.44269504088896341
@@ -68,12 +72,8 @@ func pow2(n int32) float32 {
 // Exp sets dst[i] = e**x[i] for i < len(dst); dst may alias x. The relative
 // error is below 3e-7; overflow gives +Inf and NaN stays NaN.
 func Exp(dst, x []float32) {
-	n := len(dst)
-	checkLen("Exp", n, x)
-	x = x[:n]
-	for i, v := range x {
-		dst[i] = exp32(v)
-	}
+	checkLen("Exp", len(dst), x)
+	expSlice(dst, x)
 }
 
 // SoftmaxRows replaces every row of the rows×cols row-major matrix x by its
@@ -84,14 +84,9 @@ func SoftmaxRows(x []float32, rows, cols int) {
 	checkMat("SoftmaxRows", rows, cols, x)
 	for r := 0; r < rows; r++ {
 		row := x[r*cols : (r+1)*cols]
-		m := Max(row)
-		var s float32
-		for i, v := range row {
-			e := exp32(v - m)
-			row[i] = e
-			s += e
-		}
-		Scale(1/s, row)
+		AddScalar(-Max(row), row)
+		expSlice(row, row)
+		Scale(1/Sum(row), row)
 	}
 }
 
@@ -102,17 +97,18 @@ func LogSoftmaxRows(x []float32, rows, cols int) {
 	checkMat("LogSoftmaxRows", rows, cols, x)
 	for r := 0; r < rows; r++ {
 		row := x[r*cols : (r+1)*cols]
-		m := Max(row)
-		var s float32
-		for _, v := range row {
-			s += exp32(v - m)
-		}
 		// (x-m) - log s keeps the precision that x - (m + log s) would lose
 		// when |m| is large.
-		ls := float32(math.Log(float64(s)))
-		for i, v := range row {
-			row[i] = (v - m) - ls
+		AddScalar(-Max(row), row)
+		var s float32
+		var buf [chunk]float32
+		for c := row; len(c) > 0; {
+			e := buf[:min(chunk, len(c))]
+			expSlice(e, c)
+			s += Sum(e)
+			c = c[len(e):]
 		}
+		AddScalar(-float32(math.Log(float64(s))), row)
 	}
 }
 
@@ -121,12 +117,19 @@ func LogSoftmaxRows(x []float32, rows, cols int) {
 // evaluated as x·σ(2u) with u the tanh argument, which is the same function
 // without tanh's cancellation.
 func GELU(dst, x []float32) {
-	n := len(dst)
-	checkLen("GELU", n, x)
-	x = x[:n]
-	for i, v := range x {
-		u := geluC * (v + geluA*v*v*v)
-		dst[i] = v / (1 + exp32(-2*u))
+	checkLen("GELU", len(dst), x)
+	var buf [chunk]float32
+	for len(dst) > 0 {
+		n := min(chunk, len(dst))
+		t, xs, d := buf[:n], x[:n], dst[:n]
+		for i, v := range xs {
+			t[i] = -2 * geluC * (v + geluA*v*v*v)
+		}
+		expSlice(t, t)
+		for i, v := range xs {
+			d[i] = v / (1 + t[i])
+		}
+		dst, x = dst[n:], x[n:]
 	}
 }
 
@@ -134,13 +137,20 @@ func GELU(dst, x []float32) {
 // GELU's input and GELU is the tanh approximation computed by GELU. dx is
 // overwritten, not accumulated into, and may alias dy or x.
 func GELUBackward(dx, x, dy []float32) {
-	n := len(dx)
-	checkLen("GELUBackward", n, x, dy)
-	x, dy = x[:n], dy[:n]
-	for i, v := range x {
-		u := geluC * (v + geluA*v*v*v)
-		du := geluC * (1 + 3*geluA*v*v)
-		s := 1 / (1 + exp32(-2*u)) // σ(2u) = (1+tanh u)/2
-		dx[i] = dy[i] * (s + 2*v*s*(1-s)*du)
+	checkLen("GELUBackward", len(dx), x, dy)
+	var buf [chunk]float32
+	for len(dx) > 0 {
+		n := min(chunk, len(dx))
+		t, xs, g, d := buf[:n], x[:n], dy[:n], dx[:n]
+		for i, v := range xs {
+			t[i] = -2 * geluC * (v + geluA*v*v*v)
+		}
+		expSlice(t, t)
+		for i, v := range xs {
+			du := geluC * (1 + 3*geluA*v*v)
+			s := 1 / (1 + t[i]) // σ(2u) = (1+tanh u)/2
+			d[i] = g[i] * (s + 2*v*s*(1-s)*du)
+		}
+		dx, x, dy = dx[n:], x[n:], dy[n:]
 	}
 }

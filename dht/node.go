@@ -1,0 +1,910 @@
+// Package dht is a Kademlia distributed hash table over p2p.Transport with
+// the semantics of hivemind's DHT: string keys hashed into a 256-bit
+// keyspace; values with an expiration time, where the latest expiration
+// wins; optional subkeys that turn a key into a dictionary merged across
+// replicas; records signed by their owner when a key or subkey contains an
+// owner marker; replication to the k nearest peers found by iterative
+// lookups with parallelism alpha; caching on the lookup path; and periodic
+// bucket refresh and republishing of the node's own records.
+//
+// The routing table is go-libp2p-kbucket's. The lookup state machine
+// (lookup.go), storage (record.go), signatures (sign.go) and wire format
+// (wire.go) are pure code; node.go does the I/O.
+package dht
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	kb "github.com/libp2p/go-libp2p-kbucket"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	pstore "github.com/libp2p/go-libp2p/p2p/host/peerstore"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/skyhive/skyhive/p2p"
+)
+
+// ProtocolID is the DHT's protocol on a p2p.Transport.
+const ProtocolID protocol.ID = "/skyhive/dht/1.0.0"
+
+// Errors returned by Node methods.
+var (
+	// ErrNotFound means no live record exists under the key.
+	ErrNotFound = errors.New("dht: not found")
+	// ErrNoPeers means the routing table is empty and nothing could be
+	// stored or looked up.
+	ErrNoPeers = errors.New("dht: no peers")
+	// ErrRejected means every replica refused the record, usually because
+	// it holds a fresher one.
+	ErrRejected = errors.New("dht: record rejected by all replicas")
+	// ErrClosed means the node is closed.
+	ErrClosed = errors.New("dht: node closed")
+)
+
+// Config tunes a Node. Zero fields take the defaults shown; negative
+// intervals or sizes disable the feature.
+type Config struct {
+	// PrivKey is the transport identity's private key, used to sign
+	// records whose key or subkey carries this node's OwnerMarker. Nil
+	// means the node cannot store owner-marked records.
+	PrivKey crypto.PrivKey
+	// BucketSize is Kademlia's k (20): bucket capacity and lookup width.
+	BucketSize int
+	// Alpha is the number of RPCs a lookup keeps in flight (3).
+	Alpha int
+	// Replicas is how many of the nearest peers Store writes to (BucketSize).
+	Replicas int
+	// Quorum is how many replicas must answer with a value before Get
+	// stops early (3). Results from all of them are merged.
+	Quorum int
+	// MaxQueries bounds the RPCs of one lookup (8×BucketSize).
+	MaxQueries int
+	// RPCTimeout bounds each request (5s).
+	RPCTimeout time.Duration
+	// MaxRecords bounds stored items, counting each subkey (100000). The
+	// item that expires first is evicted to make room.
+	MaxRecords int
+	// MaxValueSize bounds accepted values in bytes (64 KiB, at most MaxValueLen).
+	MaxValueSize int
+	// MaxTTL rejects records that expire further in the future (30 days).
+	MaxTTL time.Duration
+	// CacheSize bounds the cache of values seen by Get and copies pushed
+	// by other peers' lookups (10000); negative disables caching.
+	CacheSize int
+	// RefreshInterval is how often buckets are refreshed and silent peers
+	// pinged (10m); negative disables.
+	RefreshInterval time.Duration
+	// RepublishInterval is how often records this node stored are stored
+	// again to the current nearest peers (15m); negative disables, and
+	// then the node does not remember what it stored.
+	RepublishInterval time.Duration
+	// CleanupInterval is how often expired records are dropped (1m).
+	CleanupInterval time.Duration
+	// ClientMode makes the node query the DHT without serving it: it
+	// answers no requests and asks peers not to add it to their tables.
+	ClientMode bool
+}
+
+func (c *Config) setDefaults() error {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.BucketSize, 20)
+	def(&c.Alpha, 3)
+	def(&c.Replicas, c.BucketSize)
+	def(&c.Quorum, 3)
+	def(&c.MaxQueries, 8*c.BucketSize)
+	def(&c.MaxRecords, 100_000)
+	def(&c.MaxValueSize, 64<<10)
+	def(&c.CacheSize, 10_000)
+	defDur(&c.RPCTimeout, 5*time.Second)
+	defDur(&c.MaxTTL, 30*24*time.Hour)
+	defDur(&c.RefreshInterval, 10*time.Minute)
+	defDur(&c.RepublishInterval, 15*time.Minute)
+	defDur(&c.CleanupInterval, time.Minute)
+	switch {
+	case c.BucketSize < 1 || c.BucketSize > MaxPeers:
+		return fmt.Errorf("dht: BucketSize %d not in [1, %d]", c.BucketSize, MaxPeers)
+	case c.Alpha < 1 || c.Alpha > 64:
+		return fmt.Errorf("dht: Alpha %d not in [1, 64]", c.Alpha)
+	case c.Replicas < 1 || c.Replicas > 256:
+		return fmt.Errorf("dht: Replicas %d not in [1, 256]", c.Replicas)
+	case c.Quorum < 1:
+		return fmt.Errorf("dht: Quorum %d < 1", c.Quorum)
+	case c.MaxQueries < c.Alpha:
+		return fmt.Errorf("dht: MaxQueries %d < Alpha", c.MaxQueries)
+	case c.MaxRecords < 1:
+		return fmt.Errorf("dht: MaxRecords %d < 1", c.MaxRecords)
+	case c.MaxValueSize < 1 || c.MaxValueSize > MaxValueLen:
+		return fmt.Errorf("dht: MaxValueSize %d not in [1, %d]", c.MaxValueSize, MaxValueLen)
+	case c.RPCTimeout < 0 || c.MaxTTL < 0 || c.CleanupInterval < 0:
+		return errors.New("dht: negative RPCTimeout, MaxTTL or CleanupInterval")
+	}
+	return nil
+}
+
+// Stats describes one lookup.
+type Stats struct {
+	// Hops is the length of the referral chain to the first replica that
+	// returned a value (Get) or to the closest peer found (ClosestPeers):
+	// 1 for a peer from the node's own routing table, one more for each
+	// referral. 0 if no peer answered.
+	Hops int
+	// Queries is the number of RPCs sent; Failures how many failed.
+	Queries, Failures int
+}
+
+// Node is one DHT participant. Its methods are safe for concurrent use.
+type Node struct {
+	t    p2p.Transport
+	cfg  Config
+	self peer.ID
+	rt   *kb.RoutingTable
+
+	mu     sync.Mutex
+	addrs  map[peer.ID][]ma.Multiaddr // addresses of routing-table peers
+	store  *storage
+	cache  *storage // nil if disabled
+	own    *storage // nil if republishing is disabled
+	closed bool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	bg     chan struct{} // bounds background tasks
+}
+
+// New starts a DHT node on t. Unless in client mode it registers the DHT
+// protocol handler. It starts one maintenance goroutine, stopped by Close.
+// Call Bootstrap to join a network.
+func New(t p2p.Transport, cfg Config) (*Node, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	self := t.ID()
+	if cfg.PrivKey != nil {
+		id, err := peer.IDFromPrivateKey(cfg.PrivKey)
+		if err != nil {
+			return nil, fmt.Errorf("dht: private key: %w", err)
+		}
+		if id != self {
+			return nil, fmt.Errorf("dht: private key is %s's, transport is %s", id.ShortString(), self.ShortString())
+		}
+	}
+	rt, err := kb.NewRoutingTable(cfg.BucketSize, kb.ConvertPeerID(self), time.Hour, pstore.NewMetrics(), time.Hour, nil)
+	if err != nil {
+		return nil, fmt.Errorf("dht: routing table: %w", err)
+	}
+	n := &Node{
+		t:     t,
+		cfg:   cfg,
+		self:  self,
+		rt:    rt,
+		addrs: make(map[peer.ID][]ma.Multiaddr),
+		store: newStorage(cfg.MaxRecords),
+		bg:    make(chan struct{}, 16),
+	}
+	if cfg.CacheSize > 0 {
+		n.cache = newStorage(cfg.CacheSize)
+	}
+	if cfg.RepublishInterval > 0 {
+		n.own = newStorage(cfg.MaxRecords)
+	}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	if !cfg.ClientMode {
+		t.SetHandler(ProtocolID, n.handle)
+	}
+	n.wg.Add(1)
+	go n.maintain()
+	return n, nil
+}
+
+// ID is the node's peer ID.
+func (n *Node) ID() peer.ID { return n.self }
+
+// Peers lists the routing table.
+func (n *Node) Peers() []peer.ID { return n.rt.ListPeers() }
+
+// Close stops the node's goroutines and makes it refuse requests. The
+// transport stays open; it belongs to the caller.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.mu.Unlock()
+	n.cancel()
+	n.wg.Wait()
+	return n.rt.Close()
+}
+
+func (n *Node) isClosed() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.closed
+}
+
+// Bootstrap joins the network through the given peers: it pings them, then
+// refreshes the routing table with a lookup of its own ID and of a random
+// key in each bucket. It fails only if no seed answered.
+func (n *Node) Bootstrap(ctx context.Context, seeds []peer.AddrInfo) error {
+	var errs []error
+	ok := 0
+	for _, s := range seeds {
+		if s.ID == n.self {
+			continue
+		}
+		if err := n.Ping(ctx, s); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ok++
+	}
+	if ok == 0 && len(errs) > 0 {
+		return fmt.Errorf("dht: bootstrap: no seed answered: %w", errors.Join(errs...))
+	}
+	return n.Refresh(ctx)
+}
+
+// Ping checks that p serves the DHT and adds it to the routing table.
+func (n *Node) Ping(ctx context.Context, p peer.AddrInfo) error {
+	req, err := n.request(&request{Type: msgPing})
+	if err != nil {
+		return err
+	}
+	_, err = n.call(ctx, p, req, msgPing)
+	return err
+}
+
+// Refresh pings routing-table peers not heard from within RefreshInterval
+// (evicting those that fail), then looks up the node's own ID and a random
+// key in each bucket up to the deepest one, which fills the table with
+// near and far peers alike.
+func (n *Node) Refresh(ctx context.Context) error {
+	if n.cfg.RefreshInterval > 0 {
+		n.pingStale(ctx, time.Now().Add(-n.cfg.RefreshInterval))
+	}
+	self := kb.ConvertPeerID(n.self)
+	if _, err := n.closest(ctx, self); err != nil && !errors.Is(err, ErrNoPeers) {
+		return err
+	}
+	for cpl := range n.rt.GetTrackedCplsForRefresh() {
+		key, err := n.rt.GenRandomKey(uint(cpl))
+		if err != nil {
+			return fmt.Errorf("dht: refresh key: %w", err)
+		}
+		if _, err := n.closest(ctx, key); err != nil && !errors.Is(err, ErrNoPeers) {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+func (n *Node) pingStale(ctx context.Context, before time.Time) {
+	var stale []peer.ID
+	for _, pi := range n.rt.GetPeerInfos() {
+		if pi.LastSuccessfulOutboundQueryAt.Before(before) {
+			stale = append(stale, pi.Id)
+		}
+	}
+	sem := make(chan struct{}, n.cfg.Alpha)
+	var wg sync.WaitGroup
+	for _, id := range stale {
+		if ctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			_ = n.Ping(ctx, n.addrInfo(id)) // failures evict the peer
+		}()
+	}
+	wg.Wait()
+}
+
+// Store writes value under (key, subkey) with the given expiration to the
+// Replicas nearest peers (and to this node if it is one of them) and
+// returns how many accepted it. An empty subkey stores a plain value.
+// Owner-marked records are signed with Config.PrivKey. Unless
+// republishing is disabled, the node stores the record again every
+// RepublishInterval until it expires.
+func (n *Node) Store(ctx context.Context, key, subkey string, value []byte, expiration time.Time) (int, error) {
+	now := time.Now()
+	e := &entry{Key: key, Subkey: subkey, Value: bytes.Clone(value), Expiration: expiration.UnixNano()}
+	if e.Value == nil {
+		e.Value = []byte{}
+	}
+	if err := n.check(e, now); err != nil {
+		return 0, err
+	}
+	if err := sign(e, n.self, n.cfg.PrivKey); err != nil {
+		return 0, err
+	}
+	if n.own != nil {
+		n.mu.Lock()
+		_ = n.own.put(e, now.UnixNano()) // a fresher own record may already be there
+		n.mu.Unlock()
+	}
+	return n.storeEntries(ctx, key, []*entry{e})
+}
+
+// check validates a record's key, sizes, expiration and signature.
+func (n *Node) check(e *entry, now time.Time) error {
+	switch {
+	case e.Key == "":
+		return errors.New("dht: empty key")
+	case len(e.Key) > MaxKeyLen || len(e.Subkey) > MaxKeyLen:
+		return fmt.Errorf("%w: key or subkey longer than %d bytes", ErrTooLarge, MaxKeyLen)
+	case len(e.Value) > n.cfg.MaxValueSize:
+		return fmt.Errorf("%w: value of %d bytes, max %d", ErrTooLarge, len(e.Value), n.cfg.MaxValueSize)
+	case e.Expiration <= now.UnixNano():
+		return ErrExpired
+	case e.Expiration > now.Add(n.cfg.MaxTTL).UnixNano():
+		return fmt.Errorf("dht: expiration more than %v ahead", n.cfg.MaxTTL)
+	}
+	return nil
+}
+
+// storeEntries sends entries, all under key, to the nearest peers.
+func (n *Node) storeEntries(ctx context.Context, key string, es []*entry) (int, error) {
+	target := kb.ConvertKey(key)
+	replicas, err := n.closest(ctx, target)
+	if err != nil && !errors.Is(err, ErrNoPeers) {
+		return 0, err
+	}
+	accepted := 0
+	if !n.cfg.ClientMode {
+		selfDist := kb.Xor(target, kb.ConvertPeerID(n.self))
+		if len(replicas) < n.cfg.Replicas || bytes.Compare(selfDist, replicas[len(replicas)-1].dist) < 0 {
+			if len(replicas) == n.cfg.Replicas {
+				replicas = replicas[:len(replicas)-1]
+			}
+			if n.putLocal(es, false) > 0 {
+				accepted++
+			}
+		}
+	}
+	if len(replicas) == 0 {
+		if accepted > 0 {
+			return accepted, nil
+		}
+		return 0, fmt.Errorf("dht: store %q: %w", key, ErrNoPeers)
+	}
+	req, err := n.request(&request{Type: msgStore, Entries: es})
+	if err != nil {
+		return 0, err
+	}
+	var (
+		mu        sync.Mutex
+		wg        sync.WaitGroup
+		responded int
+	)
+	for _, c := range replicas {
+		info := c.info
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := n.call(ctx, info, req, msgStore)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			responded++
+			if slices.Contains(resp.Accepted, true) {
+				accepted++
+			}
+		}()
+	}
+	wg.Wait()
+	switch {
+	case accepted > 0:
+		return accepted, nil
+	case responded > 0:
+		return 0, fmt.Errorf("dht: store %q: %w", key, ErrRejected)
+	case ctx.Err() != nil:
+		return 0, fmt.Errorf("dht: store %q: %w", key, ctx.Err())
+	}
+	return 0, fmt.Errorf("dht: store %q: no replica answered: %w", key, ErrNoPeers)
+}
+
+// putLocal stores entries in the node's storage (or cache) and returns how
+// many were accepted.
+func (n *Node) putLocal(es []*entry, cached bool) int {
+	now := time.Now().UnixNano()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := n.store
+	if cached {
+		s = n.cache
+	}
+	if s == nil {
+		return 0
+	}
+	ok := 0
+	for _, e := range es {
+		if s.put(e, now) == nil {
+			ok++
+		}
+	}
+	return ok
+}
+
+// localItems returns the freshest items this node holds for key, from
+// storage and cache.
+func (n *Node) localItems(key string) []*entry {
+	now := time.Now().UnixNano()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	es := n.store.get(key, now)
+	if n.cache != nil {
+		if c := n.cache.get(key, now); len(c) > 0 {
+			es = merge(now, es, c)
+		}
+	}
+	return es
+}
+
+// Get looks key up and returns its freshest value per subkey (the plain
+// value under subkey ""), merging the answers of up to Quorum replicas and
+// this node's own storage. It returns ErrNotFound if no live record exists.
+func (n *Node) Get(ctx context.Context, key string) (map[string]Item, error) {
+	items, _, err := n.GetStats(ctx, key)
+	return items, err
+}
+
+// GetStats is Get that also describes the lookup.
+func (n *Node) GetStats(ctx context.Context, key string) (map[string]Item, Stats, error) {
+	if key == "" || len(key) > MaxKeyLen {
+		return nil, Stats{}, fmt.Errorf("dht: bad key length %d", len(key))
+	}
+	now := time.Now()
+	local := n.localItems(key)
+	req, err := n.request(&request{Type: msgFindValue, Key: key})
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	var (
+		found    [][]*entry
+		firstHop int
+		missing  []*candidate // peers that answered without a value
+	)
+	l, err := n.iterate(ctx, kb.ConvertKey(key), req, msgFindValue, func(c *candidate, resp *response) bool {
+		var valid []*entry
+		for _, e := range resp.Items {
+			e.Key = key
+			if n.check(e, now) == nil && validateSignature(e) == nil {
+				valid = append(valid, e)
+			}
+		}
+		if len(valid) == 0 {
+			missing = append(missing, c)
+			return false
+		}
+		found = append(found, valid)
+		if firstHop == 0 {
+			firstHop = c.hop
+		}
+		return len(found) >= n.cfg.Quorum
+	})
+	st := l.stats()
+	if firstHop > 0 {
+		st.Hops = firstHop
+	}
+	merged := merge(now.UnixNano(), append(found, local)...)
+	if len(merged) == 0 {
+		if err != nil && !errors.Is(err, ErrNoPeers) {
+			return nil, st, err
+		}
+		return nil, st, fmt.Errorf("dht: get %q: %w", key, ErrNotFound)
+	}
+	if len(found) > 0 && n.cache != nil {
+		n.putLocal(merged, true)
+		if len(missing) > 0 {
+			n.cacheAt(key, merged, missing)
+		}
+	}
+	out := make(map[string]Item, len(merged))
+	for _, e := range merged {
+		out[e.Subkey] = Item{Value: e.Value, Expiration: time.Unix(0, e.Expiration)}
+	}
+	return out, st, nil
+}
+
+// cacheAt pushes a copy of the found items to the closest peer on the
+// lookup path that lacked them, in the background, so later lookups stop
+// sooner. It is skipped if too many background tasks are running.
+func (n *Node) cacheAt(key string, items []*entry, missing []*candidate) {
+	target := missing[0]
+	for _, c := range missing[1:] {
+		if bytes.Compare(c.dist, target.dist) < 0 {
+			target = c
+		}
+	}
+	if len(items) > MaxStoreBatch {
+		items = items[:MaxStoreBatch]
+	}
+	es := make([]*entry, len(items))
+	for i, e := range items {
+		cp := *e
+		cp.Key = key
+		es[i] = &cp
+	}
+	req, err := n.request(&request{Type: msgStore, Cache: true, Entries: es})
+	if err != nil {
+		return
+	}
+	info := target.info
+	n.background(func(ctx context.Context) {
+		_, _ = n.call(ctx, info, req, msgStore)
+	})
+}
+
+// background runs f in a tracked goroutine, unless closed or busy.
+func (n *Node) background(f func(ctx context.Context)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	select {
+	case n.bg <- struct{}{}:
+	default:
+		return
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer func() { <-n.bg }()
+		f(n.ctx)
+	}()
+}
+
+// ClosestPeers finds the BucketSize peers nearest to key that answered.
+func (n *Node) ClosestPeers(ctx context.Context, key string) ([]peer.AddrInfo, Stats, error) {
+	req, err := n.request(&request{Type: msgFindNode, Target: kb.ConvertKey(key)})
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	l, err := n.iterate(ctx, kb.ConvertKey(key), req, msgFindNode, nil)
+	cs := l.closest(n.cfg.BucketSize)
+	out := make([]peer.AddrInfo, len(cs))
+	for i, c := range cs {
+		out[i] = c.info
+	}
+	return out, l.stats(), err
+}
+
+// closest runs a FIND_NODE lookup and returns the Replicas nearest peers
+// that answered.
+func (n *Node) closest(ctx context.Context, target kb.ID) ([]*candidate, error) {
+	req, err := n.request(&request{Type: msgFindNode, Target: target})
+	if err != nil {
+		return nil, err
+	}
+	l, err := n.iterate(ctx, target, req, msgFindNode, nil)
+	return l.closest(n.cfg.Replicas), err
+}
+
+func (l *lookup) stats() Stats {
+	st := Stats{Queries: l.queries}
+	for _, c := range l.cands {
+		switch c.state {
+		case candFailed:
+			st.Failures++
+		case candDone:
+			if st.Hops == 0 {
+				st.Hops = c.hop
+			}
+		}
+	}
+	return st
+}
+
+// iterate runs an iterative lookup towards target, sending req to at most
+// Alpha peers at a time. visit sees every answer and may end the lookup
+// early by returning true. The returned lookup holds the peers that
+// answered.
+func (n *Node) iterate(ctx context.Context, target kb.ID, req []byte, want msgType, visit func(*candidate, *response) bool) (*lookup, error) {
+	l := newLookup(target, n.self, n.cfg.BucketSize, n.cfg.Alpha, n.cfg.MaxQueries)
+	if n.isClosed() {
+		return l, ErrClosed
+	}
+	for _, id := range n.rt.NearestPeers(target, n.cfg.BucketSize) {
+		l.add(n.addrInfo(id), 1)
+	}
+	if len(l.cands) == 0 {
+		return l, ErrNoPeers
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		c    *candidate
+		resp *response
+		err  error
+	}
+	results := make(chan result, n.cfg.Alpha)
+	inflight, stop := 0, false
+	for {
+		for !stop && ctx.Err() == nil {
+			c, ok := l.next()
+			if !ok {
+				break
+			}
+			inflight++
+			info := c.info
+			go func() {
+				resp, err := n.call(lctx, info, req, want)
+				results <- result{c, resp, err}
+			}()
+		}
+		if inflight == 0 {
+			break
+		}
+		r := <-results
+		inflight--
+		if r.err != nil {
+			l.fail(r.c.info.ID)
+			continue
+		}
+		l.succeed(r.c.info.ID, r.resp.Peers)
+		if visit != nil && !stop && visit(r.c, r.resp) {
+			stop = true
+			cancel()
+		}
+	}
+	n.rt.ResetCplRefreshedAtForID(target, time.Now())
+	if err := ctx.Err(); err != nil {
+		return l, fmt.Errorf("dht: lookup: %w", err)
+	}
+	return l, nil
+}
+
+// request encodes r with this node's header (client flag, addresses).
+func (n *Node) request(r *request) ([]byte, error) {
+	r.Client = n.cfg.ClientMode
+	if !r.Client {
+		r.Addrs = n.t.AddrInfo().Addrs
+	}
+	return encodeRequest(r)
+}
+
+// call sends one request and decodes the answer. A peer that fails to
+// answer (not counting our own cancellation) or answers garbage is evicted
+// from the routing table; a peer that answers is added to it.
+func (n *Node) call(ctx context.Context, to peer.AddrInfo, req []byte, want msgType) (*response, error) {
+	cctx, cancel := context.WithTimeout(ctx, n.cfg.RPCTimeout)
+	defer cancel()
+	raw, err := n.t.Call(cctx, to, ProtocolID, req)
+	if err != nil {
+		var re *p2p.RemoteError
+		if !errors.As(err, &re) && ctx.Err() == nil {
+			n.removePeer(to.ID)
+		}
+		return nil, fmt.Errorf("dht: %s to %s: %w", want, to.ID.ShortString(), err)
+	}
+	resp, err := decodeResponse(raw)
+	if err == nil && resp.Type != want {
+		err = fmt.Errorf("%w: answer %s to %s", errMalformed, resp.Type, want)
+	}
+	if err != nil {
+		n.removePeer(to.ID)
+		return nil, fmt.Errorf("dht: %s to %s: %w", want, to.ID.ShortString(), err)
+	}
+	n.addPeer(to, true)
+	return resp, nil
+}
+
+// addPeer offers p to the routing table, remembering its addresses if it
+// is (or already was) in the table. Peers are not replaceable: a full
+// bucket keeps its long-lived members until they fail.
+func (n *Node) addPeer(p peer.AddrInfo, answered bool) {
+	if p.ID == "" || p.ID == n.self {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	_, err := n.rt.TryAddPeer(p.ID, answered, false)
+	if err != nil {
+		return
+	}
+	if len(p.Addrs) > 0 {
+		n.addrs[p.ID] = p.Addrs
+	}
+	if answered {
+		n.rt.UpdateLastSuccessfulOutboundQueryAt(p.ID, time.Now())
+	}
+}
+
+func (n *Node) removePeer(id peer.ID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.rt.RemovePeer(id)
+	delete(n.addrs, id)
+}
+
+func (n *Node) addrInfo(id peer.ID) peer.AddrInfo {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return peer.AddrInfo{ID: id, Addrs: n.addrs[id]}
+}
+
+// nearestInfos returns up to BucketSize routing-table peers nearest to
+// target, without exclude.
+func (n *Node) nearestInfos(target kb.ID, exclude peer.ID) []peer.AddrInfo {
+	ids := n.rt.NearestPeers(target, n.cfg.BucketSize+1)
+	out := make([]peer.AddrInfo, 0, len(ids))
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, id := range ids {
+		if id == exclude || len(out) == n.cfg.BucketSize {
+			continue
+		}
+		out = append(out, peer.AddrInfo{ID: id, Addrs: n.addrs[id]})
+	}
+	return out
+}
+
+// itemBudget bounds the items of one FIND_VALUE answer so that it fits a
+// message along with the peers.
+const itemBudget = MaxMessageSize - 256<<10
+
+// handle answers one DHT request.
+func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, error) {
+	if n.isClosed() {
+		return nil, ErrClosed
+	}
+	req, err := decodeRequest(data)
+	if err != nil {
+		return nil, err
+	}
+	if !req.Client {
+		n.addPeer(peer.AddrInfo{ID: from, Addrs: req.Addrs}, false)
+	}
+	resp := &response{Type: req.Type}
+	switch req.Type {
+	case msgPing:
+	case msgFindNode:
+		resp.Peers = n.nearestInfos(req.Target, from)
+	case msgFindValue:
+		if req.Key == "" {
+			return nil, errors.New("dht: empty key")
+		}
+		resp.Items = fitItems(n.localItems(req.Key))
+		resp.Peers = n.nearestInfos(kb.ConvertKey(req.Key), from)
+	case msgStore:
+		now := time.Now()
+		resp.Accepted = make([]bool, len(req.Entries))
+		for i, e := range req.Entries {
+			if n.check(e, now) != nil || validateSignature(e) != nil {
+				continue
+			}
+			resp.Accepted[i] = n.putLocal([]*entry{e}, req.Cache) == 1
+		}
+	}
+	return encodeResponse(resp)
+}
+
+// fitItems keeps the freshest items that fit in one answer.
+func fitItems(es []*entry) []*entry {
+	slices.SortFunc(es, func(a, b *entry) int { return -cmpInt64(a.Expiration, b.Expiration) })
+	size := 0
+	for i, e := range es {
+		size += len(e.Subkey) + len(e.Value) + len(e.Signature) + 16
+		if size > itemBudget || i == MaxItems {
+			return es[:i]
+		}
+	}
+	return es
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Republish stores every unexpired record this node stored itself again to
+// the current nearest peers, so records outlive the replicas that held
+// them. It returns the number of keys republished.
+func (n *Node) Republish(ctx context.Context) (int, error) {
+	if n.own == nil {
+		return 0, nil
+	}
+	now := time.Now().UnixNano()
+	n.mu.Lock()
+	n.own.cleanup(now)
+	byKey := make(map[string][]*entry)
+	for _, e := range n.own.all(now) {
+		byKey[e.Key] = append(byKey[e.Key], e)
+	}
+	n.mu.Unlock()
+	done := 0
+	var errs []error
+	for key, es := range byKey {
+		if ctx.Err() != nil {
+			break
+		}
+		for len(es) > 0 {
+			batch := es[:min(len(es), MaxStoreBatch)]
+			es = es[len(batch):]
+			if _, err := n.storeEntries(ctx, key, batch); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		done++
+	}
+	if err := ctx.Err(); err != nil {
+		errs = append(errs, err)
+	}
+	return done, errors.Join(errs...)
+}
+
+// Cleanup drops expired records from storage and cache.
+func (n *Node) Cleanup() {
+	now := time.Now().UnixNano()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.store.cleanup(now)
+	if n.cache != nil {
+		n.cache.cleanup(now)
+	}
+	if n.own != nil {
+		n.own.cleanup(now)
+	}
+}
+
+// maintain runs the periodic refresh, republish and cleanup until Close.
+func (n *Node) maintain() {
+	defer n.wg.Done()
+	tick := func(d time.Duration) (<-chan time.Time, func()) {
+		if d <= 0 {
+			return nil, func() {}
+		}
+		t := time.NewTicker(d)
+		return t.C, t.Stop
+	}
+	refresh, stop1 := tick(n.cfg.RefreshInterval)
+	defer stop1()
+	republish, stop2 := tick(n.cfg.RepublishInterval)
+	defer stop2()
+	cleanup, stop3 := tick(n.cfg.CleanupInterval)
+	defer stop3()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-refresh:
+			_ = n.Refresh(n.ctx)
+		case <-republish:
+			_, _ = n.Republish(n.ctx)
+		case <-cleanup:
+			n.Cleanup()
+		}
+	}
+}

@@ -85,7 +85,8 @@ type Config struct {
 	// again to the current nearest peers (15m); negative disables, and
 	// then the node does not remember what it stored.
 	RepublishInterval time.Duration
-	// CleanupInterval is how often expired records are dropped (1m).
+	// CleanupInterval is how often expired records are dropped (1m);
+	// negative disables (expired records are still never returned).
 	CleanupInterval time.Duration
 	// ClientMode makes the node query the DHT without serving it: it
 	// answers no requests and asks peers not to add it to their tables.
@@ -131,8 +132,8 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("dht: MaxRecords %d < 1", c.MaxRecords)
 	case c.MaxValueSize < 1 || c.MaxValueSize > MaxValueLen:
 		return fmt.Errorf("dht: MaxValueSize %d not in [1, %d]", c.MaxValueSize, MaxValueLen)
-	case c.RPCTimeout < 0 || c.MaxTTL < 0 || c.CleanupInterval < 0:
-		return errors.New("dht: negative RPCTimeout, MaxTTL or CleanupInterval")
+	case c.RPCTimeout < 0 || c.MaxTTL < 0:
+		return errors.New("dht: negative RPCTimeout or MaxTTL")
 	}
 	return nil
 }

@@ -2,7 +2,10 @@ package dht
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"testing"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
 
 	kb "github.com/libp2p/go-libp2p-kbucket"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -17,16 +20,26 @@ type simNet struct {
 
 func newSimNet(t *testing.T, n, k int) *simNet {
 	s := &simNet{table: make(map[peer.ID][]peer.ID)}
+	rng := rand.NewChaCha8([32]byte{byte(n), byte(k)})
 	for i := 0; i < n; i++ {
-		_, id := newIdentity(t)
+		priv, _, err := crypto.GenerateEd25519Key(rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := peer.IDFromPrivateKey(priv)
 		s.ids = append(s.ids, id)
 	}
-	for i, id := range s.ids {
-		near := kb.SortClosestPeers(s.ids, kb.ConvertPeerID(id))[1 : k+1]
-		for j := 1; j <= 3; j++ {
-			near = append(near, s.ids[(i*7+j*13)%n])
+	// Each peer knows up to k peers per k-bucket, as a Kademlia table would.
+	for _, id := range s.ids {
+		self := kb.ConvertPeerID(id)
+		perBucket := make(map[int]int)
+		for _, other := range s.ids {
+			cpl := kb.CommonPrefixLen(self, kb.ConvertPeerID(other))
+			if other != id && perBucket[cpl] < k {
+				perBucket[cpl]++
+				s.table[id] = append(s.table[id], other)
+			}
 		}
-		s.table[id] = near
 	}
 	return s
 }
@@ -44,13 +57,19 @@ func TestLookupConvergesToClosest(t *testing.T) {
 	s := newSimNet(t, n, k)
 	_, selfID := newIdentity(t)
 	target := kb.ConvertKey("some key")
-	want := kb.SortClosestPeers(s.ids, target)[:k]
+	dead := map[peer.ID]bool{s.ids[1]: true}
+	var alive []peer.ID
+	for _, id := range s.ids {
+		if !dead[id] {
+			alive = append(alive, id)
+		}
+	}
+	want := kb.SortClosestPeers(alive, target)[:k]
 
 	l := newLookup(target, selfID, k, alpha, 100)
 	for _, id := range s.ids[:3] { // a poorly connected start
 		l.add(peer.AddrInfo{ID: id}, 1)
 	}
-	dead := map[peer.ID]bool{s.ids[1]: true}
 	var pending []*candidate
 	for steps := 0; !l.done(); steps++ {
 		if steps > 1000 {

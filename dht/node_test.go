@@ -17,7 +17,12 @@ import (
 	"github.com/skyhive/skyhive/p2p/memnet"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// go-log's process-wide writer, started once by libp2p.
+		goleak.IgnoreAnyFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
+	)
+}
 
 type swarm struct {
 	t     testing.TB

@@ -24,6 +24,7 @@ func newRootCmd() *cobra.Command {
 		newBenchCmd(),
 		newTrainCmd(),
 		newDemoCmd(),
+		newDHTCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+	"github.com/spf13/cobra"
+
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/p2p"
+)
+
+// dhtFlags are shared by the dht commands.
+type dhtFlags struct {
+	listen    []string
+	bootstrap []string
+	identity  string
+	timeout   time.Duration
+}
+
+func (f *dhtFlags) register(cmd *cobra.Command, listenDefault []string) {
+	cmd.Flags().StringSliceVar(&f.listen, "listen", listenDefault, "multiaddrs to listen on (comma-separated or repeated)")
+	cmd.Flags().StringSliceVar(&f.bootstrap, "bootstrap", nil, "multiaddrs of DHT peers, ending in /p2p/PEER_ID")
+	cmd.Flags().StringVar(&f.identity, "identity", "", "private key file (created if missing); empty = new identity each run")
+}
+
+func newDHTCmd() *cobra.Command {
+	var f dhtFlags
+	cmd := &cobra.Command{
+		Use:   "dht",
+		Short: "Run a DHT node until interrupted (subcommands put and get use the DHT)",
+		Long: "Run a standalone Kademlia DHT node that stores and serves records for the swarm.\n" +
+			"It prints its multiaddrs, which other peers pass as --bootstrap, and runs until Ctrl-C.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDHTServe(cmd, f) },
+	}
+	f.register(cmd, nil)
+	serve := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a DHT node until interrupted (same as plain `skyhive dht`)",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return runDHTServe(cmd, f) },
+	}
+	f.register(serve, nil)
+	cmd.AddCommand(serve, newDHTPutCmd(), newDHTGetCmd())
+	return cmd
+}
+
+func newDHTPutCmd() *cobra.Command {
+	var (
+		f      dhtFlags
+		subkey string
+		ttl    time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "put KEY VALUE",
+		Short: "Store VALUE under KEY (and --subkey) with an expiration of now + --ttl",
+		Long: "Start a short-lived client node, store the record on the nearest DHT peers and print\n" +
+			"how many accepted it. Keys or subkeys containing [owner:PEER_ID] need --identity of that peer.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if ttl <= 0 {
+				return fmt.Errorf("--ttl must be positive, got %v", ttl)
+			}
+			return withClientNode(cmd.Context(), f, func(ctx context.Context, n *dht.Node) error {
+				exp := time.Now().Add(ttl)
+				k, err := n.Store(ctx, args[0], subkey, []byte(args[1]), exp)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "stored on %d peers, expires %s\n", k, exp.UTC().Format(time.RFC3339))
+				return nil
+			})
+		},
+	}
+	f.register(cmd, []string{"/ip4/0.0.0.0/tcp/0"})
+	cmd.Flags().StringVar(&subkey, "subkey", "", "subkey: the key becomes a dictionary merged across writers")
+	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "time to live")
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 30*time.Second, "give up after this long")
+	return cmd
+}
+
+func newDHTGetCmd() *cobra.Command {
+	var f dhtFlags
+	cmd := &cobra.Command{
+		Use:   "get KEY",
+		Short: "Print the freshest value under KEY, one line per subkey",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClientNode(cmd.Context(), f, func(ctx context.Context, n *dht.Node) error {
+				items, err := n.Get(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				printItems(cmd.OutOrStdout(), items)
+				return nil
+			})
+		},
+	}
+	f.register(cmd, []string{"/ip4/0.0.0.0/tcp/0"})
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 30*time.Second, "give up after this long")
+	return cmd
+}
+
+// printItems prints "VALUE<TAB>expires in D" for a plain value, or
+// "SUBKEY<TAB>VALUE<TAB>expires in D" per subkey, sorted.
+func printItems(w io.Writer, items map[string]dht.Item) {
+	keys := make([]string, 0, len(items))
+	for k := range items {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		it := items[k]
+		left := time.Until(it.Expiration).Round(time.Second)
+		if k == "" {
+			fmt.Fprintf(w, "%s\texpires in %v\n", printable(it.Value), left)
+		} else {
+			fmt.Fprintf(w, "%s\t%s\texpires in %v\n", printable([]byte(k)), printable(it.Value), left)
+		}
+	}
+}
+
+// printable returns b as is if it is plain text, else Go-quoted.
+func printable(b []byte) string {
+	s := string(b)
+	if !utf8.ValidString(s) || len(s) == 0 {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) || r == '\t' {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+func parseBootstrap(addrs []string) ([]peer.AddrInfo, error) {
+	var mas []ma.Multiaddr
+	for _, s := range addrs {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap address %q: %w", s, err)
+		}
+		mas = append(mas, a)
+	}
+	infos, err := peer.AddrInfosFromP2pAddrs(mas...)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap addresses must end in /p2p/PEER_ID: %w", err)
+	}
+	return infos, nil
+}
+
+// startDHT starts a host and a DHT node on it.
+func startDHT(ctx context.Context, f dhtFlags, client bool) (*p2p.Host, *dht.Node, []peer.AddrInfo, error) {
+	seeds, err := parseBootstrap(f.bootstrap)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	h, err := p2p.New(ctx, p2p.Config{IdentityFile: f.identity, ListenAddrs: f.listen})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	n, err := dht.New(h, dht.Config{
+		PrivKey:    h.LibP2P().Peerstore().PrivKey(h.ID()),
+		ClientMode: client,
+	})
+	if err != nil {
+		h.Close()
+		return nil, nil, nil, err
+	}
+	return h, n, seeds, nil
+}
+
+func runDHTServe(cmd *cobra.Command, f dhtFlags) error {
+	ctx := cmd.Context()
+	h, n, seeds, err := startDHT(ctx, f, false)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	defer n.Close()
+	out := cmd.OutOrStdout()
+	fmt.Fprintf(out, "dht node %s listening on:\n", h.ID())
+	for _, a := range h.AddrInfo().Addrs {
+		fmt.Fprintf(out, "  %s/p2p/%s\n", a, h.ID())
+	}
+	if len(seeds) > 0 {
+		bctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := n.Bootstrap(bctx, seeds)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			// Keep serving: others may bootstrap from us, and the
+			// periodic refresh retries through whoever contacts us.
+			fmt.Fprintf(cmd.ErrOrStderr(), "bootstrap: %v\n", err)
+		}
+		fmt.Fprintf(out, "joined: %d peers in routing table\n", len(n.Peers()))
+	}
+	<-ctx.Done()
+	fmt.Fprintln(out, "stopping")
+	return nil
+}
+
+// withClientNode starts a client-mode node, joins through --bootstrap and
+// runs op within --timeout.
+func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *dht.Node) error) error {
+	if len(f.bootstrap) == 0 {
+		return errors.New("--bootstrap is required")
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	h, n, seeds, err := startDHT(ctx, f, true)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	defer n.Close()
+	if err := n.Bootstrap(ctx, seeds); err != nil {
+		return err
+	}
+	return op(ctx, n)
+}

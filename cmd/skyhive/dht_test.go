@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func runCLI(ctx context.Context, out *syncBuffer, args ...string) error {
+	root := newRootCmd()
+	root.SetArgs(args)
+	root.SetOut(out)
+	root.SetErr(out)
+	return root.ExecuteContext(ctx)
+}
+
+func TestDHTCommands(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	serveCtx, stop := context.WithCancel(ctx)
+	var served syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- runCLI(serveCtx, &served, "dht", "--listen", "/ip4/127.0.0.1/tcp/0") }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	var addr string
+	for deadline := time.Now().Add(10 * time.Second); addr == "" && time.Now().Before(deadline); {
+		for _, line := range strings.Split(served.String(), "\n") {
+			if strings.Contains(line, "/p2p/") {
+				addr = strings.TrimSpace(line)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if addr == "" {
+		t.Fatalf("serve printed no address: %q", served.String())
+	}
+	var out syncBuffer
+	if err := runCLI(ctx, &out, "dht", "put", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "--subkey", "s1", "cli-key", "v1"); err != nil {
+		t.Fatalf("put: %v (%s)", err, out.String())
+	}
+	if !strings.Contains(out.String(), "stored on 1 peers") {
+		t.Fatalf("put printed %q", out.String())
+	}
+	out = syncBuffer{}
+	if err := runCLI(ctx, &out, "dht", "get", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "cli-key"); err != nil {
+		t.Fatalf("get: %v", err)
+	}
+	if !strings.HasPrefix(out.String(), "s1\tv1\texpires in ") {
+		t.Fatalf("get printed %q", out.String())
+	}
+	if err := runCLI(ctx, &out, "dht", "get", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "missing"); err == nil {
+		t.Fatal("get of a missing key succeeded")
+	}
+	if err := runCLI(ctx, &out, "dht", "put", "--bootstrap", "/ip4/127.0.0.1/tcp/1", "k", "v"); err == nil {
+		t.Fatal("bootstrap address without /p2p accepted")
+	}
+}

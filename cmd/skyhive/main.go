@@ -25,6 +25,8 @@ func newRootCmd() *cobra.Command {
 		newTrainCmd(),
 		newDemoCmd(),
 		newDHTCmd(),
+		newPlanCmd(),
+		newProfileCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

@@ -12,7 +12,8 @@ import (
 // the survivors by 1/(1−P) (inverted dropout); at inference (Ctx.Train
 // false) or with P == 0 it is the identity. The random stream is the
 // layer's own, seeded at construction, so a run is reproducible given the
-// order of Forward calls. Forward is safe for concurrent use.
+// order of Forward calls. Forward is safe for concurrent use. In identity
+// mode Forward returns x itself and Backward returns dy itself.
 type Dropout struct {
 	P float32
 

@@ -5,6 +5,18 @@
 // living inside the module, one module can have several forward passes in
 // flight at once: pipeline schedules with micro-batches (GPipe, 1F1B) and
 // expert servers that batch many requests rely on this.
+//
+// Concurrency: Forward only reads parameters, so several Forward calls may
+// run at once. Backward adds into the shared Param.Grad tensors, so Backward
+// calls on modules that share parameters must not overlap (run them from
+// one goroutine, or guard them). Layers never modify their input or dy;
+// a layer may return its input unchanged (Dropout at inference, Reshape
+// views), so callers must not modify a layer's output in place unless they
+// own the input too.
+//
+// Gradients accumulate: call ZeroGrad (or an optimizer's ZeroGrad) before
+// each step. See cost.go for the FLOP and memory conventions of Cost, and
+// gradcheck_test.go for how every layer's Backward is verified.
 package nn
 
 import "github.com/skyhive/skyhive/tensor"

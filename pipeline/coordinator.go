@@ -1,0 +1,258 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// CoordinatorConfig configures a Coordinator's host.
+type CoordinatorConfig struct {
+	// ListenAddrs default to /ip4/127.0.0.1/tcp/0.
+	ListenAddrs []string
+	// IdentityFile keeps the coordinator's peer ID across restarts, so
+	// workers can be started with a fixed --join address.
+	IdentityFile string
+	// MaxMessageBytes bounds one RPC message (default
+	// DefaultMaxMessageBytes).
+	MaxMessageBytes int
+	// Logger receives events; nil discards them.
+	Logger *slog.Logger
+}
+
+// WorkerInfo describes a registered worker.
+type WorkerInfo struct {
+	Index    int           `json:"index"`
+	Name     string        `json:"name"`
+	Peer     peer.AddrInfo `json:"-"`
+	Slowdown float64       `json:"slowdown"`
+	MemCap   int64         `json:"mem_cap"`
+	// Speed is the worker's effective FLOP/s: profiled at first, then as
+	// measured during training.
+	Speed float64 `json:"speed"`
+	Alive bool    `json:"alive"`
+}
+
+// Coordinator accepts workers and drives pipeline training sessions over
+// them. Its methods are safe for concurrent use.
+type Coordinator struct {
+	host *p2p.Host
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	workers []*WorkerInfo
+	changed chan struct{} // closed and replaced when workers change
+}
+
+// maxWorkers bounds registrations.
+const maxWorkers = maxStages
+
+// NewCoordinator starts the coordinator's host. Workers join it with
+// `skyhive worker --join` one of Addrs.
+func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, error) {
+	if len(cfg.ListenAddrs) == 0 {
+		cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	h, err := p2p.New(ctx, p2p.Config{
+		IdentityFile:    cfg.IdentityFile,
+		ListenAddrs:     cfg.ListenAddrs,
+		MaxMessageBytes: cfg.MaxMessageBytes,
+		Logger:          cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: coordinator host: %w", err)
+	}
+	c := &Coordinator{host: h, log: cfg.Logger, changed: make(chan struct{})}
+	h.SetHandler(ProtoPing, func(context.Context, peer.ID, []byte) ([]byte, error) { return nil, nil })
+	h.SetHandler(ProtoRegister, c.onRegister)
+	return c, nil
+}
+
+// Addrs returns the coordinator's addresses with its peer ID, the values
+// workers accept for --join.
+func (c *Coordinator) Addrs() []string {
+	ai := c.host.AddrInfo()
+	addrs, err := peer.AddrInfoToP2pAddrs(&ai)
+	if err != nil {
+		return nil
+	}
+	out := make([]string, len(addrs))
+	for i, a := range addrs {
+		out[i] = a.String()
+	}
+	return out
+}
+
+// Host returns the coordinator's p2p host.
+func (c *Coordinator) Host() *p2p.Host { return c.host }
+
+// Close stops the coordinator's host.
+func (c *Coordinator) Close() error { return c.host.Close() }
+
+func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]byte, error) {
+	var req registerReq
+	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
+		return nil, err
+	}
+	if !(req.Slowdown >= 1) || math.IsInf(req.Slowdown, 0) || req.MemCap < 0 || len(req.Name) > 64 || !utf8.ValidString(req.Name) || len(req.Addrs) > maxAddrs {
+		return nil, fmt.Errorf("pipeline: bad registration %+v", req)
+	}
+	ai := peer.AddrInfo{ID: from}
+	for _, s := range req.Addrs {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("pipeline: address %q: %w", s, err)
+		}
+		ai.Addrs = append(ai.Addrs, a)
+	}
+	if req.Name == "" {
+		req.Name = from.ShortString()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	idx := -1
+	for _, w := range c.workers {
+		if w.Peer.ID == from {
+			idx = w.Index
+			w.Peer, w.Name, w.Slowdown, w.MemCap, w.Alive, w.Speed = ai, req.Name, req.Slowdown, req.MemCap, true, 0
+		}
+	}
+	if idx < 0 {
+		if len(c.workers) >= maxWorkers {
+			return nil, fmt.Errorf("pipeline: coordinator full (%d workers)", maxWorkers)
+		}
+		idx = len(c.workers)
+		c.workers = append(c.workers, &WorkerInfo{Index: idx, Name: req.Name, Peer: ai, Slowdown: req.Slowdown, MemCap: req.MemCap, Alive: true})
+	}
+	c.log.Info("pipeline: worker joined", "index", idx, "name", req.Name, "slowdown", req.Slowdown)
+	close(c.changed)
+	c.changed = make(chan struct{})
+	return encodeMsg(registerResp{Index: idx}, nil)
+}
+
+// Workers returns copies of the registered workers' descriptions.
+func (c *Coordinator) Workers() []WorkerInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]WorkerInfo, len(c.workers))
+	for i, w := range c.workers {
+		out[i] = *w
+	}
+	return out
+}
+
+// WaitWorkers blocks until at least n live workers have registered.
+func (c *Coordinator) WaitWorkers(ctx context.Context, n int) error {
+	for {
+		c.mu.Lock()
+		live := 0
+		for _, w := range c.workers {
+			if w.Alive {
+				live++
+			}
+		}
+		ch := c.changed
+		c.mu.Unlock()
+		if live >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pipeline: waiting for %d workers (have %d): %w", n, live, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// Shutdown asks every live worker to exit.
+func (c *Coordinator) Shutdown(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, w := range c.Workers() {
+		if !w.Alive {
+			continue
+		}
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			if _, err := c.host.Call(cctx, w.Peer, ProtoShutdown, nil); err != nil {
+				c.log.Debug("pipeline: shutdown", "worker", w.Name, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// worker returns the live record of worker i.
+func (c *Coordinator) worker(i int) *WorkerInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.workers[i]
+}
+
+// setSpeed records a worker's measured speed.
+func (c *Coordinator) setSpeed(i int, s float64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.workers[i].Speed = s
+}
+
+// markDead records that worker i stopped answering.
+func (c *Coordinator) markDead(i int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.workers[i].Alive {
+		c.log.Warn("pipeline: worker lost", "index", i, "name", c.workers[i].Name)
+	}
+	c.workers[i].Alive = false
+}
+
+// call sends a message to worker i and decodes the reply header into
+// resp; it returns the reply's tensors.
+func (c *Coordinator) call(ctx context.Context, i int, proto protocol.ID, req any, ts []wire.Named, resp any, lim wire.Limits) ([]wire.Named, error) {
+	b, err := encodeMsg(req, ts)
+	if err != nil {
+		return nil, err
+	}
+	w := c.worker(i)
+	c.mu.Lock()
+	ai := w.Peer
+	c.mu.Unlock()
+	out, err := c.host.Call(ctx, ai, proto, b)
+	if err != nil {
+		return nil, err
+	}
+	if resp == nil {
+		return nil, nil
+	}
+	if len(out) == 0 {
+		return nil, errors.New("pipeline: empty reply")
+	}
+	return decodeMsg(out, resp, lim)
+}
+
+// ping reports whether worker i answers within timeout.
+func (c *Coordinator) ping(ctx context.Context, i int, timeout time.Duration) error {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	_, err := c.call(cctx, i, ProtoPing, empty{}, nil, nil, wire.Limits{})
+	return err
+}

@@ -1,0 +1,269 @@
+package pipeline
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// Protocol IDs. The coordinator serves register and ping; workers serve
+// the rest. Activations and gradients travel worker to worker over act.
+const (
+	ProtoRegister protocol.ID = "/skyhive/pipeline/register/1"
+	ProtoPing     protocol.ID = "/skyhive/pipeline/ping/1"
+	ProtoProfile  protocol.ID = "/skyhive/pipeline/profile/1"
+	ProtoSetup    protocol.ID = "/skyhive/pipeline/setup/1"
+	ProtoIter     protocol.ID = "/skyhive/pipeline/iter/1"
+	ProtoCommit   protocol.ID = "/skyhive/pipeline/commit/1"
+	ProtoAbort    protocol.ID = "/skyhive/pipeline/abort/1"
+	ProtoFetch    protocol.ID = "/skyhive/pipeline/fetch/1"
+	ProtoAct      protocol.ID = "/skyhive/pipeline/act/1"
+	ProtoShutdown protocol.ID = "/skyhive/pipeline/shutdown/1"
+)
+
+// Size bounds of what a peer accepts.
+const (
+	// DefaultMaxMessageBytes bounds one RPC message (weights of a stage
+	// travel in one message).
+	DefaultMaxMessageBytes = 512 << 20
+	maxHeaderBytes         = 64 << 10
+	maxAddrs               = 32
+	maxMicro               = 1024
+	maxBatch               = 1 << 16
+	maxStages              = 1024
+)
+
+// limits bound the tensors of bulk messages (setup, fetch, iteration
+// inputs); actLimits those of one activation.
+var (
+	bulkLimits = wire.Limits{MaxElements: 1 << 27, MaxDims: 8, MaxTensors: 1 << 14}
+	actLimits  = wire.Limits{MaxElements: 1 << 26, MaxDims: 8, MaxTensors: 2}
+)
+
+// A message is a uint32 big-endian length, a JSON header of that length,
+// and optionally a wire message of named tensors.
+func encodeMsg(hdr any, ts []wire.Named) ([]byte, error) {
+	h, err := json.Marshal(hdr)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: encode header: %w", err)
+	}
+	if len(h) > maxHeaderBytes {
+		return nil, fmt.Errorf("pipeline: header of %d bytes over %d", len(h), maxHeaderBytes)
+	}
+	out := binary.BigEndian.AppendUint32(nil, uint32(len(h)))
+	out = append(out, h...)
+	if len(ts) > 0 {
+		body, err := wire.MarshalMessage(ts, wire.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("pipeline: encode tensors: %w", err)
+		}
+		out = append(out, body...)
+	}
+	return out, nil
+}
+
+var errMsg = errors.New("pipeline: malformed message")
+
+// decodeMsg parses a message into hdr and returns its tensors.
+func decodeMsg(b []byte, hdr any, lim wire.Limits) ([]wire.Named, error) {
+	if len(b) < 4 {
+		return nil, fmt.Errorf("%w: %d bytes", errMsg, len(b))
+	}
+	n := binary.BigEndian.Uint32(b)
+	if n > maxHeaderBytes || uint64(n) > uint64(len(b)-4) {
+		return nil, fmt.Errorf("%w: header length %d", errMsg, n)
+	}
+	if err := json.Unmarshal(b[4:4+n], hdr); err != nil {
+		return nil, fmt.Errorf("%w: header: %w", errMsg, err)
+	}
+	rest := b[4+n:]
+	if len(rest) == 0 {
+		return nil, nil
+	}
+	ts, err := wire.UnmarshalMessage(rest, lim)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errMsg, err)
+	}
+	return ts, nil
+}
+
+// namedMap turns tensors into a map (wire rejects duplicate names).
+func namedMap(ts []wire.Named) map[string]*tensor.Tensor {
+	m := make(map[string]*tensor.Tensor, len(ts))
+	for _, t := range ts {
+		m[t.Name] = t.Tensor
+	}
+	return m
+}
+
+// mapNamed turns a map into sorted named tensors.
+func mapNamed(m map[string]*tensor.Tensor) []wire.Named {
+	out := make([]wire.Named, 0, len(m))
+	for k, v := range m {
+		out = append(out, wire.Named{Name: k, Tensor: v})
+	}
+	slices.SortFunc(out, func(a, b wire.Named) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// PeerRef is a peer's identity and addresses in a JSON-friendly form.
+type PeerRef struct {
+	ID    string   `json:"id,omitempty"`
+	Addrs []string `json:"addrs,omitempty"`
+}
+
+func refOf(ai peer.AddrInfo) PeerRef {
+	r := PeerRef{}
+	if ai.ID == "" {
+		return r
+	}
+	r.ID = ai.ID.String()
+	for _, a := range ai.Addrs {
+		r.Addrs = append(r.Addrs, a.String())
+	}
+	return r
+}
+
+// addrInfo parses the reference; an empty reference gives a zero AddrInfo.
+func (r PeerRef) addrInfo() (peer.AddrInfo, error) {
+	if r.ID == "" {
+		return peer.AddrInfo{}, nil
+	}
+	id, err := peer.Decode(r.ID)
+	if err != nil {
+		return peer.AddrInfo{}, fmt.Errorf("pipeline: peer id: %w", err)
+	}
+	if len(r.Addrs) > maxAddrs {
+		return peer.AddrInfo{}, fmt.Errorf("pipeline: %d addresses, at most %d", len(r.Addrs), maxAddrs)
+	}
+	ai := peer.AddrInfo{ID: id}
+	for _, s := range r.Addrs {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return peer.AddrInfo{}, fmt.Errorf("pipeline: address %q: %w", s, err)
+		}
+		ai.Addrs = append(ai.Addrs, a)
+	}
+	return ai, nil
+}
+
+// registerReq is a worker joining the coordinator.
+type registerReq struct {
+	Name     string   `json:"name"`
+	Addrs    []string `json:"addrs"`
+	Slowdown float64  `json:"slowdown"`
+	MemCap   int64    `json:"mem_cap"`
+}
+
+type registerResp struct {
+	Index int `json:"index"`
+}
+
+// profileReq asks a worker to time forward+backward of the whole model on
+// a batch of the given size.
+type profileReq struct {
+	Model string `json:"model"`
+	Seed  uint64 `json:"seed"`
+	Batch int    `json:"batch"`
+	Reps  int    `json:"reps"`
+}
+
+type profileResp struct {
+	FLOPS   float64 `json:"flops"`   // FLOP/s, including the slowdown
+	Seconds float64 `json:"seconds"` // median time of one forward+backward
+}
+
+// setupReq assigns layers [First, Last) of Model to a worker as stage
+// Stage of Stages in generation Gen. Stage < 0 releases the worker. The
+// tensors are the stage's snapshot (prefixed names, see Snapshot).
+type setupReq struct {
+	Gen    uint64      `json:"gen"`
+	Stage  int         `json:"stage"`
+	Stages int         `json:"stages"`
+	First  int         `json:"first"`
+	Last   int         `json:"last"`
+	Model  string      `json:"model"`
+	Seed   uint64      `json:"seed"`
+	Batch  int         `json:"batch"`
+	Optim  OptimConfig `json:"optim"`
+	Step   int64       `json:"step"`
+	Iter   int         `json:"iter"` // iterations committed so far
+	Prev   PeerRef     `json:"prev"`
+	Next   PeerRef     `json:"next"`
+}
+
+// iterReq runs one iteration. Stage 0 gets the inputs ("x"), the last
+// stage the labels ("y", float32).
+type iterReq struct {
+	Gen       uint64   `json:"gen"`
+	Iter      int      `json:"iter"`
+	Schedule  Schedule `json:"schedule"`
+	Sizes     []int    `json:"sizes"` // micro-batch sizes
+	TimeoutMS int64    `json:"timeout_ms"`
+}
+
+// iterResp reports a stage's iteration. Times are in seconds.
+type iterResp struct {
+	Compute float64 `json:"compute"`
+	Comm    float64 `json:"comm"`
+	Idle    float64 `json:"idle"`
+	Wall    float64 `json:"wall"`
+	Loss    float64 `json:"loss"`    // last stage: mean loss over the batch
+	Correct int     `json:"correct"` // last stage: correct predictions
+	GradSq  float64 `json:"grad_sq"` // squared L2 norm of the stage's gradients
+}
+
+// commitReq steps the optimizers after a successful iteration, with the
+// gradients multiplied by Scale (global norm clipping).
+type commitReq struct {
+	Gen   uint64  `json:"gen"`
+	Iter  int     `json:"iter"`
+	LR    float64 `json:"lr"`
+	Scale float64 `json:"scale"`
+}
+
+type commitResp struct {
+	Seconds float64 `json:"seconds"`
+}
+
+type abortReq struct {
+	Gen  uint64 `json:"gen"`
+	Iter int    `json:"iter"`
+}
+
+type fetchReq struct {
+	Gen uint64 `json:"gen"`
+}
+
+type fetchResp struct {
+	Step int64 `json:"step"`
+	Iter int   `json:"iter"`
+}
+
+// actMsg carries one micro-batch's activation (forward) or gradient
+// (backward) in tensor "t".
+type actMsg struct {
+	Gen      uint64 `json:"gen"`
+	Iter     int    `json:"iter"`
+	Micro    int    `json:"micro"`
+	Backward bool   `json:"backward"`
+}
+
+type empty struct{}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/experiment"
+	"github.com/spf13/cobra"
+)
+
+func newExperimentCmd() *cobra.Command {
+	var o experiment.Options
+	cmd := &cobra.Command{
+		Use:   "experiment NAME",
+		Short: "Reproduce a paper's experiment; writes NAME.json and NAME.png to --out",
+		Long:  "Reproduce one of the papers' experiments. Experiments:\n" + experimentList(),
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			e, ok := experiment.Find(args[0])
+			if !ok {
+				return fmt.Errorf("unknown experiment %q; experiments:\n%s", args[0], experimentList())
+			}
+			o.Log = cmd.ErrOrStderr()
+			return e.Run(cmd.Context(), o)
+		},
+	}
+	cmd.Flags().StringVar(&o.Out, "out", "results", "directory for NAME.json and NAME.png")
+	cmd.Flags().BoolVar(&o.Quick, "quick", false, "a shrunken smoke run")
+	cmd.Flags().Uint64Var(&o.Seed, "seed", 1, "seed for everything random")
+	cmd.Flags().StringVar(&o.DataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
+	return cmd
+}
+
+func experimentList() string {
+	var b strings.Builder
+	for _, e := range experiment.All() {
+		fmt.Fprintf(&b, "  %-24s %s\n", e.Name, e.Short)
+	}
+	return b.String()
+}

@@ -1,0 +1,83 @@
+// Package experiment holds the long reproductions of the papers' results.
+// Each experiment writes NAME.json and a NAME.png plot to an output
+// directory and says where they are.
+package experiment
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/skyhive/skyhive/chart"
+	"github.com/skyhive/skyhive/checkpoint"
+)
+
+// Options are shared by all experiments.
+type Options struct {
+	// Out is the directory results are written to.
+	Out string
+	// Quick shrinks the experiment to a smoke run of a minute or two.
+	Quick bool
+	// Seed seeds everything random in the experiment.
+	Seed uint64
+	// DataDir overrides the Fashion-MNIST directory.
+	DataDir string
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+}
+
+// Logf writes a progress line if o.Log is set.
+func (o Options) Logf(format string, args ...any) {
+	if o.Log != nil {
+		fmt.Fprintf(o.Log, format+"\n", args...)
+	}
+}
+
+// Experiment is a named reproduction.
+type Experiment struct {
+	Name  string
+	Short string
+	Run   func(ctx context.Context, o Options) error
+}
+
+// All lists the experiments. Each lives in its own file in this package.
+func All() []Experiment {
+	return []Experiment{
+		// Experiments register here, one line each.
+	}
+}
+
+// Find returns the experiment with the given name.
+func Find(name string) (Experiment, bool) {
+	for _, e := range All() {
+		if e.Name == name {
+			return e, true
+		}
+	}
+	return Experiment{}, false
+}
+
+// WriteResults writes v as indented JSON to Out/NAME.json and c as
+// Out/NAME.png, both atomically, and returns the two paths.
+func WriteResults(o Options, name string, v any, c chart.Chart) (jsonPath, pngPath string, err error) {
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return "", "", fmt.Errorf("experiment: %w", err)
+	}
+	jsonPath = filepath.Join(o.Out, name+".json")
+	pngPath = filepath.Join(o.Out, name+".png")
+	err = checkpoint.WriteAtomic(jsonPath, func(w io.Writer) error {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("experiment: write %s: %w", jsonPath, err)
+	}
+	if err := chart.WritePNG(pngPath, c, 8, 5); err != nil {
+		return "", "", err
+	}
+	return jsonPath, pngPath, nil
+}

@@ -24,6 +24,7 @@ func newRootCmd() *cobra.Command {
 		newBenchCmd(),
 		newTrainCmd(),
 		newDemoCmd(),
+		newExperimentCmd(),
 		newDHTCmd(),
 		newPlanCmd(),
 		newProfileCmd(),

@@ -3,6 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/tensor"
@@ -12,6 +15,7 @@ import (
 
 // trainFlags are the options of a local training run shared by train and demo.
 type trainFlags struct {
+	mode    string
 	cfg     train.Config
 	dataset string
 	dataDir string
@@ -21,6 +25,7 @@ type trainFlags struct {
 
 func (f *trainFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
+	fl.StringVar(&f.mode, "mode", "local", "training mode: "+strings.Join(slices.Sorted(maps.Keys(trainModes())), ", "))
 	fl.StringVar(&f.cfg.Model, "model", "mlp", "model: mlp or bert-tiny")
 	fl.StringVar(&f.dataset, "data", "fashion-mnist", "data set (fashion-mnist)")
 	fl.StringVar(&f.dataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
@@ -37,7 +42,27 @@ func (f *trainFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.asJSON, "json", false, "print the result as JSON at the end")
 }
 
+// trainMode runs one kind of training from the shared flags; distributed
+// modes add their own flags in their own files.
+type trainMode func(f *trainFlags, cmd *cobra.Command) error
+
+// trainModes maps --mode values to their runners, one line each.
+func trainModes() map[string]trainMode {
+	return map[string]trainMode{
+		"local": (*trainFlags).runLocal,
+	}
+}
+
 func (f *trainFlags) run(cmd *cobra.Command) error {
+	mode, ok := trainModes()[f.mode]
+	if !ok {
+		return fmt.Errorf("unknown --mode %q (want one of %s)", f.mode, strings.Join(slices.Sorted(maps.Keys(trainModes())), ", "))
+	}
+	return mode(f, cmd)
+}
+
+// runLocal trains in this process.
+func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 	if f.dataset != "fashion-mnist" {
 		return fmt.Errorf("unknown data set %q (supported: fashion-mnist)", f.dataset)
 	}

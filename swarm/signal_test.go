@@ -1,0 +1,11 @@
+package swarm
+
+import (
+	"context"
+	"os/signal"
+	"syscall"
+)
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGTERM)
+}

@@ -1,0 +1,409 @@
+// Package swarm launches many Skyhive peers at once—as goroutines in one
+// process or as child processes—each with an emulated device (slowdown,
+// memory cap, pause gate) and a region in a netem network, injects failures
+// on a schedule and aggregates the peers' metrics. See docs/swarm.md.
+package swarm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/netem"
+)
+
+// Peer states in the report.
+const (
+	StateRunning = "running"
+	StateExited  = "exited"  // returned or exited with success
+	StateFailed  = "failed"  // returned an error or exited non-zero
+	StateKilled  = "killed"  // killed by the schedule or Kill
+	StateStopped = "stopped" // stopped by Stop
+)
+
+// Peer is one member of the swarm. Goroutine peers receive it as their
+// environment.
+type Peer struct {
+	Index  int
+	Name   string
+	Class  string
+	Region string
+	// Device is the peer's emulated machine.
+	Device *Device
+	// Metrics is the peer's metrics sink. For child processes the swarm
+	// reads the child's metrics file instead (see Child).
+	Metrics *Recorder
+	// Network is the swarm's emulated network, nil if the spec has none.
+	Network *netem.Network
+
+	mu      sync.Mutex
+	ids     []peer.ID
+	inst    instance
+	state   string
+	err     error
+	killed  bool
+	stopped bool
+}
+
+// Register assigns a transport identity of this peer (e.g. its libp2p host
+// ID) to the peer's region in the network, and lets Kill crash it there
+// too. Without a network it only records id.
+func (p *Peer) Register(id peer.ID) error {
+	if p.Network != nil {
+		if err := p.Network.Assign(id, p.Region); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ids = append(p.ids, id)
+	return nil
+}
+
+// State returns the peer's state and the error it ended with.
+func (p *Peer) State() (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.state, p.err
+}
+
+// instance is a running peer, however launched.
+type instance interface {
+	kill() error
+	pause() error
+	resume() error
+	setSlowdown(f float64) error
+	stop(timeout time.Duration)
+	done() <-chan struct{}
+	result() error
+	metrics() (PeerMetrics, bool) // from outside the process, if any
+}
+
+// Launcher starts peers: Goroutines or *Processes.
+type Launcher interface {
+	launch(ctx context.Context, p *Peer) (instance, error)
+}
+
+// Options tunes Start.
+type Options struct {
+	// Network overrides the network built from the spec's profile.
+	Network *netem.Network
+	// StopTimeout is how long Stop waits for a peer before killing it
+	// (default 5 s).
+	StopTimeout time.Duration
+}
+
+// Swarm is a running set of peers.
+type Swarm struct {
+	spec   *Spec
+	net    *netem.Network
+	peers  []*Peer
+	byName map[string]*Peer
+	start  time.Time
+	opts   Options
+
+	cancel   context.CancelFunc
+	unhook   func() bool
+	schedWG  sync.WaitGroup
+	allDone  chan struct{}
+	stopOnce sync.Once
+
+	mu     sync.Mutex
+	events []Event
+	end    time.Time
+}
+
+// Start validates spec, launches every peer with l and starts the failure
+// schedule. Cancelling ctx stops the swarm as Stop does. If a peer fails to
+// launch, the ones already started are stopped and the error is returned.
+func Start(ctx context.Context, spec *Spec, l Launcher, opts Options) (*Swarm, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.StopTimeout <= 0 {
+		opts.StopTimeout = 5 * time.Second
+	}
+	n := opts.Network
+	if n == nil && spec.Profile != nil {
+		var err error
+		if n, err = netem.New(spec.Profile, spec.Seed); err != nil {
+			return nil, err
+		}
+	}
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	s := &Swarm{
+		spec: spec, net: n, byName: map[string]*Peer{},
+		opts: opts, cancel: cancel, allDone: make(chan struct{}),
+	}
+	s.start = time.Now()
+	for _, ps := range spec.Peers() {
+		dev, err := NewDevice(ps.Class, ps.Slowdown, ps.MemoryBytes)
+		if err != nil {
+			s.abort()
+			return nil, err
+		}
+		p := &Peer{
+			Index: ps.Index, Name: ps.Name, Class: ps.Class, Region: ps.Region,
+			Device: dev, Metrics: NewRecorder(), Network: n, state: StateRunning,
+		}
+		inst, err := l.launch(ctx, p)
+		if err != nil {
+			s.abort()
+			return nil, fmt.Errorf("swarm: launching %s: %w", p.Name, err)
+		}
+		p.inst = inst
+		s.peers = append(s.peers, p)
+		s.byName[p.Name] = p
+	}
+	var watchers sync.WaitGroup
+	for _, p := range s.peers {
+		watchers.Add(1)
+		go func() {
+			defer watchers.Done()
+			s.watch(p)
+		}()
+	}
+	go func() {
+		watchers.Wait()
+		s.mu.Lock()
+		s.end = time.Now()
+		s.mu.Unlock()
+		close(s.allDone)
+	}()
+	s.schedWG.Add(1)
+	go s.runSchedule(ctx)
+	s.unhook = context.AfterFunc(parent, s.stopPeers)
+	return s, nil
+}
+
+// abort stops the peers launched so far by a failed Start.
+func (s *Swarm) abort() {
+	s.cancel()
+	for _, p := range s.peers {
+		p.inst.stop(s.opts.StopTimeout)
+	}
+}
+
+// watch records how a peer ended.
+func (s *Swarm) watch(p *Peer) {
+	<-p.inst.done()
+	err := p.inst.result()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.killed:
+		p.state = StateKilled
+	case p.stopped:
+		p.state = StateStopped
+	case err != nil:
+		p.state, p.err = StateFailed, err
+	default:
+		p.state = StateExited
+	}
+}
+
+// Peers returns the peers in index order.
+func (s *Swarm) Peers() []*Peer { return s.peers }
+
+// Peer returns the named peer.
+func (s *Swarm) Peer(name string) (*Peer, bool) {
+	p, ok := s.byName[name]
+	return p, ok
+}
+
+// Network returns the swarm's network (nil without a profile).
+func (s *Swarm) Network() *netem.Network { return s.net }
+
+// StartTime is when the swarm started; the schedule counts from it.
+func (s *Swarm) StartTime() time.Time { return s.start }
+
+func (s *Swarm) lookup(name string) (*Peer, error) {
+	p, ok := s.byName[name]
+	if !ok {
+		return nil, fmt.Errorf("swarm: no peer named %q", name)
+	}
+	return p, nil
+}
+
+// Kill crashes the named peer: SIGKILL for a process, context cancellation
+// for a goroutine; its registered identities are crashed in the network.
+func (s *Swarm) Kill(name string) error {
+	p, err := s.lookup(name)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.killed = true
+	ids := append([]peer.ID(nil), p.ids...)
+	p.mu.Unlock()
+	if s.net != nil {
+		for _, id := range ids {
+			s.net.Crash(id)
+		}
+	}
+	return p.inst.kill()
+}
+
+// Pause freezes the named peer (SIGSTOP, or the device's pause gate).
+func (s *Swarm) Pause(name string) error {
+	p, err := s.lookup(name)
+	if err != nil {
+		return err
+	}
+	return p.inst.pause()
+}
+
+// Resume undoes Pause.
+func (s *Swarm) Resume(name string) error {
+	p, err := s.lookup(name)
+	if err != nil {
+		return err
+	}
+	return p.inst.resume()
+}
+
+// SetSlowdown changes the named peer's slowdown factor.
+func (s *Swarm) SetSlowdown(name string, f float64) error {
+	p, err := s.lookup(name)
+	if err != nil {
+		return err
+	}
+	if err := checkSlowdown(f); err != nil {
+		return err
+	}
+	return p.inst.setSlowdown(f)
+}
+
+func (s *Swarm) apply(f Failure) error {
+	switch f.Action {
+	case ActionKill:
+		return s.Kill(f.Peer)
+	case ActionPause:
+		return s.Pause(f.Peer)
+	case ActionResume:
+		return s.Resume(f.Peer)
+	case ActionSlowdown:
+		return s.SetSlowdown(f.Peer, f.Factor)
+	}
+	return fmt.Errorf("swarm: unknown action %q", f.Action)
+}
+
+// runSchedule fires the failure schedule until ctx ends or all peers exit.
+func (s *Swarm) runSchedule(ctx context.Context) {
+	defer s.schedWG.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for _, f := range s.spec.schedule() {
+		timer.Reset(time.Until(s.start.Add(f.At)))
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		case <-s.allDone:
+			return
+		}
+		err := s.apply(f)
+		ev := Event{At: f.At, Fired: time.Since(s.start), Action: f.Action, Peer: f.Peer, Factor: f.Factor}
+		if err != nil {
+			ev.Error = err.Error()
+		}
+		s.mu.Lock()
+		s.events = append(s.events, ev)
+		s.mu.Unlock()
+	}
+}
+
+// Done is closed when every peer has ended.
+func (s *Swarm) Done() <-chan struct{} { return s.allDone }
+
+// Wait blocks until every peer has ended (or ctx ends) and returns the
+// errors of the peers that failed; killed and stopped peers are not errors.
+func (s *Swarm) Wait(ctx context.Context) error {
+	select {
+	case <-s.allDone:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	s.schedWG.Wait()
+	return s.failures()
+}
+
+func (s *Swarm) failures() error {
+	var errs []error
+	for _, p := range s.peers {
+		if st, err := p.State(); st == StateFailed {
+			errs = append(errs, fmt.Errorf("%s: %w", p.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stop stops every peer still running—cancelling goroutine peers, sending
+// SIGTERM to processes and SIGKILL after the stop timeout—and waits for
+// them and for the schedule. It returns the errors of failed peers.
+func (s *Swarm) Stop() error {
+	s.unhook()
+	s.stopPeers()
+	<-s.allDone
+	s.schedWG.Wait()
+	return s.failures()
+}
+
+// stopPeers stops the running peers once.
+func (s *Swarm) stopPeers() {
+	s.stopOnce.Do(func() {
+		var running []*Peer
+		for _, p := range s.peers {
+			select {
+			case <-p.inst.done():
+				continue
+			default:
+			}
+			p.mu.Lock()
+			p.stopped = true
+			p.mu.Unlock()
+			running = append(running, p)
+		}
+		s.cancel()
+		var wg sync.WaitGroup
+		for _, p := range running {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.inst.stop(s.opts.StopTimeout)
+			}()
+		}
+		wg.Wait()
+	})
+}
+
+// Report aggregates the peers' states and metrics and the schedule's
+// events. It may be called while the swarm runs.
+func (s *Swarm) Report() Report {
+	s.mu.Lock()
+	r := Report{Start: s.start, End: s.end, Events: append([]Event(nil), s.events...), Totals: map[string]float64{}}
+	s.mu.Unlock()
+	if r.End.IsZero() {
+		r.End = time.Now()
+	}
+	for _, p := range s.peers {
+		st, err := p.State()
+		m, ok := p.inst.metrics()
+		if !ok {
+			m = p.Metrics.Snapshot()
+		}
+		pr := PeerReport{Index: p.Index, Name: p.Name, Class: p.Class, Region: p.Region, State: st, Metrics: m}
+		if err != nil {
+			pr.Error = err.Error()
+		}
+		for k, v := range m.Counters {
+			r.Totals[k] += v
+		}
+		r.Peers = append(r.Peers, pr)
+	}
+	return r
+}

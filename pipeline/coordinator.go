@@ -208,6 +208,20 @@ func (c *Coordinator) worker(i int) *WorkerInfo {
 	return c.workers[i]
 }
 
+// speed reads w.Speed under c's lock.
+func (w *WorkerInfo) speed(c *Coordinator) float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return w.Speed
+}
+
+// alive reads w.Alive under c's lock.
+func (w *WorkerInfo) alive(c *Coordinator) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return w.Alive
+}
+
 // setSpeed records a worker's measured speed.
 func (c *Coordinator) setSpeed(i int, s float64) {
 	c.mu.Lock()

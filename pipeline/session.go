@@ -157,7 +157,9 @@ func (s IterStats) WriteTable(w io.Writer) {
 type assignment struct {
 	worker      int // index into the coordinator's workers
 	first, last int
-	planned     float64 // the speed the plan assumed
+	planned     float64 // the worker's speed the plan assumed
+	ema         float64 // smoothed measured speed of the stage
+	baseline    float64 // ema early in the plan; 0 until known
 	drift       int     // consecutive iterations off by more than the threshold
 }
 
@@ -539,7 +541,7 @@ func (s *Session) fetch(ctx context.Context, worker int) (Snapshot, error) {
 func (s *Session) gather(ctx context.Context) (Snapshot, error) {
 	out := Snapshot{}
 	for _, a := range s.stages {
-		if !s.c.worker(a.worker).Alive {
+		if !s.c.worker(a.worker).alive(s.c) {
 			continue
 		}
 		part, err := s.fetch(ctx, a.worker)
@@ -624,10 +626,13 @@ func (s *Session) Step(ctx context.Context, b data.Batch) (IterStats, error) {
 				}
 			}
 			if reason := s.drifted(st); reason != "" {
-				if err := s.replan(ctx, reason); err != nil {
+				changed, err := s.replan(ctx, reason)
+				if err != nil {
 					return st, err
 				}
-				st.Event = joinEvent(st.Event, "re-planned: "+reason)
+				if changed {
+					st.Event = joinEvent(st.Event, "re-planned: "+reason)
+				}
 			}
 			return st, nil
 		}
@@ -771,9 +776,16 @@ func (s *Session) stageFLOPs(a assignment) float64 {
 	return f
 }
 
-// drifted records the measured speeds and reports why the plan should be
-// redone, or "".
+// drifted tracks each stage's measured speed and reports why the plan
+// should be redone, or "". A stage's baseline is its smoothed speed in
+// the first iterations of the plan (its layers, its neighbours); drift is
+// a change of the smoothed speed relative to that baseline, which is
+// robust to the different efficiency of different layers. On drift, every
+// worker's planning speed is scaled by its change.
 func (s *Session) drifted(st IterStats) string {
+	if s.sincePlan <= 1 || s.cfg.ReplanThreshold <= 0 {
+		return "" // the first iteration after a setup warms up
+	}
 	reason := ""
 	for k := range s.stages {
 		a := &s.stages[k]
@@ -781,20 +793,31 @@ func (s *Session) drifted(st IterStats) string {
 		if !(sp > 0) {
 			continue
 		}
-		if s.sincePlan <= 1 {
-			continue // the first iteration after a setup warms up
+		if a.ema == 0 {
+			a.ema = sp
+		} else {
+			a.ema = 0.5*a.ema + 0.5*sp
 		}
-		s.c.setSpeed(a.worker, sp)
-		if s.cfg.ReplanThreshold <= 0 {
+		if a.baseline == 0 {
+			if s.sincePlan >= 3 {
+				a.baseline = a.ema
+			}
 			continue
 		}
-		if math.Abs(sp/a.planned-1) > s.cfg.ReplanThreshold {
+		if math.Abs(a.ema/a.baseline-1) > s.cfg.ReplanThreshold {
 			a.drift++
 		} else {
 			a.drift = 0
 		}
-		if a.drift >= s.cfg.ReplanPatience && s.sincePlan > s.cfg.ReplanPatience && reason == "" {
-			reason = fmt.Sprintf("stage %d (%s) runs at %.2f GFLOP/s, planned %.2f", k, st.Stages[k].Worker, sp/1e9, a.planned/1e9)
+		if a.drift >= s.cfg.ReplanPatience && reason == "" {
+			reason = fmt.Sprintf("stage %d (%s) runs at %.0f%% of its speed at planning", k, st.Stages[k].Worker, 100*a.ema/a.baseline)
+		}
+	}
+	if reason != "" {
+		for _, a := range s.stages {
+			if a.baseline > 0 {
+				s.c.setSpeed(a.worker, a.planned*a.ema/a.baseline)
+			}
 		}
 	}
 	return reason
@@ -824,35 +847,62 @@ func (s *Session) recover(ctx context.Context, cause error) error {
 		})
 	}
 	wg.Wait()
-	return s.replan(ctx, "failure")
+	_, err := s.replan(ctx, "failure")
+	return err
+}
+
+// samePlan reports whether plan (worker indices) is the running plan and
+// all its workers are alive.
+func (s *Session) samePlan(plan alloc.Plan) bool {
+	if len(plan.Stages) != len(s.stages) {
+		return false
+	}
+	for k, st := range plan.Stages {
+		a := s.stages[k]
+		if st.Device != a.worker || st.First != a.first || st.Last != a.last || !s.c.worker(a.worker).alive(s.c) {
+			return false
+		}
+	}
+	return true
 }
 
 // replan gathers the state, profiles newcomers, solves the allocation
 // on the live workers and installs the result.
-func (s *Session) replan(ctx context.Context, reason string) error {
+func (s *Session) replan(ctx context.Context, reason string) (changed bool, err error) {
 	for attempt := 0; ; attempt++ {
 		snap, err := s.gather(ctx)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if err := s.profile(ctx); err != nil {
-			return err
+			return false, err
 		}
 		plan, err := s.choosePlan(ctx, s.cfg.Strategy, nil)
 		if err != nil {
-			return err
+			return false, err
+		}
+		if s.samePlan(plan) {
+			// Only the speeds changed: keep the layers where they are and
+			// measure new baselines.
+			fmt.Fprintf(s.cfg.Log, "%s plan unchanged at iteration %d (%s)\n", time.Now().Format("15:04:05.000"), s.iter, reason)
+			for k := range s.stages {
+				a := &s.stages[k]
+				a.planned, a.ema, a.baseline, a.drift = s.c.worker(a.worker).speed(s.c), 0, 0, 0
+			}
+			s.sincePlan = 0
+			return false, nil
 		}
 		fmt.Fprintf(s.cfg.Log, "%s re-planned at iteration %d (%s)\n", time.Now().Format("15:04:05.000"), s.iter, reason)
 		err = s.apply(ctx, plan, snap)
 		if err == nil {
-			return nil
+			return true, nil
 		}
 		var se *stageError
 		if attempt >= s.cfg.MaxRecoveries || !errors.As(err, &se) || ctx.Err() != nil {
-			return err
+			return false, err
 		}
 		if perr := s.c.ping(ctx, se.worker, 3*time.Second); perr == nil {
-			return err // a live worker refused its stage (e.g. memory)
+			return false, err // a live worker refused its stage (e.g. memory)
 		}
 		s.c.markDead(se.worker)
 	}

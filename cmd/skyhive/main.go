@@ -28,6 +28,7 @@ func newRootCmd() *cobra.Command {
 		newDHTCmd(),
 		newPlanCmd(),
 		newProfileCmd(),
+		newWorkerCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

@@ -21,6 +21,7 @@ type trainFlags struct {
 	dataDir string
 	limit   int
 	asJSON  bool
+	pipe    pipelineFlags // --mode pipeline (pipeline.go)
 }
 
 func (f *trainFlags) register(cmd *cobra.Command) {
@@ -49,7 +50,8 @@ type trainMode func(f *trainFlags, cmd *cobra.Command) error
 // trainModes maps --mode values to their runners, one line each.
 func trainModes() map[string]trainMode {
 	return map[string]trainMode{
-		"local": (*trainFlags).runLocal,
+		"local":    (*trainFlags).runLocal,
+		"pipeline": (*trainFlags).runPipeline,
 	}
 }
 
@@ -112,5 +114,6 @@ func newTrainCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error { return f.run(cmd) },
 	}
 	f.register(cmd)
+	f.pipe.register(cmd)
 	return cmd
 }

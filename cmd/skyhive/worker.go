@@ -1,0 +1,47 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+
+	"github.com/skyhive/skyhive/pipeline"
+	"github.com/spf13/cobra"
+)
+
+func newWorkerCmd() *cobra.Command {
+	var cfg pipeline.WorkerConfig
+	var verbose bool
+	cmd := &cobra.Command{
+		Use:   "worker --join ADDR",
+		Short: "Serve as a pipeline stage worker for a coordinator (skyhive train --mode pipeline)",
+		Long: "Join a pipeline coordinator and serve whatever block of layers it assigns: run forward and\n" +
+			"backward passes of micro-batches, exchange activations and gradients directly with the\n" +
+			"neighbouring stages, step the stage's optimizer, and hand the layers over when the\n" +
+			"coordinator re-plans. The worker exits when the coordinator shuts it down or stops\n" +
+			"answering heartbeats.\n\n" +
+			"--slowdown F emulates a device F times slower (it sleeps (F-1)x each compute time);\n" +
+			"--mem-cap refuses stages needing more memory than BYTES.",
+		Example: "  skyhive worker --join /ip4/10.0.0.1/tcp/4001/p2p/12D3KooW... --listen /ip4/0.0.0.0/tcp/0\n" +
+			"  skyhive worker --join $COORD --slowdown 2.5 --mem-cap 2000000000",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			level := slog.LevelWarn
+			if verbose {
+				level = slog.LevelInfo
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			return pipeline.RunWorker(cmd.Context(), cfg)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&cfg.Join, "join", "", "coordinator multiaddr ending in /p2p/<peer id> (required)")
+	fl.StringVar(&cfg.Name, "name", "", "name shown in the coordinator's tables (default: peer ID)")
+	fl.StringSliceVar(&cfg.ListenAddrs, "listen", []string{"/ip4/127.0.0.1/tcp/0"}, "libp2p listen multiaddrs (use /ip4/0.0.0.0/tcp/PORT across machines)")
+	fl.StringVar(&cfg.IdentityFile, "identity", "", "private key file to keep the peer ID across restarts")
+	fl.Float64Var(&cfg.Slowdown, "slowdown", 1, "emulated slowdown factor (>= 1)")
+	fl.Int64Var(&cfg.MemCap, "mem-cap", 0, "memory cap in bytes for the assigned layers (0: none)")
+	fl.DurationVar(&cfg.Heartbeat, "heartbeat", 0, "interval of liveness pings to the coordinator (default 1s)")
+	fl.BoolVar(&verbose, "verbose", false, "log stage assignments and joins")
+	cmd.MarkFlagRequired("join")
+	return cmd
+}

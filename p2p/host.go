@@ -1,0 +1,365 @@
+package p2p
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+	libp2pquic "github.com/libp2p/go-libp2p/p2p/transport/quic"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
+)
+
+// Security selects the handshake used on TCP connections. QUIC always uses
+// TLS 1.3, which is part of the protocol.
+type Security int
+
+const (
+	// SecurityTLS offers TLS 1.3 only (the default).
+	SecurityTLS Security = iota
+	// SecurityNoise offers Noise only.
+	SecurityNoise
+	// SecurityTLSNoise offers TLS, then Noise, for peers that only speak Noise.
+	SecurityTLSNoise
+)
+
+// Reachability overrides what AutoNAT would detect.
+type Reachability int
+
+const (
+	// ReachabilityAuto lets AutoNAT decide.
+	ReachabilityAuto Reachability = iota
+	// ReachabilityPublic declares the host publicly reachable.
+	ReachabilityPublic
+	// ReachabilityPrivate declares the host behind a NAT, which makes a relay
+	// client with static relays reserve slots on them right away.
+	ReachabilityPrivate
+)
+
+// Defaults of Config.
+const (
+	DefaultMaxMessageBytes = 16 << 20
+	DefaultMaxStreamBytes  = 1 << 30
+	DefaultIdleTimeout     = 30 * time.Second
+	DefaultHandlerTimeout  = 5 * time.Minute
+	DefaultChunkBytes      = 256 << 10
+	MaxChunkBytes          = 4 << 20
+	maxErrorBytes          = 4 << 10
+)
+
+// Config configures a Host. The zero value is a usable ephemeral host that
+// listens on all interfaces over TCP and QUIC with TLS and contacts nobody.
+type Config struct {
+	// IdentityFile holds the host's private key. If the file does not exist
+	// an Ed25519 key is created there with mode 0600. Empty means an
+	// ephemeral key, a new peer ID on every start.
+	IdentityFile string
+	// ListenAddrs are multiaddrs to listen on; empty means
+	// /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1.
+	ListenAddrs []string
+	// AnnounceAddrs, if set, replace the listen addresses in what the host
+	// tells other peers (for example a public address behind port forwarding).
+	AnnounceAddrs []string
+	// Security is the TCP handshake (default TLS).
+	Security Security
+
+	// RelayClient lets the host dial and accept connections through circuit
+	// relay v2 relays.
+	RelayClient bool
+	// RelayService makes the host act as a circuit relay v2 for others when
+	// it is publicly reachable.
+	RelayService bool
+	// StaticRelays are relays the host reserves slots on when it is not
+	// publicly reachable; they imply RelayClient.
+	StaticRelays []peer.AddrInfo
+	// HolePunching enables DCUtR hole punching over relayed connections.
+	HolePunching bool
+	// AutoNAT runs the AutoNAT service for others and AutoNAT v2 to learn
+	// the host's own reachability.
+	AutoNAT bool
+	// Reachability overrides AutoNAT's verdict.
+	Reachability Reachability
+
+	// ConnLow and ConnHigh are the connection manager's watermarks: above
+	// high it trims down to low, sparing connections younger than
+	// ConnGrace. Defaults: 160, 192, 1 minute.
+	ConnLow, ConnHigh int
+	ConnGrace         time.Duration
+
+	// MaxMessageBytes bounds a Call's request and response (default 16 MiB).
+	MaxMessageBytes int
+	// MaxStreamBytes bounds one direction of a streamed call (default 1 GiB).
+	MaxStreamBytes int64
+	// ChunkBytes is the frame size of streamed calls (default 256 KiB, at
+	// most MaxChunkBytes).
+	ChunkBytes int
+	// IdleTimeout bounds every wait of a handler for its peer: for the next
+	// bytes of a request, or for room to write a response (default 30 s).
+	IdleTimeout time.Duration
+	// HandlerTimeout bounds a handler's run; its ctx ends then (default 5 min).
+	HandlerTimeout time.Duration
+
+	// Logger receives handler panics and other events; nil discards them.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxMessageBytes <= 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.MaxStreamBytes <= 0 {
+		c.MaxStreamBytes = DefaultMaxStreamBytes
+	}
+	if c.ChunkBytes <= 0 {
+		c.ChunkBytes = DefaultChunkBytes
+	}
+	c.ChunkBytes = min(c.ChunkBytes, MaxChunkBytes)
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.HandlerTimeout <= 0 {
+		c.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if c.ConnHigh <= 0 {
+		c.ConnHigh = 192
+	}
+	if c.ConnLow <= 0 || c.ConnLow > c.ConnHigh {
+		c.ConnLow = c.ConnHigh * 5 / 6
+	}
+	if c.ConnGrace <= 0 {
+		c.ConnGrace = time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+// Host is a libp2p host with Skyhive's RPC on top. It implements Transport.
+// All methods are safe for concurrent use.
+type Host struct {
+	h   host.Host
+	cfg Config
+	log *slog.Logger
+
+	ctx    context.Context // ends when the host closes; parent of handler ctxs
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	closed   bool
+	handlers sync.WaitGroup // running stream handlers
+}
+
+var _ Transport = (*Host)(nil)
+
+// New starts a host as configured. ctx bounds only the start-up; the host
+// runs until Close.
+func New(ctx context.Context, cfg Config) (*Host, error) {
+	cfg = cfg.withDefaults()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("p2p: new host: %w", err)
+	}
+	cm, err := connmgr.NewConnManager(cfg.ConnLow, cfg.ConnHigh, connmgr.WithGracePeriod(cfg.ConnGrace))
+	if err != nil {
+		return nil, fmt.Errorf("p2p: connection manager: %w", err)
+	}
+	opts, err := libp2pOptions(cfg)
+	if err != nil {
+		cm.Close()
+		return nil, err
+	}
+	lh, err := libp2p.New(append(opts, libp2p.ConnectionManager(cm))...)
+	if err != nil {
+		cm.Close()
+		return nil, fmt.Errorf("p2p: start libp2p: %w", err)
+	}
+	hctx, cancel := context.WithCancel(context.Background())
+	return &Host{h: lh, cfg: cfg, log: cfg.Logger, ctx: hctx, cancel: cancel}, nil
+}
+
+func libp2pOptions(cfg Config) ([]libp2p.Option, error) {
+	var key crypto.PrivKey
+	var err error
+	if cfg.IdentityFile != "" {
+		key, err = LoadOrCreateIdentity(cfg.IdentityFile)
+	} else {
+		key, _, err = crypto.GenerateEd25519Key(rand.Reader)
+	}
+	if err != nil {
+		return nil, err
+	}
+	listen := cfg.ListenAddrs
+	if len(listen) == 0 {
+		listen = []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"}
+	}
+	opts := []libp2p.Option{
+		libp2p.Identity(key),
+		libp2p.ListenAddrStrings(listen...),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Transport(libp2pquic.NewTransport),
+		libp2p.DisableMetrics(),
+		libp2p.UserAgent("skyhive"),
+	}
+	switch cfg.Security {
+	case SecurityTLS:
+		opts = append(opts, libp2p.Security(libp2ptls.ID, libp2ptls.New))
+	case SecurityNoise:
+		opts = append(opts, libp2p.Security(noise.ID, noise.New))
+	case SecurityTLSNoise:
+		opts = append(opts, libp2p.Security(libp2ptls.ID, libp2ptls.New), libp2p.Security(noise.ID, noise.New))
+	default:
+		return nil, fmt.Errorf("p2p: unknown security %d", cfg.Security)
+	}
+	if len(cfg.AnnounceAddrs) > 0 {
+		announce := make([]ma.Multiaddr, 0, len(cfg.AnnounceAddrs))
+		for _, s := range cfg.AnnounceAddrs {
+			a, err := ma.NewMultiaddr(s)
+			if err != nil {
+				return nil, fmt.Errorf("p2p: announce address %q: %w", s, err)
+			}
+			announce = append(announce, a)
+		}
+		opts = append(opts, libp2p.AddrsFactory(func([]ma.Multiaddr) []ma.Multiaddr { return announce }))
+	}
+	if cfg.RelayClient || len(cfg.StaticRelays) > 0 {
+		opts = append(opts, libp2p.EnableRelay())
+	} else {
+		opts = append(opts, libp2p.DisableRelay())
+	}
+	if len(cfg.StaticRelays) > 0 {
+		opts = append(opts, libp2p.EnableAutoRelayWithStaticRelays(cfg.StaticRelays))
+	}
+	if cfg.RelayService {
+		opts = append(opts, libp2p.EnableRelayService())
+	}
+	if cfg.HolePunching {
+		opts = append(opts, libp2p.EnableHolePunching())
+	}
+	if cfg.AutoNAT {
+		opts = append(opts, libp2p.EnableNATService(), libp2p.EnableAutoNATv2())
+	}
+	switch cfg.Reachability {
+	case ReachabilityPublic:
+		opts = append(opts, libp2p.ForceReachabilityPublic())
+	case ReachabilityPrivate:
+		opts = append(opts, libp2p.ForceReachabilityPrivate())
+	}
+	return opts, nil
+}
+
+// ID is this peer's identity.
+func (h *Host) ID() peer.ID { return h.h.ID() }
+
+// AddrInfo is this peer's identity with the addresses it announces.
+func (h *Host) AddrInfo() peer.AddrInfo {
+	return peer.AddrInfo{ID: h.h.ID(), Addrs: h.h.Addrs()}
+}
+
+// LibP2P returns the underlying libp2p host, for protocols that need more
+// than request/response (its lifetime is the Host's).
+func (h *Host) LibP2P() host.Host { return h.h }
+
+// Connect makes sure there is a connection to the peer.
+func (h *Host) Connect(ctx context.Context, to peer.AddrInfo) error {
+	if err := h.h.Connect(ctx, to); err != nil {
+		return fmt.Errorf("p2p: connect %s: %w", to.ID.ShortString(), err)
+	}
+	return nil
+}
+
+// NumConns returns the number of open connections to the peer.
+func (h *Host) NumConns(p peer.ID) int { return len(h.h.Network().ConnsToPeer(p)) }
+
+// Close stops the host: listeners, connections, running handlers (whose
+// ctx ends and whose streams are reset). It waits for handlers to return.
+func (h *Host) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	h.mu.Unlock()
+	h.cancel()
+	err := h.h.Close()
+	h.handlers.Wait()
+	if err != nil {
+		return fmt.Errorf("p2p: close: %w", err)
+	}
+	return nil
+}
+
+// track registers a running handler; it reports false once the host closes.
+func (h *Host) track() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	h.handlers.Add(1)
+	return true
+}
+
+// openStream opens a stream to the peer, reusing a connection if one
+// exists. The stream gets ctx's deadline and is reset if ctx ends before
+// release is called.
+func (h *Host) openStream(ctx context.Context, to peer.AddrInfo, proto protocol.ID) (s network.Stream, release func(), err error) {
+	if to.ID == "" {
+		return nil, nil, errors.New("p2p: call without a peer ID")
+	}
+	if to.ID == h.h.ID() {
+		return nil, nil, errors.New("p2p: call to self")
+	}
+	if len(to.Addrs) > 0 {
+		h.h.Peerstore().AddAddrs(to.ID, to.Addrs, peerstore.TempAddrTTL)
+	}
+	// Relayed (limited) connections are allowed: behind NATs they may be
+	// all there is, and the relay enforces its own data limits.
+	s, err = h.h.NewStream(network.WithAllowLimitedConn(ctx, "skyhive-rpc"), to.ID, proto)
+	if err != nil {
+		return nil, nil, ctxErr(ctx, fmt.Errorf("p2p: open %s to %s: %w", proto, to.ID.ShortString(), err))
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		if err := s.SetDeadline(dl); err != nil {
+			s.Reset()
+			return nil, nil, fmt.Errorf("p2p: set deadline: %w", err)
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { s.Reset() })
+	return s, func() { stop() }, nil
+}
+
+// ctxErr prefers ctx's error: once ctx has ended, whatever broke the stream
+// (a reset, a deadline) is a consequence of it.
+func ctxErr(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w (%v)", cerr, err)
+	}
+	if isTimeout(err) && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w (%v)", context.DeadlineExceeded, err)
+	}
+	return err
+}
+
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}

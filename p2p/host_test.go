@@ -1,0 +1,584 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
+	"go.uber.org/goleak"
+
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/wire"
+)
+
+func TestMain(m *testing.M) {
+	// No exceptions: a closed Host leaves no goroutines behind.
+	goleak.VerifyTestMain(m)
+}
+
+var transports = []string{"tcp", "quic"}
+
+func listenAddr(transport string) string {
+	if transport == "quic" {
+		return "/ip4/127.0.0.1/udp/0/quic-v1"
+	}
+	return "/ip4/127.0.0.1/tcp/0"
+}
+
+func newHost(t testing.TB, transport string, cfg Config) *Host {
+	t.Helper()
+	cfg.ListenAddrs = []string{listenAddr(transport)}
+	h, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := h.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return h
+}
+
+const (
+	echoProto  protocol.ID = "/skyhive/test/echo/1"
+	failProto  protocol.ID = "/skyhive/test/fail/1"
+	panicProto protocol.ID = "/skyhive/test/panic/1"
+	slowProto  protocol.ID = "/skyhive/test/slow/1"
+	bigProto   protocol.ID = "/skyhive/test/big/1"
+)
+
+func echo(_ context.Context, _ peer.ID, req []byte) ([]byte, error) { return req, nil }
+
+func pair(t *testing.T, transport string, client, server Config) (*Host, *Host) {
+	a := newHost(t, transport, client)
+	b := newHost(t, transport, server)
+	b.SetHandler(echoProto, echo)
+	return a, b
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestCallAndConnectionReuse(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			a, b := pair(t, tr, Config{}, Config{})
+			ctx := ctxT(t, 20*time.Second)
+			var wg sync.WaitGroup
+			errs := make(chan error, 100)
+			for i := range 100 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					req := []byte(fmt.Sprintf("hello %d", i))
+					resp, err := a.Call(ctx, b.AddrInfo(), echoProto, req)
+					if err == nil && !bytes.Equal(resp, req) {
+						err = fmt.Errorf("response %q for %q", resp, req)
+					}
+					errs <- err
+				}()
+				if i%10 == 9 {
+					wg.Wait() // some sequential, some concurrent
+				}
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := a.NumConns(b.ID()); n != 1 {
+				t.Fatalf("%d connections after 100 calls, want 1", n)
+			}
+			// Empty request and the reverse direction on the same connection.
+			a.SetHandler(echoProto, echo)
+			if resp, err := b.Call(ctx, peer.AddrInfo{ID: a.ID()}, echoProto, nil); err != nil || len(resp) != 0 {
+				t.Fatalf("reverse empty call: %q, %v", resp, err)
+			}
+			if n := b.NumConns(a.ID()); n != 1 {
+				t.Fatalf("%d connections after reverse call", n)
+			}
+		})
+	}
+}
+
+func TestRemoteErrorAndPanic(t *testing.T) {
+	a, b := pair(t, "tcp", Config{}, Config{})
+	b.SetHandler(failProto, func(_ context.Context, from peer.ID, _ []byte) ([]byte, error) {
+		return nil, fmt.Errorf("no expert for %s", from.ShortString())
+	})
+	b.SetHandler(panicProto, func(context.Context, peer.ID, []byte) ([]byte, error) {
+		var experts []int
+		return []byte{byte(experts[len(experts)-1])}, nil // index out of range
+	})
+	ctx := ctxT(t, 10*time.Second)
+	_, err := a.Call(ctx, b.AddrInfo(), failProto, []byte("x"))
+	var re *RemoteError
+	if !errors.As(err, &re) {
+		t.Fatalf("err %v (%T), want *RemoteError", err, err)
+	}
+	if re.Msg != "no expert for "+a.ID().ShortString() || re.Peer != b.ID() || re.Proto != failProto {
+		t.Fatalf("remote error %+v", re)
+	}
+	_, err = a.Call(ctx, b.AddrInfo(), panicProto, nil)
+	if !errors.As(err, &re) || !strings.Contains(re.Msg, "panicked") {
+		t.Fatalf("panic: err %v", err)
+	}
+	if _, err := a.Call(ctx, b.AddrInfo(), echoProto, []byte("still up")); err != nil {
+		t.Fatalf("after panic: %v", err)
+	}
+	if _, err := a.Call(ctx, b.AddrInfo(), "/skyhive/test/none/1", nil); err == nil {
+		t.Fatal("call to an unregistered protocol succeeded")
+	}
+}
+
+func TestDeadlineAndCancel(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			a, b := pair(t, tr, Config{}, Config{})
+			handlerDone := make(chan error, 2)
+			b.SetHandler(slowProto, func(ctx context.Context, _ peer.ID, _ []byte) ([]byte, error) {
+				select {
+				case <-ctx.Done():
+					handlerDone <- ctx.Err()
+				case <-time.After(3 * time.Second):
+					handlerDone <- nil
+				}
+				return []byte("late"), nil
+			})
+			// Warm the connection so the deadline hits the call, not the dial.
+			if _, err := a.Call(ctxT(t, 5*time.Second), b.AddrInfo(), echoProto, nil); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			_, err := a.Call(ctxT(t, 200*time.Millisecond), b.AddrInfo(), slowProto, []byte("x"))
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("err %v, want DeadlineExceeded", err)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("deadline of 200ms returned after %v", d)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(100*time.Millisecond, cancel)
+			start = time.Now()
+			_, err = a.Call(ctx, b.AddrInfo(), slowProto, []byte("x"))
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("err %v, want Canceled", err)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("cancel after 100ms returned after %v", d)
+			}
+			// Host close ends the still running handlers' contexts.
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for range 2 {
+				select {
+				case err := <-handlerDone:
+					if err == nil {
+						t.Fatal("handler ran to completion instead of seeing Close")
+					}
+				default:
+					t.Fatal("Close returned before the handlers")
+				}
+			}
+		})
+	}
+}
+
+func TestMessageLimits(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			a, b := pair(t, tr, Config{MaxMessageBytes: 4 << 20}, Config{MaxMessageBytes: 1 << 20})
+			b.SetHandler(bigProto, func(context.Context, peer.ID, []byte) ([]byte, error) {
+				return make([]byte, 3<<20), nil // over b's own limit
+			})
+			a.SetHandler(bigProto, func(context.Context, peer.ID, []byte) ([]byte, error) {
+				return make([]byte, 3<<20), nil // within a's, over b's
+			})
+			ctx := ctxT(t, 20*time.Second)
+			// Over the client's own limit: rejected before sending.
+			if _, err := a.Call(ctx, b.AddrInfo(), echoProto, make([]byte, 5<<20)); !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("local limit: err %v", err)
+			}
+			// Over the server's limit: the server says so and keeps serving.
+			_, err := a.Call(ctx, b.AddrInfo(), echoProto, make([]byte, 3<<20))
+			var re *RemoteError
+			if !errors.As(err, &re) || !strings.Contains(re.Msg, "exceeds the limit") {
+				t.Fatalf("remote limit: err %v", err)
+			}
+			_, err = a.Call(ctx, b.AddrInfo(), bigProto, nil)
+			if !errors.As(err, &re) || !strings.Contains(re.Msg, "response of") {
+				t.Fatalf("response over the server's limit: err %v", err)
+			}
+			_, err = b.Call(ctx, a.AddrInfo(), bigProto, nil)
+			if !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("response over the caller's limit: err %v", err)
+			}
+			req := bytes.Repeat([]byte{7}, 1<<20)
+			resp, err := a.Call(ctx, b.AddrInfo(), echoProto, req)
+			if err != nil || !bytes.Equal(resp, req) {
+				t.Fatalf("call at the limit after rejections: %d bytes, %v", len(resp), err)
+			}
+			if n := a.NumConns(b.ID()); n != 1 {
+				t.Fatalf("%d connections after rejections", n)
+			}
+		})
+	}
+}
+
+// TestSilentPeer checks a handler gives up on a caller that stops sending.
+func TestSilentPeer(t *testing.T) {
+	a, b := pair(t, "tcp", Config{}, Config{IdleTimeout: 200 * time.Millisecond})
+	called := make(chan struct{}, 1)
+	b.SetHandler(slowProto, func(context.Context, peer.ID, []byte) ([]byte, error) {
+		called <- struct{}{}
+		return nil, nil
+	})
+	b.SetStreamHandler(bigProto, func(_ context.Context, _ peer.ID, r io.Reader, _ io.Writer) error {
+		_, err := io.Copy(io.Discard, r)
+		return err
+	})
+	ctx := ctxT(t, 10*time.Second)
+	if err := a.Connect(ctx, b.AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+	for _, proto := range []protocol.ID{slowProto, bigProto} {
+		s, err := a.LibP2P().NewStream(ctx, b.ID(), proto)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A request header promising 100 bytes, or a chunk promising 1000,
+		// then silence.
+		var partial []byte
+		if proto == slowProto {
+			partial = []byte{0, 0, 0, 100, 1, 2}
+		} else {
+			partial = []byte{frameData, 0, 0, 3, 232, 1}
+		}
+		if _, err := s.Write(partial); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		s.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, err := io.ReadAll(s)
+		if err == nil && proto == slowProto {
+			t.Fatalf("%s: stream ended cleanly with %q", proto, got)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Fatalf("%s: silent caller held the handler for %v", proto, d)
+		}
+		s.Reset()
+	}
+	select {
+	case <-called:
+		t.Fatal("handler ran on a partial request")
+	default:
+	}
+}
+
+func TestStreamLargeIntegrity(t *testing.T) {
+	const size = 40 << 20
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			a, b := pair(t, tr, Config{}, Config{})
+			// The handler hashes the request, then streams back a
+			// deterministic payload ending with the request's hash.
+			b.SetStreamHandler(bigProto, func(_ context.Context, _ peer.ID, r io.Reader, w io.Writer) error {
+				h := sha256.New()
+				if _, err := io.Copy(h, r); err != nil {
+					return err
+				}
+				if _, err := io.Copy(w, io.LimitReader(rand.NewChaCha8([32]byte{9}), size)); err != nil {
+					return err
+				}
+				_, err := w.Write(h.Sum(nil))
+				return err
+			})
+			src := rand.NewChaCha8([32]byte{1})
+			want := sha256.New()
+			var got []byte
+			wantResp := sha256.New()
+			io.Copy(wantResp, io.LimitReader(rand.NewChaCha8([32]byte{9}), size))
+			gotResp := sha256.New()
+			err := a.CallStream(ctxT(t, 60*time.Second), b.AddrInfo(), bigProto,
+				func(w io.Writer) error {
+					// Odd-sized writes exercise both the buffered and the direct path.
+					buf := make([]byte, 3<<20+13)
+					for sent := 0; sent < size; {
+						n := min(len(buf), size-sent)
+						src.Read(buf[:n])
+						want.Write(buf[:n])
+						if _, err := w.Write(buf[:n]); err != nil {
+							return err
+						}
+						sent += n
+					}
+					return nil
+				},
+				func(r io.Reader) error {
+					if _, err := io.CopyN(gotResp, r, size); err != nil {
+						return err
+					}
+					var err error
+					got, err = io.ReadAll(r)
+					return err
+				})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want.Sum(nil)) {
+				t.Fatal("server's hash of the request differs")
+			}
+			if !bytes.Equal(gotResp.Sum(nil), wantResp.Sum(nil)) {
+				t.Fatal("response hash differs")
+			}
+		})
+	}
+}
+
+func TestStreamErrors(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			a, b := pair(t, tr, Config{}, Config{})
+			handlerErr := make(chan error, 1)
+			b.SetStreamHandler(failProto, func(_ context.Context, _ peer.ID, r io.Reader, w io.Writer) error {
+				// Read a little, answer a little, then fail while the
+				// caller is still sending.
+				if _, err := io.ReadFull(r, make([]byte, 1000)); err != nil {
+					return err
+				}
+				w.Write([]byte("partial"))
+				return errors.New("expert overloaded")
+			})
+			b.SetStreamHandler(echoProto, func(_ context.Context, _ peer.ID, r io.Reader, w io.Writer) error {
+				_, err := io.Copy(w, r)
+				handlerErr <- err
+				return err
+			})
+			b.SetStreamHandler(bigProto, func(_ context.Context, _ peer.ID, r io.Reader, w io.Writer) error {
+				_, err := io.Copy(w, r)
+				return err
+			})
+			b.SetStreamHandler(panicProto, func(context.Context, peer.ID, io.Reader, io.Writer) error {
+				panic("bad expert")
+			})
+			ctx := ctxT(t, 30*time.Second)
+			bigSend := func(w io.Writer) error {
+				_, err := w.Write(make([]byte, 32<<20))
+				return err
+			}
+			err := a.CallStream(ctx, b.AddrInfo(), failProto, bigSend, func(r io.Reader) error {
+				_, err := io.ReadAll(r)
+				return err
+			})
+			var re *RemoteError
+			if !errors.As(err, &re) || re.Msg != "expert overloaded" {
+				t.Fatalf("handler error: err %v", err)
+			}
+			// recv == nil still surfaces the remote error.
+			err = a.CallStream(ctx, b.AddrInfo(), panicProto, nil, nil)
+			if !errors.As(err, &re) || !strings.Contains(re.Msg, "bad expert") {
+				t.Fatalf("handler panic: err %v", err)
+			}
+			// A failing send is reported as such and the handler sees it.
+			errSend := errors.New("gradient not ready")
+			err = a.CallStream(ctx, b.AddrInfo(), echoProto, func(w io.Writer) error {
+				w.Write(make([]byte, 1<<20))
+				return errSend
+			}, nil)
+			if !errors.Is(err, errSend) {
+				t.Fatalf("send error: err %v", err)
+			}
+			if err := <-handlerErr; err == nil {
+				t.Fatal("handler saw a clean end of an aborted request")
+			}
+			// A failing recv is reported too.
+			errRecv := errors.New("bad shape")
+			err = a.CallStream(ctx, b.AddrInfo(), bigProto, bigSend, func(io.Reader) error { return errRecv })
+			if !errors.Is(err, errRecv) {
+				t.Fatalf("recv error: err %v", err)
+			}
+			// And the host still serves.
+			var out bytes.Buffer
+			err = a.CallStream(ctx, b.AddrInfo(), echoProto, func(w io.Writer) error {
+				_, err := w.Write([]byte("ok"))
+				return err
+			}, func(r io.Reader) error {
+				_, err := io.Copy(&out, r)
+				return err
+			})
+			if err != nil || out.String() != "ok" {
+				t.Fatalf("after errors: %q, %v", out.String(), err)
+			}
+			if err := <-handlerErr; err != nil {
+				t.Fatalf("handler: %v", err)
+			}
+			if n := a.NumConns(b.ID()); n != 1 {
+				t.Fatalf("%d connections", n)
+			}
+		})
+	}
+}
+
+func TestStreamLimit(t *testing.T) {
+	a, b := pair(t, "tcp", Config{}, Config{MaxStreamBytes: 1 << 20})
+	b.SetStreamHandler(bigProto, func(_ context.Context, _ peer.ID, r io.Reader, _ io.Writer) error {
+		_, err := io.Copy(io.Discard, r)
+		return err
+	})
+	err := a.CallStream(ctxT(t, 10*time.Second), b.AddrInfo(), bigProto, func(w io.Writer) error {
+		_, err := w.Write(make([]byte, 2<<20))
+		return err
+	}, nil)
+	var re *RemoteError
+	if !errors.As(err, &re) || !strings.Contains(re.Msg, "too large") {
+		t.Fatalf("err %v, want a remote 'too large'", err)
+	}
+}
+
+// TestStreamTensors sends named tensors through a streamed call, as the
+// expert client does.
+func TestStreamTensors(t *testing.T) {
+	a, b := pair(t, "quic", Config{}, Config{})
+	b.SetStreamHandler(bigProto, func(_ context.Context, _ peer.ID, r io.Reader, w io.Writer) error {
+		msg, err := wire.DecodeMessage(r, wire.Limits{})
+		if err != nil {
+			return err
+		}
+		x, y := wire.Get(msg, "x"), wire.Get(msg, "y")
+		if x == nil || y == nil || len(x.Data) != len(y.Data) {
+			return errors.New("need x and y of the same size")
+		}
+		sum := tensor.New(x.Shape...)
+		tensor.Add(sum.Data, x.Data, y.Data)
+		return wire.Encode(w, sum, wire.Options{})
+	})
+	x, y := tensor.New(256, 1024), tensor.New(256, 1024)
+	for i := range x.Data {
+		x.Data[i], y.Data[i] = float32(i), 1
+	}
+	var sum *tensor.Tensor
+	err := a.CallStream(ctxT(t, 20*time.Second), b.AddrInfo(), bigProto, func(w io.Writer) error {
+		return wire.EncodeMessage(w, []wire.Named{{Name: "x", Tensor: x}, {Name: "y", Tensor: y}}, wire.Options{Codec: wire.CodecFP16})
+	}, func(r io.Reader) error {
+		var err error
+		sum, err = wire.Decode(r, wire.Limits{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range sum.Data {
+		want := wire.HalfToFloat32(wire.Float32ToHalf(float32(i))) + 1
+		if v != want {
+			t.Fatalf("sum[%d] = %g, want %g", i, v, want)
+		}
+	}
+}
+
+func TestIdentityPersistence(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "id.key")
+	start := func() peer.ID {
+		h, err := New(context.Background(), Config{IdentityFile: path, ListenAddrs: []string{listenAddr("tcp")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		return h.ID()
+	}
+	id1 := start()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("identity mode %v, want 0600", st.Mode().Perm())
+	}
+	if id2 := start(); id2 != id1 {
+		t.Fatalf("peer ID changed across restarts: %s -> %s", id1, id2)
+	}
+	if id3 := newHost(t, "tcp", Config{}).ID(); id3 == id1 {
+		t.Fatal("ephemeral host reused the stored identity")
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(context.Background(), Config{IdentityFile: path}); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("world-readable identity: err %v", err)
+	}
+	garbage := filepath.Join(t.TempDir(), "bad.key")
+	os.WriteFile(garbage, []byte("not a key"), 0o600)
+	if _, err := New(context.Background(), Config{IdentityFile: garbage}); err == nil {
+		t.Fatal("accepted a garbage identity file")
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, cfg := range []Config{
+		{ListenAddrs: []string{"not a multiaddr"}},
+		{ListenAddrs: []string{listenAddr("tcp")}, AnnounceAddrs: []string{"/ip4/999.1.1.1/tcp/1"}},
+		{ListenAddrs: []string{listenAddr("tcp")}, Security: Security(42)},
+	} {
+		if h, err := New(context.Background(), cfg); err == nil {
+			h.Close()
+			t.Errorf("New(%+v) succeeded", cfg)
+		}
+	}
+	h := newHost(t, "tcp", Config{AnnounceAddrs: []string{"/ip4/203.0.113.7/tcp/4001"}})
+	if ai := h.AddrInfo(); len(ai.Addrs) != 1 || ai.Addrs[0].String() != "/ip4/203.0.113.7/tcp/4001" {
+		t.Fatalf("announced %v", ai.Addrs)
+	}
+	if _, err := h.Call(context.Background(), h.AddrInfo(), echoProto, nil); err == nil {
+		t.Fatal("call to self succeeded")
+	}
+}
+
+// TestOptionalServices starts hosts with relay, hole punching and AutoNAT
+// enabled and checks a relayed connection works end to end on loopback.
+func TestOptionalServices(t *testing.T) {
+	relay := newHost(t, "tcp", Config{RelayService: true, AutoNAT: true, HolePunching: true, Reachability: ReachabilityPublic})
+	b := newHost(t, "tcp", Config{StaticRelays: []peer.AddrInfo{relay.AddrInfo()}, HolePunching: true, Reachability: ReachabilityPrivate})
+	b.SetHandler(echoProto, echo)
+	a := newHost(t, "tcp", Config{RelayClient: true})
+	ctx := ctxT(t, 20*time.Second)
+	// b reserves a slot on its static relay by itself. autorelay advertises
+	// only public relay addresses, so build the loopback circuit address.
+	circuit, err := ma.NewMultiaddr(relay.AddrInfo().Addrs[0].String() + "/p2p/" + relay.ID().String() + "/p2p-circuit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := peer.AddrInfo{ID: b.ID(), Addrs: []ma.Multiaddr{circuit}}
+	for attempt := 0; ; attempt++ {
+		resp, err := a.Call(ctxT(t, 2*time.Second), to, echoProto, []byte("via relay"))
+		if err == nil && string(resp) == "via relay" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("relayed call after %d attempts: %q, %v", attempt, resp, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	conns := a.LibP2P().Network().ConnsToPeer(b.ID())
+	if len(conns) != 1 || !strings.Contains(conns[0].RemoteMultiaddr().String(), "p2p-circuit") {
+		t.Fatalf("connections to b: %v, want one relayed", conns)
+	}
+}

@@ -9,6 +9,7 @@ func All() []Suite {
 		layersSuite(),
 		allocSuite(),
 		dhtSuite(),
+		pipelineSuite(),
 	}
 }
 

@@ -40,6 +40,7 @@ const (
 	maxMicro               = 1024
 	maxBatch               = 1 << 16
 	maxStages              = 1024
+	maxLayers              = 4096
 )
 
 // limits bound the tensors of bulk messages (setup, fetch, iteration
@@ -188,6 +189,9 @@ type profileReq struct {
 type profileResp struct {
 	FLOPS   float64 `json:"flops"`   // FLOP/s, including the slowdown
 	Seconds float64 `json:"seconds"` // median time of one forward+backward
+	// LayerSeconds splits Seconds over the layers in proportion to their
+	// measured times.
+	LayerSeconds []float64 `json:"layer_seconds"`
 }
 
 // setupReq assigns layers [First, Last) of Model to a worker as stage

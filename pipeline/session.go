@@ -177,6 +177,8 @@ type Session struct {
 	iter      int
 	stages    []assignment
 	sincePlan int
+	// calibrated is set once amodel's layer costs come from measured times.
+	calibrated bool
 }
 
 // Start profiles the live workers, plans the pipeline, snapshots the
@@ -327,6 +329,11 @@ func (s *Session) profile(ctx context.Context) error {
 			s.c.markDead(w.Index)
 			continue
 		}
+		if !s.calibrated {
+			if err := s.calibrate(resp); err != nil {
+				return err
+			}
+		}
 		s.c.setSpeed(w.Index, resp.FLOPS)
 		fmt.Fprintf(s.cfg.Log, "worker %-8s slowdown %.2f  %.2f GFLOP/s\n", w.Name, w.Slowdown, resp.FLOPS/1e9)
 		n++
@@ -334,6 +341,33 @@ func (s *Session) profile(ctx context.Context) error {
 	if n == 0 {
 		return errors.New("pipeline: no live worker")
 	}
+	return nil
+}
+
+// calibrate replaces the layers' FLOP counts by effective work: the first
+// profiled worker's measured time per layer times its FLOP/s. Layers with
+// few FLOPs but real cost (activations, small GEMMs, per-call overhead)
+// thus weigh what they take, and every device's speed is measured in the
+// same unit. The forward/backward split keeps the FLOP ratio.
+func (s *Session) calibrate(r profileResp) error {
+	if len(r.LayerSeconds) != len(s.amodel.Layers) {
+		return fmt.Errorf("pipeline: profile has %d layer times for %d layers", len(r.LayerSeconds), len(s.amodel.Layers))
+	}
+	for _, v := range r.LayerSeconds {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			return fmt.Errorf("pipeline: bad layer time %v in profile", v)
+		}
+	}
+	for i := range s.amodel.Layers {
+		l := &s.amodel.Layers[i]
+		eff := r.LayerSeconds[i] * r.FLOPS * float64(s.cfg.Schedule.Micro(s.cfg.Micro)) // per batch
+		if tot := l.FwdFLOPs + l.BwdFLOPs; tot > 0 {
+			l.FwdFLOPs, l.BwdFLOPs = eff*l.FwdFLOPs/tot, eff*l.BwdFLOPs/tot
+		} else {
+			l.FwdFLOPs, l.BwdFLOPs = eff/3, 2*eff/3
+		}
+	}
+	s.calibrated = true
 	return nil
 }
 
@@ -906,4 +940,17 @@ func (s *Session) replan(ctx context.Context, reason string) (changed bool, err 
 		}
 		s.c.markDead(se.worker)
 	}
+}
+
+// SetSchedule switches the schedule and micro-batch count from the next
+// iteration on; the layers stay where they are.
+func (s *Session) SetSchedule(sched Schedule, micro int) error {
+	cfg := s.cfg
+	cfg.Schedule, cfg.Micro = sched, micro
+	if err := cfg.defaults(); err != nil {
+		return err
+	}
+	s.cfg = cfg
+	s.amodel.MicroBatches = sched.Micro(cfg.Micro)
+	return nil
 }

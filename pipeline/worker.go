@@ -311,23 +311,56 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 	for i := range y {
 		y[i] = i % 10
 	}
+	layers := model.Layers()
+	if len(layers) > maxLayers {
+		return nil, fmt.Errorf("pipeline: model of %d layers, at most %d", len(layers), maxLayers)
+	}
 	times := make([]float64, 0, req.Reps)
-	for range req.Reps + 1 { // the first run warms up
+	per := make([]float64, len(layers)) // summed unthrottled time per layer
+	states := make([]nn.State, len(layers))
+	for rep := range req.Reps + 1 { // the first run warms up
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		t0 := time.Now()
-		logits, st := model.Forward(nn.Ctx{Train: true}, x)
-		_, dl := nn.SoftmaxCrossEntropy(logits, y)
-		model.Backward(st, dl)
+		lt := make([]time.Duration, len(layers))
+		h := x
+		for i, l := range layers {
+			ts := time.Now()
+			h, states[i] = l.Module.Forward(nn.Ctx{Train: true}, h)
+			lt[i] += time.Since(ts)
+		}
+		_, dy := nn.SoftmaxCrossEntropy(h, y)
+		for i := len(layers) - 1; i >= 0 && dy != nil; i-- {
+			ts := time.Now()
+			dy = layers[i].Module.Backward(states[i], dy)
+			lt[i] += time.Since(ts)
+		}
 		w.throttle(ctx, time.Since(t0))
+		if rep == 0 {
+			continue
+		}
 		times = append(times, time.Since(t0).Seconds())
+		for i, d := range lt {
+			per[i] += d.Seconds()
+		}
 	}
-	times = times[1:]
+	total := 0.0
+	for _, v := range per {
+		total += v
+	}
 	slices.Sort(times)
 	med := times[len(times)/2]
+	if len(times)%2 == 0 {
+		med = (times[len(times)/2-1] + med) / 2
+	}
+	// Spread the measured (throttled) time over the layers in proportion
+	// to their unthrottled times.
+	for i := range per {
+		per[i] *= med / total
+	}
 	flops := model.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs()
-	return encodeMsg(profileResp{FLOPS: flops / med, Seconds: med}, nil)
+	return encodeMsg(profileResp{FLOPS: flops / med, Seconds: med, LayerSeconds: per}, nil)
 }
 
 // onSetup installs a stage (or releases the worker when Stage < 0).

@@ -1,19 +1,240 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/bench"
+	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/pipeline"
+	"github.com/skyhive/skyhive/progress"
+	"github.com/skyhive/skyhive/train"
 	"github.com/spf13/cobra"
 )
 
+// demoConfig configures the main job.
+type demoConfig struct {
+	workers     int
+	slowdownMax float64
+	model       string
+	batch       int
+	micro       int
+	steps       int
+	compareIter int
+	lr          float64
+	seed        uint64
+	dataDir     string
+}
+
 func newDemoCmd() *cobra.Command {
-	var f trainFlags
+	var d demoConfig
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run the main job: train a real model on Fashion-MNIST with sane defaults",
-		Long: "Run Skyhive's main job on this machine with no cluster and no external service:\n" +
-			"train the Fashion-MNIST MLP and evaluate it on the test set.",
+		Short: "Run the main job: a local heterogeneous swarm trains Fashion-MNIST through a pipeline",
+		Long: "Run Skyhive's main job on this machine, with no cluster and no external service:\n" +
+			"start worker processes with unequal speeds, profile them and the model's layers, plan the\n" +
+			"pipeline with every allocation strategy, measure even, sky and skyhive plans side by side,\n" +
+			"then train on Fashion-MNIST with the skyhive plan and evaluate on the test set.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return f.run(cmd) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDemo(cmd.Context(), d, cmd.OutOrStdout(), cmd.ErrOrStderr()) },
 	}
-	f.register(cmd)
+	fl := cmd.Flags()
+	fl.IntVar(&d.workers, "workers", 4, "local worker processes")
+	fl.Float64Var(&d.slowdownMax, "slowdown-max", 4, "worker slowdowns are drawn from U[1,MAX]")
+	fl.StringVar(&d.model, "model", "deep-mlp:256x8", "model: mlp, bert-tiny or deep-mlp:WIDTHxDEPTH")
+	fl.IntVar(&d.batch, "batch", 128, "examples per iteration")
+	fl.IntVar(&d.micro, "micro", 4, "micro-batches per iteration (1F1B schedule)")
+	fl.IntVar(&d.steps, "steps", 1000, "training iterations with the skyhive plan")
+	fl.IntVar(&d.compareIter, "compare-iters", 6, "timed iterations per strategy in the comparison (at least 5)")
+	fl.Float64Var(&d.lr, "lr", 1e-3, "peak learning rate (AdamW)")
+	fl.Uint64Var(&d.seed, "seed", 1, "seed for slowdowns, initialisation and shuffling")
+	fl.StringVar(&d.dataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
 	return cmd
 }
+
+func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
+	switch {
+	case d.workers < 2:
+		return fmt.Errorf("--workers must be at least 2, got %d", d.workers)
+	case d.steps < 1 || d.batch < 1 || d.micro < 1:
+		return fmt.Errorf("--steps, --batch and --micro must be positive")
+	case d.compareIter < 5:
+		return fmt.Errorf("--compare-iters must be at least 5, got %d", d.compareIter)
+	}
+	trainSet, err := data.LoadFashionMNIST(d.dataDir, data.Train, data.LoadOptions{Standardize: true})
+	if err != nil {
+		return err
+	}
+	testSet, err := data.LoadFashionMNIST(d.dataDir, data.Test, data.LoadOptions{Standardize: true})
+	if err != nil {
+		return err
+	}
+	pf := pipelineFlags{workers: d.workers, slowdownMax: d.slowdownMax}
+	slow, err := pf.localSlowdowns(d.seed)
+	if err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("locating the skyhive binary: %w", err)
+	}
+	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Fprintf(out, "1/4 starting %d worker processes on loopback (libp2p, TLS) with slowdowns %s\n", d.workers, fmtFloats(slow))
+	local, err := pipeline.LaunchLocal(ctx, c, pipeline.LocalConfig{Binary: exe, Slowdowns: slow})
+	if err != nil {
+		return err
+	}
+	defer local.Close()
+	defer c.Shutdown(context.WithoutCancel(ctx))
+
+	total := int64(d.steps + 3*d.compareIter)
+	// The session logs every plan change; the comparison below changes
+	// plans on purpose, so its lines are muted there.
+	sessionLog := &switchWriter{w: log}
+	fmt.Fprintf(out, "2/4 profiling workers and the layers of %s, planning with every strategy\n", d.model)
+	s, err := c.Start(ctx, pipeline.SessionConfig{
+		Model: d.model, Seed: d.seed, Batch: d.batch, Micro: d.micro, Schedule: pipeline.OneFOneB,
+		Optim:      pipeline.OptimConfig{LR: d.lr, WeightDecay: 0.01},
+		LRSchedule: &optim.Schedule{Peak: d.lr, Min: d.lr / 100, Warmup: 50, Total: total, Decay: optim.Cosine},
+		ClipNorm:   5, Strategy: "skyhive", Log: sessionLog,
+	})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+
+	results := map[string]*alloc.Result{}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STRATEGY\tSTAGES\tPREDICTED\tSOLVE\tNOTE")
+	for _, name := range alloc.StrategyNames() {
+		r, err := alloc.Solve(ctx, name, s.Problem())
+		if err != nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t%v\n", name, err)
+			continue
+		}
+		results[name] = r
+		note := ""
+		if len(r.Notes) > 0 {
+			note = r.Notes[0]
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f ms\t%s\t%s\n", name, len(r.Plan.Stages), 1e3*r.Predicted, r.SolveTime.Round(time.Microsecond), note)
+	}
+	tw.Flush()
+
+	loader, err := data.NewLoader(trainSet, data.BatchOptions{Size: d.batch, Shuffle: true, Seed: d.seed, DropLast: true})
+	if err != nil {
+		return err
+	}
+	next := batches(loader)
+
+	fmt.Fprintf(out, "3/4 measuring each plan for %d iterations (1F1B, %d micro-batches), alternating\n", d.compareIter, d.micro)
+	compare := []string{"even", "sky", "skyhive"}
+	sessionLog.w = io.Discard
+	times := map[string][]float64{}
+	for rep := 0; rep < d.compareIter; rep++ {
+		for _, name := range compare {
+			r := results[name]
+			if r == nil {
+				continue
+			}
+			if err := s.SetPlan(ctx, r.Plan); err != nil {
+				return fmt.Errorf("install %s plan: %w", name, err)
+			}
+			st, err := s.Step(ctx, next())
+			if err != nil {
+				return err
+			}
+			if rep > 0 { // the first iteration after a plan change warms up the stages
+				times[name] = append(times[name], st.Seconds)
+			}
+		}
+	}
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STRATEGY\tMEASURED (median)\tMIN..MAX\tPREDICTED\tSPEEDUP OVER EVEN")
+	even := bench.Summarize(times["even"]).Median
+	for _, name := range compare {
+		if len(times[name]) == 0 {
+			continue
+		}
+		st := bench.Summarize(times[name])
+		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f..%.1f\t%.1f ms\t%.2fx\n", name, 1e3*st.Median, 1e3*st.Min, 1e3*st.Max, 1e3*results[name].Predicted, even/st.Median)
+	}
+	tw.Flush()
+
+	sessionLog.w = log
+	fmt.Fprintf(out, "4/4 training %s on Fashion-MNIST for %d iterations with the skyhive plan\n", d.model, d.steps)
+	if r := results["skyhive"]; r != nil {
+		if err := s.SetPlan(ctx, r.Plan); err != nil {
+			return err
+		}
+	}
+	bar := progress.New(log, "pipeline", d.steps)
+	var lossSum float64
+	start := time.Now()
+	for i := 1; i <= d.steps; i++ {
+		b := next()
+		st, err := s.Step(ctx, b)
+		if err != nil {
+			return err
+		}
+		if st.Event != "" {
+			fmt.Fprintf(log, "\niteration %d: %s\n", st.Iter, st.Event)
+		}
+		lossSum += st.Loss
+		if i%20 == 0 || i == d.steps {
+			bar.Update(i, int64(i*d.batch), progress.F("loss", lossSum/20))
+			lossSum = 0
+		}
+	}
+	secs := time.Since(start).Seconds()
+	snap, err := s.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	model, err := pipeline.BuildModel(d.model, d.seed)
+	if err != nil {
+		return err
+	}
+	if err := nn.ImportParams(model.Params(), snap.Params); err != nil {
+		return err
+	}
+	_, acc := train.Evaluate(model, testSet, 1000)
+	fmt.Fprintf(out, "done: %d iterations in %.1fs (%.0f samples/s) across %d workers; test accuracy %.2f%%\n",
+		d.steps, secs, float64(d.steps*d.batch)/secs, len(s.Plan().Stages), 100*acc)
+	return nil
+}
+
+// batches returns a function yielding training batches forever, epoch
+// after epoch.
+func batches(l *data.Loader) func() data.Batch {
+	var buf []data.Batch
+	epoch := 0
+	return func() data.Batch {
+		if len(buf) == 0 {
+			for _, b := range l.Epoch(epoch) {
+				buf = append(buf, b)
+			}
+			epoch++
+		}
+		b := buf[0]
+		buf = slices.Delete(buf, 0, 1)
+		return b
+	}
+}
+
+// switchWriter forwards to w, which the owner may swap between writes.
+type switchWriter struct{ w io.Writer }
+
+func (s *switchWriter) Write(p []byte) (int, error) { return s.w.Write(p) }

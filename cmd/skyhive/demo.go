@@ -44,7 +44,9 @@ func newDemoCmd() *cobra.Command {
 			"pipeline with every allocation strategy, measure even, sky and skyhive plans side by side,\n" +
 			"then train on Fashion-MNIST with the skyhive plan and evaluate on the test set.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDemo(cmd.Context(), d, cmd.OutOrStdout(), cmd.ErrOrStderr()) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDemo(cmd.Context(), d, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
 	}
 	fl := cmd.Flags()
 	fl.IntVar(&d.workers, "workers", 4, "local worker processes")

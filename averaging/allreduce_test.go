@@ -1,0 +1,304 @@
+package averaging
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"go.uber.org/goleak"
+
+	"github.com/skyhive/skyhive/p2p/memnet"
+	"github.com/skyhive/skyhive/wire"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
+		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
+	)
+}
+
+// testSwarm is n averagers on one memnet network.
+type testSwarm struct {
+	net   *memnet.Network
+	peers []*memnet.Peer
+	avg   []*Averager
+}
+
+func newTestSwarm(t testing.TB, n int, cfg Config, opts ...memnet.Option) *testSwarm {
+	t.Helper()
+	s := &testSwarm{net: memnet.NewNetwork(opts...)}
+	t.Cleanup(func() { s.net.Close() })
+	for range n {
+		p, err := s.net.NewPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.peers = append(s.peers, p)
+		a := New(p, cfg)
+		t.Cleanup(func() { a.Close() })
+		s.avg = append(s.avg, a)
+	}
+	return s
+}
+
+func (s *testSwarm) session(id string, weights []float64) Session {
+	ms := make([]Member, len(s.peers))
+	for i, p := range s.peers {
+		w := 1.0
+		if weights != nil {
+			w = weights[i]
+		}
+		ms[i] = Member{Peer: p.AddrInfo(), Weight: w}
+	}
+	return Session{ID: id, Members: ms}
+}
+
+func randomVectors(n, length int, seed uint64) [][]float32 {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	vs := make([][]float32, n)
+	for i := range vs {
+		vs[i] = make([]float32, length)
+		for j := range vs[i] {
+			vs[i][j] = float32(rng.NormFloat64()*3 + float64(i))
+		}
+	}
+	return vs
+}
+
+func exactMean(vs [][]float32) []float64 {
+	m := make([]float64, len(vs[0]))
+	for _, v := range vs {
+		for j, x := range v {
+			m[j] += float64(x)
+		}
+	}
+	for j := range m {
+		m[j] /= float64(len(vs))
+	}
+	return m
+}
+
+// runAll runs AllReduce on every member concurrently.
+func (s *testSwarm) runAll(ctx context.Context, sess Session, vs [][]float32) ([]Result, []error) {
+	res := make([]Result, len(vs))
+	errs := make([]error, len(vs))
+	var wg sync.WaitGroup
+	for i := range vs {
+		wg.Go(func() { res[i], errs[i] = s.avg[i].AllReduce(ctx, sess, vs[i]) })
+	}
+	wg.Wait()
+	return res, errs
+}
+
+func TestAllReduceIsMean(t *testing.T) {
+	ctx := context.Background()
+	for n := 2; n <= 16; n++ {
+		for _, weighted := range []bool{false, true} {
+			t.Run(fmt.Sprintf("n=%d/weighted=%v", n, weighted), func(t *testing.T) {
+				s := newTestSwarm(t, n, Config{ChunkElems: 97, Timeout: 10 * time.Second})
+				length := 1000 + 37*n
+				vs := randomVectors(n, length, uint64(n))
+				want := exactMean(vs)
+				var weights []float64
+				if weighted {
+					rng := rand.New(rand.NewPCG(uint64(n), 2))
+					weights = make([]float64, n)
+					for i := range weights {
+						weights[i] = 1 + 9*rng.Float64()
+					}
+					weights[n-1] = 0 // a member that only contributes
+				}
+				res, errs := s.runAll(ctx, s.session("mean", weights), vs)
+				for i := range vs {
+					if errs[i] != nil {
+						t.Fatalf("member %d: %v", i, errs[i])
+					}
+					if res[i].Contributors != n || len(res[i].Failed) != 0 || len(res[i].Missing) != 0 {
+						t.Fatalf("member %d: %+v", i, res[i])
+					}
+					for j, x := range vs[i] {
+						if math.Abs(float64(x)-want[j]) > 1e-5*(1+math.Abs(want[j])) {
+							t.Fatalf("member %d element %d = %v, want %v", i, j, x, want[j])
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestAllReduceCompressed(t *testing.T) {
+	for _, c := range []struct {
+		codec wire.Codec
+		tol   float64
+	}{{wire.CodecFP16, 0.01}, {wire.CodecUniform8, 0.2}, {wire.CodecQuantile8, 0.5}} {
+		t.Run(c.codec.String(), func(t *testing.T) {
+			n := 5
+			s := newTestSwarm(t, n, Config{Codec: c.codec, ChunkElems: 256})
+			vs := randomVectors(n, 3000, 7)
+			want := exactMean(vs)
+			_, errs := s.runAll(context.Background(), s.session("c", nil), vs)
+			var worst float64
+			for i := range vs {
+				if errs[i] != nil {
+					t.Fatal(errs[i])
+				}
+				for j, x := range vs[i] {
+					worst = max(worst, math.Abs(float64(x)-want[j]))
+					// Every member holds the same (compressed) average.
+					if x != vs[0][j] {
+						t.Fatalf("members 0 and %d differ at %d: %v vs %v", i, j, vs[0][j], x)
+					}
+				}
+			}
+			if worst > c.tol {
+				t.Fatalf("max error %v > %v", worst, c.tol)
+			}
+		})
+	}
+}
+
+func TestAllReduceRejectsMismatch(t *testing.T) {
+	s := newTestSwarm(t, 3, Config{Timeout: 2 * time.Second, ReduceWait: 300 * time.Millisecond})
+	vs := randomVectors(3, 500, 3)
+	orig := [][]float32{slices.Clone(vs[0]), slices.Clone(vs[1]), slices.Clone(vs[2])}
+	a := s.session("mm", nil)
+	b := s.session("mm", []float64{1, 2, 1}) // member 2 disagrees on weights
+	res := make([]Result, 3)
+	var wg sync.WaitGroup
+	for i := range 3 {
+		sess := a
+		if i == 2 {
+			sess = b
+		}
+		wg.Go(func() { res[i], _ = s.avg[i].AllReduce(context.Background(), sess, vs[i]) })
+	}
+	wg.Wait()
+	if len(res[2].Failed) != 2 {
+		t.Fatalf("disagreeing member: %+v", res[2])
+	}
+	// Members 0 and 1 agree with each other: they average between them
+	// on their parts and miss member 2.
+	if !slices.Contains(res[0].Missing, s.peers[2].ID()) {
+		t.Fatalf("member 0 should miss member 2: %+v", res[0])
+	}
+	_ = orig
+}
+
+// killLink kills victim once it has sent `after` messages.
+type killLink struct {
+	inner  *NICLink
+	net    *memnet.Network
+	victim peer.ID
+	after  int
+
+	mu   sync.Mutex
+	sent int
+}
+
+func (k *killLink) Deliver(ctx context.Context, from, to peer.ID, size int) error {
+	if from == k.victim {
+		k.mu.Lock()
+		k.sent++
+		kill := k.sent == k.after
+		k.mu.Unlock()
+		if kill {
+			k.net.Kill(k.victim)
+		}
+	}
+	return k.inner.Deliver(ctx, from, to, size)
+}
+
+func TestAllReducePeerKilledMidway(t *testing.T) {
+	for _, blackhole := range []bool{false, true} {
+		t.Run(fmt.Sprintf("blackhole=%v", blackhole), func(t *testing.T) {
+			const n, victim = 5, 2
+			link := &killLink{inner: NewNICLink(200e6, time.Millisecond), victim: "", after: 6}
+			opts := []memnet.Option{memnet.WithLink(link)}
+			if blackhole {
+				opts = append(opts, memnet.WithBlackhole())
+			}
+			timeout := 1500 * time.Millisecond
+			s := newTestSwarm(t, n, Config{ChunkElems: 512, Timeout: timeout, ReduceWait: 700 * time.Millisecond}, opts...)
+			link.net, link.victim = s.net, s.peers[victim].ID()
+			vs := make([][]float32, n)
+			for i := range vs {
+				vs[i] = make([]float32, 20000)
+				for j := range vs[i] {
+					vs[i][j] = float32(i + 1)
+				}
+			}
+			start := time.Now()
+			res, errs := s.runAll(context.Background(), s.session("kill", nil), vs)
+			elapsed := time.Since(start)
+			if elapsed > timeout+500*time.Millisecond {
+				t.Fatalf("all-reduce took %v with timeout %v", elapsed, timeout)
+			}
+			bounds, _ := Partition(20000, []float64{1, 1, 1, 1, 1})
+			// mean over survivors (1,2,4,5) and over everyone
+			survMean, allMean := float32(12)/4, float32(15)/5
+			for i := range n {
+				if i == victim {
+					continue
+				}
+				if errs[i] != nil {
+					t.Fatalf("survivor %d: %v", i, errs[i])
+				}
+				if !slices.Contains(res[i].Failed, s.peers[victim].ID()) && !slices.Contains(res[i].Missing, s.peers[victim].ID()) {
+					t.Fatalf("survivor %d did not notice the victim: %+v", i, res[i])
+				}
+				for p := range n {
+					for j := bounds[p]; j < bounds[p+1]; j++ {
+						x := vs[i][j]
+						ok := x == survMean || x == allMean
+						if p == victim {
+							ok = ok || x == float32(i+1) // the victim's part stays local
+						} else if x != vs[(victim+1)%n][j] && (victim+1)%n != i {
+							t.Fatalf("survivors disagree on part %d element %d", p, j)
+						}
+						if !ok {
+							t.Logf("res %+v", res[i])
+							t.Fatalf("survivor %d part %d element %d = %v", i, p, j, x)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// raceEnabled is set under the race detector, which makes timing tests meaningless.
+var raceEnabled bool
+
+func TestAllReduceBandwidthBound(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("timing test")
+	}
+	const n, elems = 4, 4 << 20 // 16 MiB
+	bw := 1e9
+	s := newTestSwarm(t, n, Config{}, memnet.WithLink(NewNICLink(bw, 0)))
+	vs := randomVectors(n, elems, 5)
+	start := time.Now()
+	_, errs := s.runAll(context.Background(), s.session("bw", nil), vs)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := time.Since(start).Seconds()
+	bound := 2 * float64(n-1) / n * elems * 4 * 8 / bw
+	t.Logf("all-reduce %.3fs, bound %.3fs, ratio %.2f", got, bound, got/bound)
+	if got < bound*0.98 {
+		t.Fatalf("faster than the bandwidth bound: %v < %v", got, bound)
+	}
+	if got > bound*2 {
+		t.Fatalf("ratio %.2f to the bandwidth bound", got/bound)
+	}
+}

@@ -1,0 +1,239 @@
+package averaging
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+)
+
+// Protocols spoken by an Averager and a Worker.
+const (
+	// ReduceProtocol carries one chunk of a member's contribution to the
+	// chunk's reducer; the response is the chunk's average.
+	ReduceProtocol = "/skyhive/averaging/reduce/1.0.0"
+	// ActivateProtocol carries WAGMA's activation of a group or global round.
+	ActivateProtocol = "/skyhive/averaging/activate/1.0.0"
+	// StateProtocol serves a peer's current model to a peer joining late.
+	StateProtocol = "/skyhive/averaging/state/1.0.0"
+)
+
+// Hard limits of the message formats.
+const (
+	// MaxSessionLen bounds a session ID in bytes.
+	MaxSessionLen = 255
+	// MaxGroupSize bounds the members of one all-reduce.
+	MaxGroupSize = 1024
+	// MaxAddrs bounds the addresses of a matchmaking declaration.
+	MaxAddrs = 16
+	// MaxAddrLen bounds one encoded multiaddr of a declaration.
+	MaxAddrLen = 512
+)
+
+// ErrMessage reports a malformed or out-of-bounds message.
+var ErrMessage = errors.New("averaging: malformed message")
+
+var (
+	magicReduce   = [4]byte{'S', 'K', 'A', 1}
+	magicActivate = [4]byte{'S', 'K', 'W', 1}
+	magicState    = [4]byte{'S', 'K', 'S', 1}
+	magicDeclare  = [4]byte{'S', 'K', 'D', 1}
+)
+
+// reduceRequest is one chunk of a member's contribution to a reducer.
+type reduceRequest struct {
+	Session string
+	Hash    uint64 // hash of the session's member list and weights
+	Sender  uint16 // the sender's index in the member list
+	Size    uint16 // the number of members
+	Part    uint16 // the reducer's index (whose part the chunk is in)
+	Chunk   uint32 // the chunk's index within the part
+	Payload []byte // the chunk as a wire tensor encoding
+}
+
+const reduceHeader = 4 + 1 + 8 + 2 + 2 + 2 + 4
+
+func (r *reduceRequest) marshal() []byte {
+	b := make([]byte, 0, reduceHeader+len(r.Session)+len(r.Payload))
+	b = append(b, magicReduce[:]...)
+	b = append(b, byte(len(r.Session)))
+	b = append(b, r.Session...)
+	b = binary.LittleEndian.AppendUint64(b, r.Hash)
+	b = binary.LittleEndian.AppendUint16(b, r.Sender)
+	b = binary.LittleEndian.AppendUint16(b, r.Size)
+	b = binary.LittleEndian.AppendUint16(b, r.Part)
+	b = binary.LittleEndian.AppendUint32(b, r.Chunk)
+	return append(b, r.Payload...)
+}
+
+// unmarshalReduceRequest parses a request; Payload aliases b.
+func unmarshalReduceRequest(b []byte) (reduceRequest, error) {
+	var r reduceRequest
+	if len(b) < reduceHeader || [4]byte(b[:4]) != magicReduce {
+		return r, fmt.Errorf("%w: bad reduce header", ErrMessage)
+	}
+	n := int(b[4])
+	if n == 0 || len(b) < reduceHeader+n {
+		return r, fmt.Errorf("%w: bad session length", ErrMessage)
+	}
+	r.Session = string(b[5 : 5+n])
+	p := b[5+n:]
+	r.Hash = binary.LittleEndian.Uint64(p)
+	r.Sender = binary.LittleEndian.Uint16(p[8:])
+	r.Size = binary.LittleEndian.Uint16(p[10:])
+	r.Part = binary.LittleEndian.Uint16(p[12:])
+	r.Chunk = binary.LittleEndian.Uint32(p[14:])
+	r.Payload = p[18:]
+	if r.Size == 0 || r.Size > MaxGroupSize || r.Sender >= r.Size || r.Part >= r.Size {
+		return r, fmt.Errorf("%w: member indices out of range", ErrMessage)
+	}
+	return r, nil
+}
+
+// marshalReduceResponse prefixes the averaged chunk with its contributor count.
+func marshalReduceResponse(contributors int, payload []byte) []byte {
+	b := make([]byte, 2, 2+len(payload))
+	binary.LittleEndian.PutUint16(b, uint16(contributors))
+	return append(b, payload...)
+}
+
+func unmarshalReduceResponse(b []byte, size int) (contributors int, payload []byte, err error) {
+	if len(b) < 2 {
+		return 0, nil, fmt.Errorf("%w: short reduce response", ErrMessage)
+	}
+	c := int(binary.LittleEndian.Uint16(b))
+	if c < 1 || c > size {
+		return 0, nil, fmt.Errorf("%w: %d contributors in a group of %d", ErrMessage, c, size)
+	}
+	return c, b[2:], nil
+}
+
+// Activation kinds.
+const (
+	activateGroup  = 1
+	activateGlobal = 2
+)
+
+// activation tells a member that a WAGMA round has started.
+type activation struct {
+	Kind  uint8
+	Round uint64
+	Hash  uint64 // member-list hash of the activator's session
+}
+
+func (a activation) marshal() []byte {
+	b := append([]byte(nil), magicActivate[:]...)
+	b = append(b, a.Kind)
+	b = binary.LittleEndian.AppendUint64(b, a.Round)
+	return binary.LittleEndian.AppendUint64(b, a.Hash)
+}
+
+func unmarshalActivation(b []byte) (activation, error) {
+	if len(b) != 4+1+8+8 || [4]byte(b[:4]) != magicActivate {
+		return activation{}, fmt.Errorf("%w: bad activation", ErrMessage)
+	}
+	a := activation{Kind: b[4], Round: binary.LittleEndian.Uint64(b[5:]), Hash: binary.LittleEndian.Uint64(b[13:])}
+	if a.Kind != activateGroup && a.Kind != activateGlobal {
+		return activation{}, fmt.Errorf("%w: activation kind %d", ErrMessage, a.Kind)
+	}
+	if a.Round > math.MaxInt32 {
+		return activation{}, fmt.Errorf("%w: round %d out of range", ErrMessage, a.Round)
+	}
+	return a, nil
+}
+
+// stateRequest asks for Count elements of a peer's model from Offset.
+type stateRequest struct {
+	Offset uint64
+	Count  uint32
+}
+
+func (s stateRequest) marshal() []byte {
+	b := append([]byte(nil), magicState[:]...)
+	b = binary.LittleEndian.AppendUint64(b, s.Offset)
+	return binary.LittleEndian.AppendUint32(b, s.Count)
+}
+
+func unmarshalStateRequest(b []byte) (stateRequest, error) {
+	if len(b) != 16 || [4]byte(b[:4]) != magicState {
+		return stateRequest{}, fmt.Errorf("%w: bad state request", ErrMessage)
+	}
+	return stateRequest{Offset: binary.LittleEndian.Uint64(b[4:]), Count: binary.LittleEndian.Uint32(b[12:])}, nil
+}
+
+// stateResponse is the model's step counter and length, then a chunk.
+func marshalStateResponse(step, total uint64, payload []byte) []byte {
+	b := make([]byte, 16, 16+len(payload))
+	binary.LittleEndian.PutUint64(b, step)
+	binary.LittleEndian.PutUint64(b[8:], total)
+	return append(b, payload...)
+}
+
+func unmarshalStateResponse(b []byte) (step, total uint64, payload []byte, err error) {
+	if len(b) < 16 {
+		return 0, 0, nil, fmt.Errorf("%w: short state response", ErrMessage)
+	}
+	return binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:]), b[16:], nil
+}
+
+// declaration is a matchmaking record: how to reach a peer and its weight.
+type declaration struct {
+	Weight float64
+	Addrs  []ma.Multiaddr
+}
+
+func (d declaration) marshal() []byte {
+	b := append([]byte(nil), magicDeclare[:]...)
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(d.Weight))
+	addrs := d.Addrs[:min(len(d.Addrs), MaxAddrs)]
+	b = append(b, byte(len(addrs)))
+	for _, a := range addrs {
+		ab := a.Bytes()
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(ab)))
+		b = append(b, ab...)
+	}
+	return b
+}
+
+func unmarshalDeclaration(b []byte) (declaration, error) {
+	var d declaration
+	if len(b) < 13 || [4]byte(b[:4]) != magicDeclare {
+		return d, fmt.Errorf("%w: bad declaration", ErrMessage)
+	}
+	d.Weight = math.Float64frombits(binary.LittleEndian.Uint64(b[4:]))
+	if d.Weight < 0 || math.IsNaN(d.Weight) || math.IsInf(d.Weight, 0) {
+		return d, fmt.Errorf("%w: weight %v", ErrMessage, d.Weight)
+	}
+	n := int(b[12])
+	if n > MaxAddrs {
+		return d, fmt.Errorf("%w: %d addresses", ErrMessage, n)
+	}
+	p := b[13:]
+	for range n {
+		if len(p) < 2 {
+			return d, fmt.Errorf("%w: truncated address", ErrMessage)
+		}
+		l := int(binary.LittleEndian.Uint16(p))
+		if l == 0 || l > MaxAddrLen || len(p) < 2+l {
+			return d, fmt.Errorf("%w: bad address length %d", ErrMessage, l)
+		}
+		a, err := ma.NewMultiaddrBytes(p[2 : 2+l])
+		if err != nil {
+			return d, fmt.Errorf("%w: %w", ErrMessage, err)
+		}
+		d.Addrs = append(d.Addrs, a)
+		p = p[2+l:]
+	}
+	if len(p) != 0 {
+		return d, fmt.Errorf("%w: %d trailing bytes", ErrMessage, len(p))
+	}
+	return d, nil
+}
+
+// peerInfo builds an AddrInfo from a declaration.
+func (d declaration) peerInfo(id peer.ID) peer.AddrInfo {
+	return peer.AddrInfo{ID: id, Addrs: d.Addrs}
+}

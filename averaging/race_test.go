@@ -1,0 +1,5 @@
+//go:build race
+
+package averaging
+
+func init() { raceEnabled = true }

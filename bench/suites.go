@@ -8,6 +8,7 @@ func All() []Suite {
 		gemmSuite(),
 		layersSuite(),
 		allocSuite(),
+		rpcSuite(),
 		dhtSuite(),
 		pipelineSuite(),
 	}

@@ -207,11 +207,25 @@ func (h *Host) exchange(s network.Stream, to peer.ID, proto protocol.ID, req []b
 		if err := writeRequest(s, req); err != nil {
 			return err
 		}
-		return s.CloseWrite()
+		// The length prefix delimits the request; the half-close is a
+		// courtesy. It can fail harmlessly when the handler has already
+		// answered and closed its read side (QUIC's STOP_SENDING).
+		if err := s.CloseWrite(); err != nil {
+			h.log.Debug("p2p: close write", "proto", proto, "err", err)
+		}
+		return nil
 	}
 	var writeDone chan error
 	if len(req) <= asyncWriteBytes {
 		if err := write(); err != nil {
+			// The handler may have rejected the request already; its
+			// answer explains more than the write error.
+			if _, rerr := h.readResponse(s, to, proto); rerr != nil {
+				var re *RemoteError
+				if errors.As(rerr, &re) {
+					return nil, re
+				}
+			}
 			return nil, err
 		}
 	} else {

@@ -359,7 +359,10 @@ func sendSide(s network.Stream, cw *ChunkWriter, send func(io.Writer) error) err
 	if err := cw.Close(); err != nil {
 		return err
 	}
-	return s.CloseWrite()
+	// The end frame completes the request; the half-close can fail
+	// harmlessly once the handler has finished and closed its read side.
+	s.CloseWrite()
+	return nil
 }
 
 func recvSide(cr *ChunkReader, recv func(io.Reader) error) error {

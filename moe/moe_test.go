@@ -1,0 +1,136 @@
+package moe
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/wire"
+)
+
+func TestParseExperts(t *testing.T) {
+	got, err := ParseExperts("ffn.[0:2].[1:3], ffn.5.0,ffn.0.1", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"ffn.0.1", "ffn.0.2", "ffn.1.1", "ffn.1.2", "ffn.5.0"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for _, bad := range []string{"", "ffn", ".1", "ffn.[2:1]", "ffn.01", "ffn.x", "ffn.[0:5", "a.b.[0:3]"} {
+		if _, err := ParseExperts(bad, 100); !errors.Is(err, ErrUID) {
+			t.Errorf("ParseExperts(%q) = %v, want ErrUID", bad, err)
+		}
+	}
+	if _, err := ParseExperts("ffn.[0:100].[0:100]", 1000); !errors.Is(err, ErrUID) {
+		t.Errorf("expected the expert limit to apply, got %v", err)
+	}
+}
+
+func TestRecordsAndGrid(t *testing.T) {
+	rs, err := Records("ffn.3.7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Record{{"ffn.3.7", ""}, {"ffn.", "3"}, {"ffn.3.", "7"}}
+	if !slices.Equal(rs, want) {
+		t.Fatalf("got %v, want %v", rs, want)
+	}
+	g := Grid{Prefix: "ffn", Size: []int{2, 3}}
+	if err := g.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	uids := g.UIDs()
+	if len(uids) != 6 || uids[0] != "ffn.0.0" || uids[5] != "ffn.1.2" || g.TotalSize() != 5 {
+		t.Fatalf("grid uids %v", uids)
+	}
+	if (Grid{Prefix: "a.b", Size: []int{2}}).Validate() == nil {
+		t.Fatal("dotted prefix accepted")
+	}
+}
+
+func TestInfoRoundTrip(t *testing.T) {
+	id, err := peer.Decode("12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := ma.StringCast("/ip4/127.0.0.1/tcp/4001")
+	in := ExpertInfo{UID: "ffn.1.2", Peer: peer.AddrInfo{ID: id, Addrs: []ma.Multiaddr{a}}}
+	b, err := MarshalInfo(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := UnmarshalInfo(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.UID != in.UID || out.Peer.ID != id || len(out.Peer.Addrs) != 1 || !out.Peer.Addrs[0].Equal(a) {
+		t.Fatalf("round trip: %+v", out)
+	}
+	if _, err := UnmarshalInfo([]byte(`{"uid":"bad","peer":{"ID":"x"}}`)); err == nil {
+		t.Fatal("bad uid accepted")
+	}
+}
+
+func TestRequestRoundTrip(t *testing.T) {
+	x := tensor.FromSlice([]float32{1, 2, 3, 4, 5, 6}, 2, 3)
+	b, err := EncodeRequest("ffn.0.1", []wire.Named{{Name: "x", Tensor: x}}, wire.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, msg, err := DecodeRequest(b, wire.Limits{MaxElements: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := wire.Get(msg, "x")
+	if uid != "ffn.0.1" || got == nil || !slices.Equal(got.Data, x.Data) {
+		t.Fatalf("round trip: %q %v", uid, msg)
+	}
+	if _, _, err := DecodeRequest(b, wire.Limits{MaxElements: 5}); !errors.Is(err, wire.ErrLimit) {
+		t.Fatalf("oversized tensor: %v, want ErrLimit", err)
+	}
+	if _, _, err := DecodeRequest(b[:len(b)-1], wire.Limits{}); !errors.Is(err, ErrRequest) {
+		t.Fatalf("truncated: %v", err)
+	}
+}
+
+func FuzzDecodeRequest(f *testing.F) {
+	x := tensor.FromSlice([]float32{1, 2, 3, 4}, 2, 2)
+	b, _ := EncodeRequest("ffn.0.1", []wire.Named{{Name: "x", Tensor: x}, {Name: "dy", Tensor: x}}, wire.Options{})
+	f.Add(b)
+	e, _ := EncodeRequest("", nil, wire.Options{})
+	f.Add(e)
+	f.Add([]byte("SKX\x01\xff"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		uid, msg, err := DecodeRequest(b, wire.Limits{MaxElements: 1 << 12})
+		if err != nil {
+			return
+		}
+		b2, err := EncodeRequest(uid, msg, wire.Options{})
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		uid2, msg2, err := DecodeRequest(b2, wire.Limits{MaxElements: 1 << 12})
+		if err != nil || uid2 != uid || len(msg2) != len(msg) {
+			t.Fatalf("round trip changed the request: %v", err)
+		}
+	})
+}
+
+func FuzzUnmarshalInfo(f *testing.F) {
+	f.Add([]byte(`{"uid":"ffn.1.2","peer":{"ID":"12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA","Addrs":["/ip4/127.0.0.1/tcp/1"]}}`))
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e, err := UnmarshalInfo(b)
+		if err != nil {
+			return
+		}
+		if _, err := MarshalInfo(e); err != nil {
+			t.Fatalf("valid info does not re-encode: %v", err)
+		}
+	})
+}

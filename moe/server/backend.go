@@ -1,0 +1,192 @@
+package server
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/skyhive/skyhive/moe"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/tensor"
+)
+
+// expert is one hosted expert: its module, its optimizer and its
+// statistics. mu guards the module's weights and the optimizer: it is held
+// while a batch runs and while a checkpoint copies the weights.
+type expert struct {
+	uid  string
+	spec moe.Spec
+	cfg  *Config
+
+	mu     sync.Mutex
+	module nn.Module // nil until first use when Config.Lazy
+	opt    *optim.AdamW
+
+	statsMu sync.Mutex
+	stats   ExpertStats
+
+	fwd, bwd *pool
+}
+
+func newExpert(uid string, cfg *Config) *expert {
+	e := &expert{uid: uid, cfg: cfg, stats: ExpertStats{UID: uid}}
+	e.spec = moe.Spec{UID: uid, Type: cfg.Type, Hidden: cfg.Hidden, InputDims: 2}
+	if cfg.Type == TypeTransformer {
+		e.spec.InputDims = 3
+	}
+	e.fwd = &pool{expert: e}
+	e.bwd = &pool{expert: e, backward: true}
+	return e
+}
+
+// materialize builds the module and optimizer if they do not exist yet.
+// The initial weights depend only on the seed and the UID, so an expert is
+// the same whichever server hosts it. The caller holds e.mu.
+func (e *expert) materialize() {
+	if e.module != nil {
+		return
+	}
+	h := fnv.New64a()
+	h.Write([]byte(e.uid))
+	rng := rand.New(rand.NewPCG(e.cfg.Seed, h.Sum64()))
+	e.module = BuildExpert(e.cfg.Type, e.cfg.Hidden, e.cfg.Heads, rng)
+	e.opt = optim.NewAdamW(e.module.Params(), optim.AdamWConfig{
+		LR: e.cfg.LR, WeightDecay: e.cfg.WeightDecay, NoDecay: optim.NoDecayVectors,
+	})
+}
+
+// Expert types.
+const (
+	TypeFFN         = "ffn"
+	TypeTransformer = "transformer"
+)
+
+// BuildExpert returns a fresh expert module of the given type: Learning@home's
+// FFN block x + FFN(LN(x)) (inner size 4·hidden) or a BERT encoder layer with
+// the given number of heads (no dropout, so the forward pass is
+// deterministic and a backward call can recompute it).
+func BuildExpert(typ string, hidden, heads int, rng *rand.Rand) nn.Module {
+	if typ == TypeTransformer {
+		return nn.NewEncoderLayer(hidden, heads, 4*hidden, 0, rng)
+	}
+	return nn.NewExpert(hidden, rng)
+}
+
+// forward runs a batch. The caller holds e.mu.
+func (e *expert) forward(x *tensor.Tensor) *tensor.Tensor {
+	e.materialize()
+	y, _ := e.module.Forward(nn.Ctx{}, x)
+	return y
+}
+
+// backward recomputes the forward pass on x, backpropagates dy, applies one
+// optimizer step and returns the gradient with respect to x. The caller
+// holds e.mu.
+func (e *expert) backward(x, dy *tensor.Tensor) *tensor.Tensor {
+	e.materialize()
+	e.opt.ZeroGrad()
+	_, st := e.module.Forward(nn.Ctx{Train: true}, x)
+	dx := e.module.Backward(st, dy)
+	if e.cfg.ClipNorm > 0 {
+		optim.ClipGradNorm(e.opt.Params(), e.cfg.ClipNorm)
+	}
+	e.opt.Step()
+	return dx
+}
+
+// record adds one processed batch to the statistics.
+func (e *expert) record(backward bool, tasks, rows int, latency, run time.Duration) {
+	e.statsMu.Lock()
+	defer e.statsMu.Unlock()
+	s := &e.stats
+	if backward {
+		s.Backward.add(tasks, rows, latency, run)
+		s.Updates++
+	} else {
+		s.Forward.add(tasks, rows, latency, run)
+	}
+}
+
+func (e *expert) recordError(backward bool) {
+	e.statsMu.Lock()
+	defer e.statsMu.Unlock()
+	if backward {
+		e.stats.Backward.Errors++
+	} else {
+		e.stats.Forward.Errors++
+	}
+}
+
+func (e *expert) snapshotStats() ExpertStats {
+	e.statsMu.Lock()
+	defer e.statsMu.Unlock()
+	return e.stats
+}
+
+// ExpertStats are one expert's counters since the server started.
+type ExpertStats struct {
+	UID      string    `json:"uid"`
+	Forward  CallStats `json:"forward"`
+	Backward CallStats `json:"backward"`
+	// Updates counts optimizer steps (one per backward batch).
+	Updates int64 `json:"updates"`
+}
+
+// CallStats count one kind of call of one expert.
+type CallStats struct {
+	// Requests is the number of requests answered, Errors those that failed.
+	Requests int64 `json:"requests"`
+	Errors   int64 `json:"errors"`
+	// Batches and Rows count processed batches and the samples in them.
+	Batches int64 `json:"batches"`
+	Rows    int64 `json:"rows"`
+	// MaxBatch is the largest batch in rows.
+	MaxBatch int `json:"max_batch"`
+	// LatencySeconds sums, over requests, the time from arrival to answer
+	// (queueing plus compute); RunSeconds sums the compute time of batches.
+	LatencySeconds float64 `json:"latency_seconds"`
+	RunSeconds     float64 `json:"run_seconds"`
+}
+
+func (c *CallStats) add(tasks, rows int, latency, run time.Duration) {
+	c.Requests += int64(tasks)
+	c.Batches++
+	c.Rows += int64(rows)
+	c.MaxBatch = max(c.MaxBatch, rows)
+	c.LatencySeconds += latency.Seconds()
+	c.RunSeconds += run.Seconds()
+}
+
+// MeanBatch is the average batch size in rows.
+func (c CallStats) MeanBatch() float64 {
+	if c.Batches == 0 {
+		return 0
+	}
+	return float64(c.Rows) / float64(c.Batches)
+}
+
+// MeanLatency is the average time from a request's arrival to its answer.
+func (c CallStats) MeanLatency() time.Duration {
+	if c.Requests == 0 {
+		return 0
+	}
+	return time.Duration(c.LatencySeconds / float64(c.Requests) * float64(time.Second))
+}
+
+func checkShape(spec moe.Spec, x *tensor.Tensor, name string) error {
+	if x == nil {
+		return fmt.Errorf("missing tensor %q", name)
+	}
+	if len(x.Shape) != spec.InputDims || x.Shape[len(x.Shape)-1] != spec.Hidden || x.Shape[0] < 1 {
+		return fmt.Errorf("tensor %q has shape %v, expert %s wants %d dims ending in %d", name, x.Shape, spec.UID, spec.InputDims, spec.Hidden)
+	}
+	for _, v := range x.Data {
+		if v != v || v > 3.4e38 || v < -3.4e38 {
+			return fmt.Errorf("tensor %q holds a non-finite value", name)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,584 @@
+// Package server hosts Learning@home experts: many experts in one process
+// behind the expert RPC of package moe, a batching runtime that groups the
+// forward and backward requests of each expert, a per-expert optimizer that
+// applies the gradients arriving with backward calls, periodic DHT
+// declarations with expiration times, and atomic checkpoints.
+//
+// A backward call carries the expert's input and the gradient of the loss
+// with respect to its output. The server recomputes the forward pass (it
+// keeps no activations between calls, so a trainer may never call backward
+// at all), backpropagates, takes one optimizer step per backward batch and
+// answers with the gradient with respect to the input.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skyhive/skyhive/checkpoint"
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/moe"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// Config configures a Server. Zero fields take the defaults shown.
+type Config struct {
+	// Transport carries the expert RPC (required).
+	Transport p2p.Transport
+	// DHT, if set, is where experts are declared.
+	DHT *dht.Node
+	// Experts lists the UIDs to host (see moe.ParseExperts).
+	Experts []string
+	// Type is TypeFFN (default) or TypeTransformer.
+	Type string
+	// Hidden is the experts' input and output size (required).
+	Hidden int
+	// Heads is the attention heads of transformer experts (hidden/64, at
+	// least 1).
+	Heads int
+
+	// MinBatch is the number of rows a pool waits for before it runs (1);
+	// BatchTimeout bounds that wait (2ms). MaxBatch bounds the rows of a
+	// batch and of one request (4096).
+	MinBatch, MaxBatch int
+	BatchTimeout       time.Duration
+	// MaxQueue bounds the requests queued per pool (1024).
+	MaxQueue int
+	// Workers is the number of batches processed at once (1; the tensor
+	// engine already uses every core within a batch).
+	Workers int
+
+	// LR, WeightDecay and ClipNorm configure each expert's AdamW
+	// (1e-3, 0, 0 = no clipping).
+	LR, WeightDecay, ClipNorm float64
+	// Seed determines the initial weights (from the seed and the UID).
+	Seed uint64
+	// Lazy creates an expert's weights on its first request, so that
+	// servers hosting thousands of rarely used experts use little memory.
+	Lazy bool
+
+	// Limits bound decoded requests (default: 16M elements, 4 dims, 4
+	// tensors).
+	Limits wire.Limits
+	// Codec encodes responses (CodecNone).
+	Codec wire.Codec
+
+	// DeclareEvery is how often the experts are declared on the DHT (30s);
+	// Expiration is how long a declaration stays valid (2×DeclareEvery).
+	DeclareEvery, Expiration time.Duration
+	// NoUIDRecords skips the record under each full UID and declares only
+	// the prefix records the beam search needs (fewer DHT stores).
+	NoUIDRecords bool
+	// DeclareParallel bounds concurrent DHT stores (16).
+	DeclareParallel int
+
+	// CheckpointPath, if set, is the safetensors file holding the experts'
+	// weights and optimizer state: loaded on start if it exists, written
+	// atomically every CheckpointEvery (0: only on Close) and on Close.
+	CheckpointPath  string
+	CheckpointEvery time.Duration
+
+	// FailRate makes each request fail with this probability, to
+	// simulate unreliable experts (0).
+	FailRate float64
+
+	// Logger receives declaration and checkpoint errors; nil discards.
+	Logger *slog.Logger
+}
+
+func (c *Config) defaults() error {
+	if c.Transport == nil {
+		return errors.New("moe/server: Config.Transport is required")
+	}
+	if c.Type == "" {
+		c.Type = TypeFFN
+	}
+	if c.Type != TypeFFN && c.Type != TypeTransformer {
+		return fmt.Errorf("moe/server: unknown expert type %q (want %s or %s)", c.Type, TypeFFN, TypeTransformer)
+	}
+	if c.Hidden < 1 || c.Hidden > 1<<16 {
+		return fmt.Errorf("moe/server: hidden size %d out of range", c.Hidden)
+	}
+	if c.Heads <= 0 {
+		c.Heads = max(1, c.Hidden/64)
+	}
+	if c.Type == TypeTransformer && c.Hidden%c.Heads != 0 {
+		return fmt.Errorf("moe/server: hidden %d not divisible by %d heads", c.Hidden, c.Heads)
+	}
+	if len(c.Experts) == 0 {
+		return errors.New("moe/server: no experts to host")
+	}
+	for _, uid := range c.Experts {
+		if _, _, err := moe.SplitUID(uid); err != nil {
+			return err
+		}
+	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.MinBatch, 1)
+	def(&c.MaxBatch, 4096)
+	def(&c.MaxQueue, 1024)
+	def(&c.Workers, 1)
+	def(&c.DeclareParallel, 16)
+	if c.BatchTimeout <= 0 {
+		c.BatchTimeout = 2 * time.Millisecond
+	}
+	if c.LR <= 0 {
+		c.LR = 1e-3
+	}
+	if c.DeclareEvery <= 0 {
+		c.DeclareEvery = 30 * time.Second
+	}
+	if c.Expiration <= 0 {
+		c.Expiration = 2 * c.DeclareEvery
+	}
+	if c.Limits.MaxElements <= 0 {
+		c.Limits.MaxElements = 1 << 24
+	}
+	if c.Limits.MaxDims <= 0 {
+		c.Limits.MaxDims = 4
+	}
+	if c.Limits.MaxTensors <= 0 {
+		c.Limits.MaxTensors = 4
+	}
+	if c.FailRate < 0 || c.FailRate >= 1 {
+		return fmt.Errorf("moe/server: FailRate %v not in [0, 1)", c.FailRate)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Server hosts experts. Create it with New, stop it with Close.
+type Server struct {
+	cfg     Config
+	experts map[string]*expert
+	order   []string
+	rt      *runtime
+	start   time.Time
+
+	failMu  sync.Mutex
+	failRng *rand.Rand
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+
+	declRound    sync.Mutex
+	lastExp      time.Time
+	declMu       sync.Mutex
+	declared     time.Time
+	declareFails int
+}
+
+// New loads the checkpoint if there is one, starts the runtime workers, the
+// declaration and checkpoint loops, and registers the RPC handlers.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:     cfg,
+		experts: make(map[string]*expert, len(cfg.Experts)),
+		order:   slices.Clone(cfg.Experts),
+		start:   time.Now(),
+		failRng: rand.New(rand.NewPCG(cfg.Seed, 0xfa11)),
+	}
+	s.rt = newRuntime(&s.cfg)
+	for _, uid := range s.order {
+		if s.experts[uid] != nil {
+			return nil, fmt.Errorf("moe/server: expert %s listed twice", uid)
+		}
+		e := newExpert(uid, &s.cfg)
+		if !cfg.Lazy {
+			e.materialize()
+		}
+		s.experts[uid] = e
+	}
+	if cfg.CheckpointPath != "" {
+		if err := s.load(cfg.CheckpointPath); err != nil {
+			return nil, err
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	for range cfg.Workers {
+		s.wg.Go(func() { s.rt.work(ctx) })
+	}
+	if cfg.DHT != nil {
+		s.wg.Go(func() { s.declareLoop(ctx) })
+	}
+	if cfg.CheckpointPath != "" && cfg.CheckpointEvery > 0 {
+		s.wg.Go(func() { s.checkpointLoop(ctx) })
+	}
+	t := cfg.Transport
+	t.SetHandler(moe.ForwardProtocol, s.handleForward)
+	t.SetHandler(moe.BackwardProtocol, s.handleBackward)
+	t.SetHandler(moe.InfoProtocol, s.handleInfo)
+	t.SetHandler(moe.StatsProtocol, s.handleStats)
+	return s, nil
+}
+
+// UIDs lists the hosted experts.
+func (s *Server) UIDs() []string { return slices.Clone(s.order) }
+
+// Close stops serving, fails queued requests, waits for the workers and
+// writes a final checkpoint if configured. It does not close the transport
+// or the DHT node, which belong to the caller.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.rt.close()
+		s.cancel()
+		s.wg.Wait()
+		if s.cfg.CheckpointPath != "" {
+			s.closeErr = s.Save(s.cfg.CheckpointPath)
+		}
+	})
+	return s.closeErr
+}
+
+// request decodes and validates a call for one of the hosted experts.
+func (s *Server) request(req []byte) (*expert, []wire.Named, error) {
+	uid, msg, err := moe.DecodeRequest(req, s.cfg.Limits)
+	if err != nil {
+		return nil, nil, err
+	}
+	e := s.experts[uid]
+	if e == nil {
+		return nil, nil, fmt.Errorf("moe/server: expert %q is not hosted here", uid)
+	}
+	return e, msg, nil
+}
+
+func (s *Server) fail() bool {
+	if s.cfg.FailRate == 0 {
+		return false
+	}
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	return s.failRng.Float64() < s.cfg.FailRate
+}
+
+func (s *Server) handleForward(ctx context.Context, _ peer.ID, req []byte) ([]byte, error) {
+	e, msg, err := s.request(req)
+	if err != nil {
+		return nil, err
+	}
+	x := wire.Get(msg, "x")
+	if err := s.validate(e, x, "x"); err != nil {
+		e.recordError(false)
+		return nil, err
+	}
+	if s.fail() {
+		e.recordError(false)
+		return nil, fmt.Errorf("expert %s: simulated failure", e.uid)
+	}
+	y, err := s.rt.submit(ctx, e.fwd, x, nil)
+	if err != nil {
+		return nil, fmt.Errorf("expert %s: forward: %w", e.uid, err)
+	}
+	return wire.MarshalMessage([]wire.Named{{Name: "y", Tensor: y}}, wire.Options{Codec: s.cfg.Codec})
+}
+
+func (s *Server) handleBackward(ctx context.Context, _ peer.ID, req []byte) ([]byte, error) {
+	e, msg, err := s.request(req)
+	if err != nil {
+		return nil, err
+	}
+	x, dy := wire.Get(msg, "x"), wire.Get(msg, "dy")
+	if err := s.validate(e, x, "x"); err != nil {
+		e.recordError(true)
+		return nil, err
+	}
+	if err := s.validate(e, dy, "dy"); err != nil {
+		e.recordError(true)
+		return nil, err
+	}
+	if !slices.Equal(x.Shape, dy.Shape) {
+		e.recordError(true)
+		return nil, fmt.Errorf("expert %s: x %v and dy %v differ in shape", e.uid, x.Shape, dy.Shape)
+	}
+	if s.fail() {
+		e.recordError(true)
+		return nil, fmt.Errorf("expert %s: simulated failure", e.uid)
+	}
+	dx, err := s.rt.submit(ctx, e.bwd, x, dy)
+	if err != nil {
+		return nil, fmt.Errorf("expert %s: backward: %w", e.uid, err)
+	}
+	return wire.MarshalMessage([]wire.Named{{Name: "dx", Tensor: dx}}, wire.Options{Codec: s.cfg.Codec})
+}
+
+func (s *Server) validate(e *expert, x *tensor.Tensor, name string) error {
+	if err := checkShape(e.spec, x, name); err != nil {
+		return fmt.Errorf("expert %s: %w", e.uid, err)
+	}
+	if x.Shape[0] > s.cfg.MaxBatch {
+		return fmt.Errorf("expert %s: %d rows exceed the server's max batch %d", e.uid, x.Shape[0], s.cfg.MaxBatch)
+	}
+	return nil
+}
+
+func (s *Server) handleInfo(_ context.Context, _ peer.ID, req []byte) ([]byte, error) {
+	e, _, err := s.request(req)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(e.spec)
+}
+
+func (s *Server) handleStats(_ context.Context, _ peer.ID, _ []byte) ([]byte, error) {
+	return json.Marshal(s.Stats())
+}
+
+// Stats is a snapshot of a server's counters (the StatsProtocol answer).
+type Stats struct {
+	Peer          string        `json:"peer"`
+	UptimeSeconds float64       `json:"uptime_seconds"`
+	Experts       []ExpertStats `json:"experts"`
+	// LastDeclared is when the last declaration round finished;
+	// DeclareFailures counts failed DHT stores.
+	LastDeclared    time.Time `json:"last_declared,omitzero"`
+	DeclareFailures int       `json:"declare_failures"`
+}
+
+// Stats returns the per-expert counters, in the order experts were listed.
+func (s *Server) Stats() Stats {
+	st := Stats{Peer: s.cfg.Transport.ID().String(), UptimeSeconds: time.Since(s.start).Seconds()}
+	for _, uid := range s.order {
+		st.Experts = append(st.Experts, s.experts[uid].snapshotStats())
+	}
+	s.declMu.Lock()
+	st.LastDeclared, st.DeclareFailures = s.declared, s.declareFails
+	s.declMu.Unlock()
+	return st
+}
+
+// Declare stores the experts' DHT records once, with expiration now +
+// Expiration, and returns the number of records that no replica accepted.
+func (s *Server) Declare(ctx context.Context) (int, error) {
+	if s.cfg.DHT == nil {
+		return 0, errors.New("moe/server: no DHT configured")
+	}
+	// One round at a time, with increasing expirations, so that a later
+	// round's records are always the fresher ones.
+	s.declRound.Lock()
+	defer s.declRound.Unlock()
+	self := s.cfg.Transport.AddrInfo()
+	exp := time.Now().Add(s.cfg.Expiration)
+	if !exp.After(s.lastExp) {
+		exp = s.lastExp.Add(time.Millisecond)
+	}
+	s.lastExp = exp
+	type item struct {
+		rec  moe.Record
+		info []byte
+	}
+	var items []item
+	seen := map[moe.Record]bool{}
+	for _, uid := range s.order {
+		recs, err := moe.Records(uid)
+		if err != nil {
+			return 0, err
+		}
+		info, err := moe.MarshalInfo(moe.ExpertInfo{UID: uid, Peer: self})
+		if err != nil {
+			return 0, err
+		}
+		for _, r := range recs {
+			if (r.Subkey == "" && s.cfg.NoUIDRecords) || seen[r] {
+				continue
+			}
+			seen[r] = true
+			items = append(items, item{r, info})
+		}
+	}
+	var (
+		mu    sync.Mutex
+		fails int
+		first error
+		wg    sync.WaitGroup
+	)
+	sem := make(chan struct{}, s.cfg.DeclareParallel)
+	for _, it := range items {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return fails, ctx.Err()
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			_, err := s.cfg.DHT.Store(ctx, it.rec.Key, it.rec.Subkey, it.info, exp)
+			if err != nil {
+				mu.Lock()
+				fails++
+				if first == nil {
+					first = fmt.Errorf("declare %s/%s: %w", it.rec.Key, it.rec.Subkey, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	s.declMu.Lock()
+	s.declared = time.Now()
+	s.declareFails += fails
+	s.declMu.Unlock()
+	if fails == len(items) && first != nil {
+		return fails, first
+	}
+	return fails, nil
+}
+
+func (s *Server) declareLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.DeclareEvery)
+	defer t.Stop()
+	for {
+		dctx, cancel := context.WithTimeout(ctx, s.cfg.DeclareEvery)
+		if n, err := s.Declare(dctx); err != nil || n > 0 {
+			s.cfg.Logger.Warn("declare experts", "failed", n, "err", err)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) checkpointLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.CheckpointEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := s.Save(s.cfg.CheckpointPath); err != nil {
+				s.cfg.Logger.Error("checkpoint", "err", err)
+			}
+		}
+	}
+}
+
+// Save writes every materialized expert's weights and optimizer state to
+// path atomically. Tensors are named "UID/PARAM" and "UID/opt/BUFFER"; the
+// metadata records each expert's optimizer step as "UID/step".
+func (s *Server) Save(path string) error {
+	tensors := map[string]*tensor.Tensor{}
+	meta := map[string]string{"format": "skyhive-moe-experts/1", "type": s.cfg.Type, "hidden": strconv.Itoa(s.cfg.Hidden)}
+	for _, uid := range s.order {
+		e := s.experts[uid]
+		e.mu.Lock()
+		if e.module != nil {
+			for name, t := range nn.ExportParams(e.module.Params()) {
+				tensors[uid+"/"+name] = t
+			}
+			st := e.opt.State()
+			for name, t := range st.Tensors {
+				tensors[uid+"/opt/"+name] = t
+			}
+			meta[uid+"/step"] = strconv.FormatInt(st.Step, 10)
+		}
+		e.mu.Unlock()
+	}
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("moe/server: checkpoint: %w", err)
+		}
+	}
+	if err := checkpoint.Save(path, tensors, meta); err != nil {
+		return fmt.Errorf("moe/server: checkpoint: %w", err)
+	}
+	return nil
+}
+
+// load restores the experts found in the checkpoint at path, if it exists.
+func (s *Server) load(path string) error {
+	f, err := checkpoint.Load(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("moe/server: load checkpoint: %w", err)
+	}
+	if f.Meta["type"] != s.cfg.Type || f.Meta["hidden"] != strconv.Itoa(s.cfg.Hidden) {
+		return fmt.Errorf("moe/server: checkpoint %s holds %s experts of hidden %s, not %s/%d", path, f.Meta["type"], f.Meta["hidden"], s.cfg.Type, s.cfg.Hidden)
+	}
+	for _, uid := range s.order {
+		stepStr, ok := f.Meta[uid+"/step"]
+		if !ok {
+			continue
+		}
+		step, err := strconv.ParseInt(stepStr, 10, 64)
+		if err != nil {
+			return fmt.Errorf("moe/server: checkpoint step of %s: %w", uid, err)
+		}
+		e := s.experts[uid]
+		e.materialize()
+		params := map[string]*tensor.Tensor{}
+		st := optim.State{Step: step, Tensors: map[string]*tensor.Tensor{}}
+		for _, p := range e.module.Params() {
+			params[p.Name] = f.Tensors[uid+"/"+p.Name]
+		}
+		for name := range e.opt.State().Tensors {
+			st.Tensors[name] = f.Tensors[uid+"/opt/"+name]
+		}
+		for name, t := range params {
+			if t == nil {
+				return fmt.Errorf("moe/server: checkpoint lacks %s/%s", uid, name)
+			}
+		}
+		if err := nn.ImportParams(e.module.Params(), params); err != nil {
+			return fmt.Errorf("moe/server: checkpoint of %s: %w", uid, err)
+		}
+		for name, t := range st.Tensors {
+			if t == nil {
+				return fmt.Errorf("moe/server: checkpoint lacks optimizer state %s/%s", uid, name)
+			}
+		}
+		if err := e.opt.LoadState(st); err != nil {
+			return fmt.Errorf("moe/server: checkpoint of %s: %w", uid, err)
+		}
+	}
+	return nil
+}
+
+// ExpertWeights returns a copy of one expert's parameters (nil if the
+// expert is not hosted or not yet created), for tests and tools.
+func (s *Server) ExpertWeights(uid string) map[string]*tensor.Tensor {
+	e := s.experts[uid]
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.module == nil {
+		return nil
+	}
+	return nn.ExportParams(e.module.Params())
+}

@@ -1,0 +1,337 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"go.uber.org/goleak"
+
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/moe"
+	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/memnet"
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/wire"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
+		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
+	)
+}
+
+func randTensor(seed uint64, shape ...int) *tensor.Tensor {
+	t := tensor.New(shape...)
+	tensor.FillNormal(t.Data, rand.New(rand.NewPCG(seed, 1)), 0, 1)
+	return t
+}
+
+type env struct {
+	net    *memnet.Network
+	srv    *memnet.Peer
+	client *memnet.Peer
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	n := memnet.NewNetwork()
+	t.Cleanup(func() { n.Close() })
+	srv, err := n.NewPeer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := n.NewPeer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{net: n, srv: srv, client: cl}
+}
+
+func (e *env) call(ctx context.Context, proto protocol.ID, uid string, msg ...wire.Named) ([]wire.Named, error) {
+	req, err := moe.EncodeRequest(uid, msg, wire.Options{})
+	if err != nil {
+		return nil, err
+	}
+	resp, err := e.client.Call(ctx, e.srv.AddrInfo(), proto, req)
+	if err != nil {
+		return nil, err
+	}
+	return wire.UnmarshalMessage(resp, wire.Limits{})
+}
+
+func TestForwardBackwardUpdatesExpert(t *testing.T) {
+	e := newEnv(t)
+	s, err := New(Config{Transport: e.srv, Experts: []string{"ffn.0", "ffn.1"}, Hidden: 8, LR: 0.01, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	x := randTensor(1, 4, 8)
+	// The server's answer equals the same expert run locally.
+	ref := BuildExpert(TypeFFN, 8, 1, rand.New(rand.NewPCG(0, 0)))
+	if err := importInto(ref, s.ExpertWeights("ffn.1")); err != nil {
+		t.Fatal(err)
+	}
+	want := forwardLocal(ref, x)
+	out, err := e.call(ctx, moe.ForwardProtocol, "ffn.1", wire.Named{Name: "x", Tensor: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxDiff(wire.Get(out, "y").Data, want.Data); d > 1e-6 {
+		t.Fatalf("forward differs from local expert by %g", d)
+	}
+	before := s.ExpertWeights("ffn.1")["ffn.fc1.weight"].Clone()
+	dy := randTensor(2, 4, 8)
+	out, err = e.call(ctx, moe.BackwardProtocol, "ffn.1", wire.Named{Name: "x", Tensor: x}, wire.Named{Name: "dy", Tensor: dy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dx := wire.Get(out, "dx"); dx == nil || !slices.Equal(dx.Shape, x.Shape) {
+		t.Fatalf("backward answer %v", out)
+	}
+	after := s.ExpertWeights("ffn.1")["ffn.fc1.weight"]
+	if maxDiff(before.Data, after.Data) == 0 {
+		t.Fatal("backward did not update the expert")
+	}
+	st := s.Stats()
+	if st.Experts[1].Forward.Requests != 1 || st.Experts[1].Backward.Requests != 1 || st.Experts[1].Updates != 1 || st.Experts[0].Forward.Requests != 0 {
+		t.Fatalf("stats %+v", st.Experts)
+	}
+}
+
+// Malformed, oversized and mismatched requests are rejected with an error
+// and the server keeps serving.
+func TestRejectsBadRequests(t *testing.T) {
+	e := newEnv(t)
+	s, err := New(Config{Transport: e.srv, Experts: []string{"ffn.0"}, Hidden: 8, MaxBatch: 16, Limits: wire.Limits{MaxElements: 16 * 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	good, _ := moe.EncodeRequest("ffn.0", []wire.Named{{Name: "x", Tensor: randTensor(1, 2, 8)}}, wire.Options{})
+	nan := randTensor(1, 2, 8)
+	nan.Data[3] = float32(math.NaN())
+	cases := map[string][]byte{
+		"garbage":   []byte("not a request"),
+		"truncated": good[:len(good)-3],
+		"oversized": must(moe.EncodeRequest("ffn.0", []wire.Named{{Name: "x", Tensor: randTensor(1, 17, 8)}}, wire.Options{})),
+		"shape":     must(moe.EncodeRequest("ffn.0", []wire.Named{{Name: "x", Tensor: randTensor(1, 2, 7)}}, wire.Options{})),
+		"rank":      must(moe.EncodeRequest("ffn.0", []wire.Named{{Name: "x", Tensor: randTensor(1, 2, 2, 8)}}, wire.Options{})),
+		"missing":   must(moe.EncodeRequest("ffn.0", []wire.Named{{Name: "y", Tensor: randTensor(1, 2, 8)}}, wire.Options{})),
+		"nan":       must(moe.EncodeRequest("ffn.0", []wire.Named{{Name: "x", Tensor: nan}}, wire.Options{})),
+		"unknown":   must(moe.EncodeRequest("ffn.9", []wire.Named{{Name: "x", Tensor: randTensor(1, 2, 8)}}, wire.Options{})),
+	}
+	for name, req := range cases {
+		_, err := e.client.Call(ctx, e.srv.AddrInfo(), moe.ForwardProtocol, req)
+		var re *p2p.RemoteError
+		if !errors.As(err, &re) {
+			t.Errorf("%s: got %v, want a remote error", name, err)
+		}
+	}
+	// Backward with mismatched shapes.
+	_, err = e.call(ctx, moe.BackwardProtocol, "ffn.0", wire.Named{Name: "x", Tensor: randTensor(1, 2, 8)}, wire.Named{Name: "dy", Tensor: randTensor(1, 3, 8)})
+	if err == nil || !strings.Contains(err.Error(), "ffn.0") {
+		t.Errorf("mismatched backward: %v", err)
+	}
+	if _, err := e.client.Call(ctx, e.srv.AddrInfo(), moe.ForwardProtocol, good); err != nil {
+		t.Fatalf("server stopped serving after bad requests: %v", err)
+	}
+	if s.Stats().Experts[0].Forward.Errors == 0 {
+		t.Fatal("errors not counted")
+	}
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// Concurrent requests for one expert are processed in batches.
+func TestBatching(t *testing.T) {
+	e := newEnv(t)
+	s, err := New(Config{Transport: e.srv, Experts: []string{"ffn.0", "ffn.1"}, Hidden: 16, MinBatch: 32, MaxBatch: 64, BatchTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 16 {
+		wg.Go(func() {
+			x := randTensor(uint64(i), 4, 16)
+			out, err := e.call(ctx, moe.ForwardProtocol, "ffn.0", wire.Named{Name: "x", Tensor: x})
+			if err == nil && !slices.Equal(wire.Get(out, "y").Shape, x.Shape) {
+				err = errors.New("bad shape")
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := s.Stats().Experts[0].Forward
+	if f.Requests != 16 || f.Rows != 64 || f.Batches > 3 || f.MaxBatch < 32 {
+		t.Fatalf("16 requests of 4 rows with MinBatch 32 ran as %d batches (max %d rows)", f.Batches, f.MaxBatch)
+	}
+	if f.MeanLatency() <= 0 {
+		t.Fatal("no latency recorded")
+	}
+}
+
+// The runtime serves the pool with the oldest request first.
+func TestOldestFirst(t *testing.T) {
+	cfg := Config{MinBatch: 1, MaxBatch: 8, BatchTimeout: time.Millisecond, MaxQueue: 8}
+	r := newRuntime(&cfg)
+	a, b := newExpert("ffn.0", &cfg), newExpert("ffn.1", &cfg)
+	now := time.Now()
+	ctx := context.Background()
+	x := tensor.New(1, 4)
+	b.fwd.tasks = []*task{{ctx: ctx, x: x, enq: now.Add(-2 * time.Second)}}
+	a.bwd.tasks = []*task{{ctx: ctx, x: x, enq: now.Add(-time.Second)}}
+	a.fwd.tasks = []*task{{ctx: ctx, x: x, enq: now.Add(-3 * time.Second)}}
+	r.queued = []*pool{b.fwd, a.bwd, a.fwd}
+	for _, p := range r.queued {
+		p.rows = 1
+	}
+	p, _, _ := r.next(now)
+	if p != a.fwd {
+		t.Fatal("oldest pool not first")
+	}
+	// a is busy now, so its backward pool waits although b's is younger.
+	if p, _, _ := r.next(now); p != b.fwd {
+		t.Fatal("busy expert not skipped")
+	}
+}
+
+// A restarted server reloads its checkpoint and declares its experts again
+// under its new address.
+func TestRestartReloadsCheckpointAndRedeclares(t *testing.T) {
+	n := memnet.NewNetwork()
+	defer n.Close()
+	boot, _ := n.NewPeer()
+	bootDHT, err := dht.New(boot, dht.Config{RefreshInterval: -1, RepublishInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bootDHT.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "experts.safetensors")
+	start := func() (*Server, *memnet.Peer, *dht.Node) {
+		p, _ := n.NewPeer()
+		d, err := dht.New(p, dht.Config{RefreshInterval: -1, RepublishInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Bootstrap(ctx, []peer.AddrInfo{boot.AddrInfo()}); err != nil {
+			t.Fatal(err)
+		}
+		s, err := New(Config{Transport: p, DHT: d, Experts: []string{"ffn.0.0", "ffn.0.1"}, Hidden: 8, LR: 0.05, Seed: 1,
+			CheckpointPath: path, DeclareEvery: time.Hour, Expiration: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, p, d
+	}
+	s1, p1, d1 := start()
+	// Train expert ffn.0.1 a little.
+	cl, _ := n.NewPeer()
+	req := must(moe.EncodeRequest("ffn.0.1", []wire.Named{{Name: "x", Tensor: randTensor(1, 3, 8)}, {Name: "dy", Tensor: randTensor(2, 3, 8)}}, wire.Options{}))
+	for range 3 {
+		if _, err := cl.Call(ctx, p1.AddrInfo(), moe.BackwardProtocol, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitDeclared(t, ctx, bootDHT, "ffn.0.", "1", p1.ID())
+	trained := s1.ExpertWeights("ffn.0.1")
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d1.Close()
+	p1.Close()
+
+	s2, p2, d2 := start()
+	defer d2.Close()
+	defer s2.Close()
+	for name, w := range trained {
+		if d := maxDiff(w.Data, s2.ExpertWeights("ffn.0.1")[name].Data); d != 0 {
+			t.Fatalf("%s differs by %g after restart", name, d)
+		}
+	}
+	waitDeclared(t, ctx, bootDHT, "ffn.0.", "1", p2.ID())
+	waitDeclared(t, ctx, bootDHT, "ffn.", "0", p2.ID())
+	// The optimizer state came back too: one more step matches.
+	if s2.experts["ffn.0.1"].opt.State().Step != 3 {
+		t.Fatalf("optimizer step %d after restart, want 3", s2.experts["ffn.0.1"].opt.State().Step)
+	}
+}
+
+func waitDeclared(t *testing.T, ctx context.Context, d *dht.Node, key, sub string, want peer.ID) {
+	t.Helper()
+	for ctx.Err() == nil {
+		items, err := d.Get(ctx, key)
+		if err == nil {
+			if it, ok := items[sub]; ok {
+				info, err := moe.UnmarshalInfo(it.Value)
+				if err == nil && info.Peer.ID == want {
+					return
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s/%s never declared by %s", key, sub, want)
+}
+
+// Lazy experts hold no weights until their first request.
+func TestLazyAndSimulatedFailures(t *testing.T) {
+	e := newEnv(t)
+	s, err := New(Config{Transport: e.srv, Experts: []string{"ffn.0", "ffn.1"}, Hidden: 8, Lazy: true, FailRate: 0.5, Seed: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.ExpertWeights("ffn.0") != nil {
+		t.Fatal("lazy expert materialized early")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fails := 0
+	for range 40 {
+		if _, err := e.call(ctx, moe.ForwardProtocol, "ffn.0", wire.Named{Name: "x", Tensor: randTensor(1, 2, 8)}); err != nil {
+			if !strings.Contains(err.Error(), "simulated failure") {
+				t.Fatal(err)
+			}
+			fails++
+		}
+	}
+	if fails < 8 || fails > 32 {
+		t.Fatalf("%d of 40 requests failed at FailRate 0.5", fails)
+	}
+	if s.ExpertWeights("ffn.0") == nil || s.ExpertWeights("ffn.1") != nil {
+		t.Fatal("lazy materialization wrong")
+	}
+}

@@ -203,20 +203,8 @@ func isTimeout(err error) bool {
 // a TCP connection on loopback through a shaping Proxy, both directions set
 // to p.
 func MeasureLoopback(ctx context.Context, p LinkParams, o MeasureOptions) (Measurement, error) {
-	n, err := New(Uniform(LinkParams{}), 1)
+	n, a, b, err := twoPeers(p)
 	if err != nil {
-		return Measurement{}, err
-	}
-	a, b := peer.ID("client"), peer.ID("server")
-	for _, id := range []peer.ID{a, b} {
-		if err := n.Assign(id, "default"); err != nil {
-			return Measurement{}, err
-		}
-	}
-	if err := n.SetLink(a, b, p); err != nil {
-		return Measurement{}, err
-	}
-	if err := n.SetLink(b, a, p); err != nil {
 		return Measurement{}, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -273,4 +261,26 @@ func dialAccept(ctx context.Context, ln net.Listener, dial func(context.Context)
 		}
 		return nil, nil, fmt.Errorf("netem: measure: accept: %w", dctx.Err())
 	}
+}
+
+// twoPeers returns a network of a client and a server peer joined by links
+// with params p in both directions.
+func twoPeers(p LinkParams) (n *Network, client, server peer.ID, err error) {
+	n, err = New(Uniform(LinkParams{}), 1)
+	if err != nil {
+		return nil, "", "", err
+	}
+	client, server = peer.ID("client"), peer.ID("server")
+	for _, id := range []peer.ID{client, server} {
+		if err := n.Assign(id, "default"); err != nil {
+			return nil, "", "", err
+		}
+	}
+	if err := n.SetLink(client, server, p); err != nil {
+		return nil, "", "", err
+	}
+	if err := n.SetLink(server, client, p); err != nil {
+		return nil, "", "", err
+	}
+	return n, client, server, nil
 }

@@ -469,20 +469,8 @@ func (t *Topology) Close() error {
 // 2: kernel TCP between two namespaces of a two-peer Topology, both
 // directions set to p. It needs root (see NamespaceSupport).
 func MeasureNamespaces(ctx context.Context, p LinkParams, o MeasureOptions) (Measurement, error) {
-	n, err := New(Uniform(LinkParams{}), 1)
+	n, a, b, err := twoPeers(p)
 	if err != nil {
-		return Measurement{}, err
-	}
-	a, b := peer.ID("client"), peer.ID("server")
-	for _, id := range []peer.ID{a, b} {
-		if err := n.Assign(id, "default"); err != nil {
-			return Measurement{}, err
-		}
-	}
-	if err := n.SetLink(a, b, p); err != nil {
-		return Measurement{}, err
-	}
-	if err := n.SetLink(b, a, p); err != nil {
 		return Measurement{}, err
 	}
 	topo, err := NewTopology(ctx, n, []peer.ID{a, b}, TopologyOptions{Prefix: "skyhive-measure"})

@@ -1,0 +1,313 @@
+package averaging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/p2p/memnet"
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/train"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// SimConfig describes a simulated swarm: Peers goroutine peers on an
+// in-memory network whose interfaces are modelled by NICLink, each training
+// a replica of Model on its shard of Train and averaging as Algo says.
+// Device speed is emulated: a peer with slowdown f spends f×BaseStep per
+// local step (sleeping whatever its real compute did not take), so the
+// imbalance is the same however busy the host's cores are.
+type SimConfig struct {
+	Algo          Algo
+	Peers         int
+	GroupSize     int
+	Tau           int
+	Period        int
+	AverageModels bool
+
+	Model    string        // a train.BuildModel name ("mlp")
+	Train    *data.Dataset // sharded among the peers
+	Test     *data.Dataset // evaluation set (nil: no evaluation)
+	Batch    int
+	LR       float64 // SGD learning rate
+	Momentum float64
+
+	// Slowdowns gives each peer's slowdown factor (≥ 1); nil means 1.
+	Slowdowns []float64
+	// BaseStep is the emulated time of one local step at slowdown 1.
+	BaseStep time.Duration
+
+	// Bandwidth (bit/s, 0 unlimited) and Latency of every peer's interface.
+	Bandwidth float64
+	Latency   time.Duration
+	Codec     wire.Codec
+	// Timeout bounds each all-reduce (Config.Timeout).
+	Timeout time.Duration
+
+	// Duration stops the run (0: only Steps or ctx).
+	Duration time.Duration
+	// Steps stops each peer after this many local steps (0: no limit).
+	Steps int
+	// EvalEvery evaluates the mean of the peers' models on Test this often.
+	EvalEvery time.Duration
+	// Seed seeds the model, the shuffles and the data split.
+	Seed uint64
+	// OnStep, if set, is called after every local step of every peer.
+	OnStep func(StepInfo)
+	// Final, if set, receives every peer's model at the end.
+	Final func(rank int, model []float32)
+	// Kill, if set, is called once the swarm is running with a function
+	// that kills a peer by rank (for failure experiments).
+	Kill func(ctx context.Context, kill func(rank int) error)
+}
+
+// BuildModel returns a Fashion-MNIST classifier by name: the train
+// package's models, or "mlp-small" (784-128-10, about 100k parameters), which
+// keeps simulations of many peers on a few cores communication-light.
+func BuildModel(name string, seed uint64) (*nn.Sequential, error) {
+	if name == "mlp-small" {
+		rng := rand.New(rand.NewPCG(seed, 0x5eed))
+		return nn.MLP([]int{data.ImageSize, 128, data.NumClasses}, 0, rng), nil
+	}
+	return train.BuildModel(name, seed)
+}
+
+// EvalPoint is one evaluation of the swarm's mean model.
+type EvalPoint struct {
+	Seconds  float64 `json:"seconds"`
+	Steps    int     `json:"steps"` // local steps summed over peers
+	Accuracy float64 `json:"accuracy"`
+	Loss     float64 `json:"loss"`
+}
+
+// SimResult is the outcome of Simulate.
+type SimResult struct {
+	Algo  Algo        `json:"algo"`
+	Peers int         `json:"peers"`
+	Curve []EvalPoint `json:"curve"`
+	// StepsPerSecond is the local steps per second per peer, averaged over
+	// the peers (the swarm processes Peers×Batch×StepsPerSecond examples/s).
+	StepsPerSecond float64 `json:"steps_per_second"`
+	Seconds        float64 `json:"seconds"`
+	FinalAccuracy  float64 `json:"final_accuracy"`
+	Workers        []Stats `json:"workers"`
+}
+
+// DrawSlowdowns draws n slowdown factors from U[lo, hi] with a seed.
+func DrawSlowdowns(n int, lo, hi float64, seed uint64) []float64 {
+	rng := rand.New(rand.NewPCG(seed, 0x51057))
+	s := make([]float64, n)
+	for i := range s {
+		s[i] = lo + (hi-lo)*rng.Float64()
+	}
+	return s
+}
+
+// Simulate runs a simulated swarm and returns its curve and throughput.
+func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
+	res := SimResult{Algo: cfg.Algo, Peers: cfg.Peers}
+	switch {
+	case cfg.Peers < 1:
+		return res, fmt.Errorf("averaging: %d peers", cfg.Peers)
+	case cfg.Train == nil || cfg.Batch <= 0:
+		return res, errors.New("averaging: simulation needs training data and a batch size")
+	case cfg.Duration <= 0 && cfg.Steps <= 0:
+		return res, errors.New("averaging: simulation needs a duration or a step count")
+	case cfg.Slowdowns != nil && len(cfg.Slowdowns) != cfg.Peers:
+		return res, fmt.Errorf("averaging: %d slowdowns for %d peers", len(cfg.Slowdowns), cfg.Peers)
+	}
+	if cfg.Model == "" {
+		cfg.Model = "mlp"
+	}
+	timeout := cfg.Timeout
+	if timeout <= 0 {
+		timeout = 20 * time.Second
+	}
+	link := NewNICLink(cfg.Bandwidth, cfg.Latency)
+	network := memnet.NewNetwork(memnet.WithLink(link), memnet.WithMaxInbound(256))
+	defer network.Close()
+
+	type peerState struct {
+		peer   *memnet.Peer
+		avg    *Averager
+		model  *nn.Sequential
+		worker *Worker
+	}
+	ps := make([]*peerState, cfg.Peers)
+	roster := make([]Member, cfg.Peers)
+	for i := range ps {
+		p, err := network.NewPeer()
+		if err != nil {
+			return res, err
+		}
+		a := New(p, Config{Codec: cfg.Codec, Timeout: timeout})
+		defer a.Close()
+		model, err := BuildModel(cfg.Model, cfg.Seed)
+		if err != nil {
+			return res, err
+		}
+		ps[i] = &peerState{peer: p, avg: a, model: model}
+		roster[i] = Member{Peer: p.AddrInfo(), Weight: 1}
+	}
+	shuffled, _, err := cfg.Train.Split(cfg.Train.Len(), cfg.Seed)
+	if err != nil {
+		return res, err
+	}
+	for i, st := range ps {
+		shard, err := shuffled.Shard(i, cfg.Peers)
+		if err != nil {
+			return res, err
+		}
+		loader, err := data.NewLoader(shard, data.BatchOptions{Size: cfg.Batch, Shuffle: true, Seed: cfg.Seed + uint64(i), DropLast: true})
+		if err != nil {
+			return res, err
+		}
+		if loader.Len() == 0 {
+			return res, fmt.Errorf("averaging: shard of %d examples is smaller than a batch", shard.Len())
+		}
+		slow := 1.0
+		if cfg.Slowdowns != nil {
+			slow = max(cfg.Slowdowns[i], 1)
+		}
+		opt := optim.NewSGD(st.model.Params(), optim.SGDConfig{LR: cfg.LR, Momentum: cfg.Momentum})
+		compute := newCompute(st.model, shard, loader, cfg.Batch, time.Duration(slow*float64(cfg.BaseStep)))
+		w, err := NewWorker(st.avg, st.model.Params(), opt, compute, WorkerConfig{
+			Algo: cfg.Algo, Rank: i, Roster: roster, GroupSize: cfg.GroupSize, Tau: cfg.Tau,
+			Period: cfg.Period, AverageModels: cfg.AverageModels, Steps: cfg.Steps,
+		})
+		if err != nil {
+			return res, err
+		}
+		if cfg.OnStep != nil {
+			w.OnStep(cfg.OnStep)
+		}
+		st.worker = w
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	if cfg.Duration > 0 {
+		runCtx, cancel = context.WithTimeout(ctx, cfg.Duration)
+	}
+	defer cancel()
+	start := time.Now()
+	var wg sync.WaitGroup
+	stats := make([]Stats, cfg.Peers)
+	errs := make([]error, cfg.Peers)
+	for i, st := range ps {
+		wg.Go(func() { stats[i], errs[i] = st.worker.Run(runCtx) })
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	var evalModel *nn.Sequential
+	if cfg.Test != nil {
+		if evalModel, err = BuildModel(cfg.Model, cfg.Seed); err != nil {
+			cancel()
+			<-finished
+			return res, err
+		}
+	}
+	evaluate := func() {
+		if evalModel == nil {
+			return
+		}
+		mean := make([]float32, ps[0].worker.n)
+		steps := 0
+		for _, st := range ps {
+			if !network.Alive(st.peer.ID()) {
+				continue
+			}
+			tensor.Axpy(1, st.worker.Snapshot(), mean)
+			steps += st.worker.Stats().Steps
+		}
+		alive := 0
+		for _, st := range ps {
+			if network.Alive(st.peer.ID()) {
+				alive++
+			}
+		}
+		tensor.Scale(1/float32(max(alive, 1)), mean)
+		unflattenValues(evalModel.Params(), mean)
+		loss, acc := train.Evaluate(evalModel, cfg.Test, 500)
+		res.Curve = append(res.Curve, EvalPoint{Seconds: time.Since(start).Seconds(), Steps: steps, Accuracy: acc, Loss: loss})
+	}
+	if cfg.Kill != nil {
+		wg.Go(func() {
+			cfg.Kill(runCtx, func(rank int) error {
+				if rank < 0 || rank >= cfg.Peers {
+					return fmt.Errorf("averaging: no rank %d", rank)
+				}
+				return network.Kill(ps[rank].peer.ID())
+			})
+		})
+	}
+	evalEvery := cfg.EvalEvery
+	if evalEvery <= 0 {
+		evalEvery = time.Hour
+	}
+	tick := time.NewTicker(evalEvery)
+	defer tick.Stop()
+	evaluate()
+loop:
+	for {
+		select {
+		case <-tick.C:
+			evaluate()
+		case <-finished:
+			break loop
+		}
+	}
+	res.Seconds = time.Since(start).Seconds()
+	evaluate()
+	if n := len(res.Curve); n > 0 {
+		res.FinalAccuracy = res.Curve[n-1].Accuracy
+	}
+	res.Workers = stats
+	if cfg.Final != nil {
+		for i, st := range ps {
+			cfg.Final(i, st.worker.Snapshot())
+		}
+	}
+	var rate float64
+	for _, s := range stats {
+		if s.Seconds > 0 {
+			rate += float64(s.Steps) / res.Seconds
+		}
+	}
+	res.StepsPerSecond = rate / float64(cfg.Peers)
+	return res, errors.Join(errs...)
+}
+
+// newCompute returns a ComputeFunc that trains on the loader's batches and
+// takes at least stepTime per call.
+func newCompute(model *nn.Sequential, shard *data.Dataset, loader *data.Loader, batch int, stepTime time.Duration) ComputeFunc {
+	var order []int
+	epoch := 0
+	return func(ctx context.Context, step int) (float64, error) {
+		t0 := time.Now()
+		if len(order) < batch {
+			order = loader.Order(epoch)
+			epoch++
+		}
+		b := shard.Gather(order[:batch])
+		order = order[batch:]
+		logits, st := model.Forward(nn.Ctx{Train: true}, b.X)
+		loss, dlogits := nn.SoftmaxCrossEntropy(logits, b.Y)
+		model.Backward(st, dlogits)
+		if d := stepTime - time.Since(t0); d > 0 {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return float64(loss), ctx.Err()
+			}
+		}
+		return float64(loss), nil
+	}
+}

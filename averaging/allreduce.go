@@ -20,7 +20,7 @@ import (
 // Defaults of Config.
 const (
 	DefaultChunkElems = 1 << 18 // 1 MiB of float32 per message
-	DefaultWindow     = 2
+	DefaultWindow     = 4
 	DefaultTimeout    = 30 * time.Second
 	DefaultMaxSession = 256
 	// DefaultMaxElements bounds a vector (256 MiB of float32).

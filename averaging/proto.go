@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-
-	"github.com/libp2p/go-libp2p/core/peer"
-	ma "github.com/multiformats/go-multiaddr"
 )
 
 // Protocols spoken by an Averager and a Worker.
@@ -27,10 +24,6 @@ const (
 	MaxSessionLen = 255
 	// MaxGroupSize bounds the members of one all-reduce.
 	MaxGroupSize = 1024
-	// MaxAddrs bounds the addresses of a matchmaking declaration.
-	MaxAddrs = 16
-	// MaxAddrLen bounds one encoded multiaddr of a declaration.
-	MaxAddrLen = 512
 )
 
 // ErrMessage reports a malformed or out-of-bounds message.
@@ -40,7 +33,6 @@ var (
 	magicReduce   = [4]byte{'S', 'K', 'A', 1}
 	magicActivate = [4]byte{'S', 'K', 'W', 1}
 	magicState    = [4]byte{'S', 'K', 'S', 1}
-	magicDeclare  = [4]byte{'S', 'K', 'D', 1}
 )
 
 // reduceRequest is one chunk of a member's contribution to a reducer.
@@ -177,63 +169,4 @@ func unmarshalStateResponse(b []byte) (step, total uint64, payload []byte, err e
 		return 0, 0, nil, fmt.Errorf("%w: short state response", ErrMessage)
 	}
 	return binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:]), b[16:], nil
-}
-
-// declaration is a matchmaking record: how to reach a peer and its weight.
-type declaration struct {
-	Weight float64
-	Addrs  []ma.Multiaddr
-}
-
-func (d declaration) marshal() []byte {
-	b := append([]byte(nil), magicDeclare[:]...)
-	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(d.Weight))
-	addrs := d.Addrs[:min(len(d.Addrs), MaxAddrs)]
-	b = append(b, byte(len(addrs)))
-	for _, a := range addrs {
-		ab := a.Bytes()
-		b = binary.LittleEndian.AppendUint16(b, uint16(len(ab)))
-		b = append(b, ab...)
-	}
-	return b
-}
-
-func unmarshalDeclaration(b []byte) (declaration, error) {
-	var d declaration
-	if len(b) < 13 || [4]byte(b[:4]) != magicDeclare {
-		return d, fmt.Errorf("%w: bad declaration", ErrMessage)
-	}
-	d.Weight = math.Float64frombits(binary.LittleEndian.Uint64(b[4:]))
-	if d.Weight < 0 || math.IsNaN(d.Weight) || math.IsInf(d.Weight, 0) {
-		return d, fmt.Errorf("%w: weight %v", ErrMessage, d.Weight)
-	}
-	n := int(b[12])
-	if n > MaxAddrs {
-		return d, fmt.Errorf("%w: %d addresses", ErrMessage, n)
-	}
-	p := b[13:]
-	for range n {
-		if len(p) < 2 {
-			return d, fmt.Errorf("%w: truncated address", ErrMessage)
-		}
-		l := int(binary.LittleEndian.Uint16(p))
-		if l == 0 || l > MaxAddrLen || len(p) < 2+l {
-			return d, fmt.Errorf("%w: bad address length %d", ErrMessage, l)
-		}
-		a, err := ma.NewMultiaddrBytes(p[2 : 2+l])
-		if err != nil {
-			return d, fmt.Errorf("%w: %w", ErrMessage, err)
-		}
-		d.Addrs = append(d.Addrs, a)
-		p = p[2+l:]
-	}
-	if len(p) != 0 {
-		return d, fmt.Errorf("%w: %d trailing bytes", ErrMessage, len(p))
-	}
-	return d, nil
-}
-
-// peerInfo builds an AddrInfo from a declaration.
-func (d declaration) peerInfo(id peer.ID) peer.AddrInfo {
-	return peer.AddrInfo{ID: id, Addrs: d.Addrs}
 }

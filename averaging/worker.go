@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -564,4 +566,36 @@ func (w *Worker) LoadState(vec []float32, round int) error {
 	copy(w.published, vec)
 	w.round = round
 	return nil
+}
+
+// FetchState downloads a peer's current model over StateProtocol, chunk by
+// chunk, for a peer that joins a run late; it returns the model and the
+// round counter of the peer that served it. want is the expected length.
+func FetchState(ctx context.Context, t p2p.Transport, from peer.AddrInfo, want int) ([]float32, int, error) {
+	if want <= 0 || want > DefaultMaxElements {
+		return nil, 0, fmt.Errorf("averaging: state of %d elements", want)
+	}
+	out := make([]float32, 0, want)
+	round := 0
+	for len(out) < want {
+		n := min(want-len(out), DefaultChunkElems)
+		resp, err := t.Call(ctx, from, StateProtocol, stateRequest{Offset: uint64(len(out)), Count: uint32(n)}.marshal())
+		if err != nil {
+			return nil, 0, fmt.Errorf("averaging: fetch state from %s: %w", from.ID.ShortString(), err)
+		}
+		r, total, payload, err := unmarshalStateResponse(resp)
+		if err != nil {
+			return nil, 0, err
+		}
+		if total != uint64(want) || r > math.MaxInt32 {
+			return nil, 0, fmt.Errorf("%w: peer has %d parameters at round %d, want %d", ErrMessage, total, r, want)
+		}
+		x, err := decodeVector(payload, n)
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, x...)
+		round = int(r)
+	}
+	return out, round, nil
 }

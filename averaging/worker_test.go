@@ -115,3 +115,32 @@ func TestThroughputProbe(t *testing.T) {
 		}
 	}
 }
+
+func TestFetchStateForLateJoin(t *testing.T) {
+	s := newTestSwarm(t, 2, Config{})
+	model, err := BuildModel("mlp-small", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roster := []Member{{Peer: s.peers[0].AddrInfo(), Weight: 1}, {Peer: s.peers[1].AddrInfo(), Weight: 1}}
+	w, err := NewWorker(s.avg[0], model.Params(), nil, nil, WorkerConfig{Rank: 0, Roster: roster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := w.Snapshot()
+	if err := w.LoadState(want, 42); err != nil {
+		t.Fatal(err)
+	}
+	got, round, err := FetchState(context.Background(), s.peers[1], s.peers[0].AddrInfo(), len(want))
+	if err != nil || round != 42 {
+		t.Fatalf("round %d err %v", round, err)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("element %d differs", i)
+		}
+	}
+	if _, _, err := FetchState(context.Background(), s.peers[1], s.peers[0].AddrInfo(), len(want)+1); err == nil {
+		t.Fatal("length mismatch accepted")
+	}
+}

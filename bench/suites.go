@@ -10,6 +10,7 @@ func All() []Suite {
 		allocSuite(),
 		rpcSuite(),
 		dhtSuite(),
+		averagingSuite(),
 		pipelineSuite(),
 	}
 }

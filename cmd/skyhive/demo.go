@@ -59,6 +59,7 @@ func newDemoCmd() *cobra.Command {
 	fl.Float64Var(&d.lr, "lr", 1e-3, "peak learning rate (AdamW)")
 	fl.Uint64Var(&d.seed, "seed", 1, "seed for slowdowns, initialisation and shuffling")
 	fl.StringVar(&d.dataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
+	cmd.AddCommand(newDemoAveragingCmd())
 	return cmd
 }
 

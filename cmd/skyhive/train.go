@@ -21,7 +21,8 @@ type trainFlags struct {
 	dataDir string
 	limit   int
 	asJSON  bool
-	pipe    pipelineFlags // --mode pipeline (pipeline.go)
+	pipe    pipelineFlags  // --mode pipeline (pipeline.go)
+	avg     averagingFlags // --mode averaging (averaging.go)
 }
 
 func (f *trainFlags) register(cmd *cobra.Command) {
@@ -50,8 +51,9 @@ type trainMode func(f *trainFlags, cmd *cobra.Command) error
 // trainModes maps --mode values to their runners, one line each.
 func trainModes() map[string]trainMode {
 	return map[string]trainMode{
-		"local":    (*trainFlags).runLocal,
-		"pipeline": (*trainFlags).runPipeline,
+		"local":     (*trainFlags).runLocal,
+		"pipeline":  (*trainFlags).runPipeline,
+		"averaging": (*trainFlags).runAveraging,
 	}
 }
 
@@ -115,5 +117,6 @@ func newTrainCmd() *cobra.Command {
 	}
 	f.register(cmd)
 	f.pipe.register(cmd)
+	f.avg.register(cmd)
 	return cmd
 }

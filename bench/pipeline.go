@@ -14,6 +14,7 @@ import (
 
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/pipeline"
 )
 
@@ -31,13 +32,21 @@ func pipelineSuite() Suite {
 
 // Pipeline bench geometry. Every emulated device is pipeBaseSlowdown
 // times slower than one core of this machine, times a factor drawn from
-// U[1, pipeMaxSlowdown]: the extra slowdown is sleep, so eight workers
-// that compute at once stay within the two cores, as separate machines
-// would.
+// U[1, pipeMaxSlowdown] as in Sky Computing's experiments. A worker sleeps
+// (F−1)× the CPU time of each op, so eight workers that compute at once
+// need far less than the two cores and co-located processes barely slow
+// each other, as separate machines would not.
 const (
 	pipeBaseSlowdown = 4.0
-	pipeMaxSlowdown  = 4.0
+	pipeMaxSlowdown  = 6.0
 	pipeSeed         = 1
+)
+
+// Two emulated regions for the multi-region case: 100 ms one way and
+// 50 Mbit/s between them, 0.5 ms and 1 Gbit/s inside each.
+const (
+	pipeRegionLatencyMS = 100
+	pipeRegionMbps      = 50
 )
 
 func skyhiveBinary() (string, error) {
@@ -51,10 +60,32 @@ func skyhiveBinary() (string, error) {
 	return "", errors.New("the pipeline suite launches `skyhive worker` processes: run it as `skyhive bench pipeline` or put skyhive on PATH")
 }
 
+// pipeGeometry is one case's cluster and model.
+type pipeGeometry struct {
+	workers, batch, micro int
+	model                 string
+	sched                 pipeline.Schedule
+	regions               []string // per worker; nil: one region, no emulation
+}
+
 func runPipeline(o Options) ([]Result, error) {
-	workers, model, batch, micro, timeout := 8, "deep-mlp:512x16", 256, 8, 110*time.Second
+	// The multi-region case uses GPipe: 1F1B keeps at most S−k
+	// micro-batches in flight on stage k, so across a 200 ms round trip
+	// its stages stall waiting for gradients; GPipe sends every forward
+	// at once and pays the latency once per direction.
+	g := pipeGeometry{workers: 8, model: "deep-mlp:512x16", batch: 256, micro: 8, sched: pipeline.OneFOneB}
+	mr := pipeGeometry{workers: 4, model: "deep-mlp:128x8", batch: 256, micro: 8, sched: pipeline.GPipe}
+	timeout := 118 * time.Second
 	if o.Quick {
-		workers, model, batch, micro, timeout = 4, "deep-mlp:256x8", 64, 4, 28*time.Second
+		g = pipeGeometry{workers: 4, model: "deep-mlp:256x8", batch: 64, micro: 4, sched: pipeline.OneFOneB}
+		mr = pipeGeometry{} // the multi-region case needs about a minute
+		timeout = 29 * time.Second
+	}
+	// Workers alternate between the regions in registration order, so the
+	// network-blind strategies (which keep that order) cross regions at
+	// every stage boundary.
+	for i := range mr.workers {
+		mr.regions = append(mr.regions, []string{"eu", "us"}[i%2])
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -62,20 +93,63 @@ func runPipeline(o Options) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	t0 := time.Now()
+	out, err := pipeCase(ctx, o, bin, g, true)
+	if err != nil {
+		return nil, err
+	}
+	o.Logf("pipeline: single-region case took %.1f s", time.Since(t0).Seconds())
+	if mr.workers == 0 {
+		return out, nil
+	}
+	t0 = time.Now()
+	more, err := pipeCase(ctx, o, bin, mr, false)
+	if err != nil {
+		return out, fmt.Errorf("multi-region case: %w", err)
+	}
+	o.Logf("pipeline: multi-region case took %.1f s", time.Since(t0).Seconds())
+	return append(out, more...), nil
+}
+
+// pipeCase launches the workers of g, measures the even, sky and skyhive
+// plans alternately (1F1B), compares each with its predicted time, and,
+// if seq, 1F1B with the sequential schedule on the skyhive plan.
+func pipeCase(ctx context.Context, o Options, bin string, g pipeGeometry, seq bool) ([]Result, error) {
 	rng := rand.New(rand.NewPCG(pipeSeed, 0x51d))
-	slow := make([]float64, workers)
+	slow := make([]float64, g.workers)
 	for i := range slow {
 		slow[i] = pipeBaseSlowdown * (1 + (pipeMaxSlowdown-1)*rng.Float64())
 	}
-	o.Logf("pipeline: %d workers, slowdowns %s (×%.0f base), model %s, batch %d, %d micro-batches", workers, fmtSlowdowns(slow), pipeBaseSlowdown, model, batch, micro)
-
-	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{})
+	label := fmt.Sprintf("%dw", g.workers)
+	ccfg := pipeline.CoordinatorConfig{}
+	if g.regions != nil {
+		prof := &netem.Profile{
+			Regions: []string{"eu", "us"},
+			Intra:   netem.LinkParams{Latency: 500 * time.Microsecond, Bandwidth: 1e9},
+			Inter: [][]netem.LinkParams{
+				{{}, {Latency: pipeRegionLatencyMS * time.Millisecond, Bandwidth: pipeRegionMbps * 1e6}},
+				{{Latency: pipeRegionLatencyMS * time.Millisecond, Bandwidth: pipeRegionMbps * 1e6}, {}},
+			},
+		}
+		if err := prof.Validate(); err != nil {
+			return nil, err
+		}
+		n, err := netem.New(prof, pipeSeed)
+		if err != nil {
+			return nil, err
+		}
+		ccfg.Network, ccfg.Region = n, "eu"
+		label = fmt.Sprintf("%dw-2regions", g.workers)
+	}
+	begin := time.Now()
+	o.Logf("pipeline %s: slowdowns %s (×%.0f base), regions %v, model %s, batch %d, %d micro-batches", label, fmtSlowdowns(slow), pipeBaseSlowdown, g.regions, g.model, g.batch, g.micro)
+	c, err := pipeline.NewCoordinator(ctx, ccfg)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
 	local, err := pipeline.LaunchLocal(ctx, c, pipeline.LocalConfig{
-		Binary: bin, Slowdowns: slow, Env: []string{"OPENBLAS_NUM_THREADS=1"}, Output: o.Log,
+		Binary: bin, Slowdowns: slow, Regions: g.regions, Env: []string{"OPENBLAS_NUM_THREADS=1"}, Output: o.Log,
 	})
 	if err != nil {
 		return nil, err
@@ -83,26 +157,25 @@ func runPipeline(o Options) ([]Result, error) {
 	defer local.Close()
 	defer c.Shutdown(context.Background())
 
+	o.Logf("pipeline %s: workers up after %.1f s", label, time.Since(begin).Seconds())
 	var log io.Writer = io.Discard
 	if o.Log != nil {
 		log = o.Log
 	}
 	s, err := c.Start(ctx, pipeline.SessionConfig{
-		Model: model, Seed: pipeSeed, Batch: batch, Micro: micro, Schedule: pipeline.OneFOneB,
-		// SGD: its step is one cheap pass, so the iteration time is the
-		// pipeline's (the cost model does not include optimizer steps).
-		Optim: pipeline.OptimConfig{Kind: "sgd", LR: 0.01, Momentum: 0.9}, Strategy: "even", ProfileReps: 2,
+		Model: g.model, Seed: pipeSeed, Batch: g.batch, Micro: g.micro, Schedule: g.sched,
+		Optim: pipeline.OptimConfig{Kind: "sgd", LR: 0.01, Momentum: 0.9}, Strategy: "even", ProfileReps: 3,
 		CheckpointEvery: 1 << 30, Log: log,
 	})
 	if err != nil {
 		return nil, err
 	}
 	defer s.Close()
-	ds, err := data.GaussianBlobs(batch*8, pipeline.InputFeatures, data.NumClasses, pipeSeed)
+	ds, err := data.GaussianBlobs(g.batch*8, pipeline.InputFeatures, data.NumClasses, pipeSeed)
 	if err != nil {
 		return nil, err
 	}
-	loader, err := data.NewLoader(ds, data.BatchOptions{Size: batch, Shuffle: true, Seed: pipeSeed, DropLast: true})
+	loader, err := data.NewLoader(ds, data.BatchOptions{Size: g.batch, Shuffle: true, Seed: pipeSeed, DropLast: true})
 	if err != nil {
 		return nil, err
 	}
@@ -117,41 +190,52 @@ func runPipeline(o Options) ([]Result, error) {
 		return s.Step(ctx, b)
 	}
 
+	o.Logf("pipeline %s: profiled and planned after %.1f s", label, time.Since(begin).Seconds())
 	// Plans from the profiled cluster (fixed for the whole run).
 	prob := s.Problem()
 	strategies := []string{"even", "sky", "skyhive"}
 	plans := map[string]alloc.Plan{}
+	preds := map[string]pipeline.Prediction{}
+	allocPred := map[string]float64{}
 	for _, name := range strategies {
 		res, err := alloc.Solve(ctx, name, prob)
 		if err != nil {
 			return nil, fmt.Errorf("plan %s: %w", name, err)
 		}
 		plans[name] = res.Plan
-		o.Logf("pipeline: %s plan %v, predicted %.1f ms", name, res.Plan.Stages, 1e3*res.Report.Iteration)
+		allocPred[name] = res.Report.Iteration
+		if preds[name], err = s.Predict(res.Plan); err != nil {
+			return nil, err
+		}
+		o.Logf("pipeline %s: %s plan %v, alloc predicts %.1f ms, simulation %s", label, name, res.Plan.Stages, 1e3*res.Report.Iteration, preds[name])
 	}
 
 	// Alternate the plans: one warm-up iteration after each move, then
 	// the measured ones.
 	reps := max(o.Reps, 5)
-	perVisit := 2
-	if o.Quick {
-		perVisit = 1
-	}
 	times := map[string][]float64{}
-	for r := 0; len(times["skyhive"]) < reps; r++ {
+	for round := 0; len(times["skyhive"]) < reps; round++ {
+		// Warm up each plan in the first round: new connections between
+		// neighbours; later rounds reuse them.
+		warm := round == 0
 		for _, name := range strategies {
+			t0 := time.Now()
 			if err := s.SetPlan(ctx, plans[name]); err != nil {
 				return nil, fmt.Errorf("set %s plan: %w", name, err)
 			}
-			if _, err := step(); err != nil {
-				return nil, err
-			}
-			for range perVisit {
-				st, err := step()
-				if err != nil {
+			o.Logf("pipeline %s: %s plan set in %.2f s", label, name, time.Since(t0).Seconds())
+			if warm {
+				if _, err := step(); err != nil {
 					return nil, err
 				}
-				times[name] = append(times[name], st.Seconds)
+			}
+			st, err := step()
+			if err != nil {
+				return nil, err
+			}
+			times[name] = append(times[name], st.Seconds)
+			if o.Log != nil && len(times[name]) == 1 {
+				st.WriteTable(o.Log)
 			}
 		}
 	}
@@ -163,29 +247,32 @@ func runPipeline(o Options) ([]Result, error) {
 	}
 	for _, name := range strategies {
 		st := meds[name]
-		r := Result{Suite: "pipeline", Case: fmt.Sprintf("%s/1f1b/%dw", name, workers), Metric: "iter_time", Value: st.Median, Unit: "s", Min: st.Min, Max: st.Max}
+		cs := fmt.Sprintf("%s/%s/%s", name, g.sched, label)
+		r := Result{Suite: "pipeline", Case: cs, Metric: "iter_time", Value: st.Median, Unit: "s", Min: st.Min, Max: st.Max}
 		if name != "even" {
 			r = r.WithBaseline("even", meds["even"].Median)
 		}
 		out = append(out, r)
-		rep, err := s.Predict(plans[name])
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, Result{Suite: "pipeline", Case: fmt.Sprintf("%s/1f1b/%dw", name, workers), Metric: "measured_vs_predicted", Value: st.Median, Unit: "s",
-			Note: "ratio = measured / cost model"}.WithBaseline("predicted", rep.Iteration))
+		out = append(out, Result{Suite: "pipeline", Case: cs, Metric: "predicted_iter_time", Value: preds[name].Iteration, Unit: "s",
+			Note: fmt.Sprintf("simulated schedule; alloc.Evaluate says %.3f s", allocPred[name])}.WithBaseline("even", preds["even"].Iteration))
+		out = append(out, Result{Suite: "pipeline", Case: cs, Metric: "measured_vs_predicted", Value: st.Median, Unit: "s",
+			Note: "ratio = measured / simulated prediction"}.WithBaseline("predicted", preds[name].Iteration))
 	}
-	out = append(out, Result{Suite: "pipeline", Case: fmt.Sprintf("skyhive/1f1b/%dw", workers), Metric: "speedup_vs_even", Value: meds["even"].Median / meds["skyhive"].Median, Unit: "x"})
+	out = append(out, Result{Suite: "pipeline", Case: fmt.Sprintf("skyhive/%s/%s", g.sched, label), Metric: "speedup_vs_even", Value: meds["even"].Median / meds["skyhive"].Median, Unit: "x",
+		Note: fmt.Sprintf("predicted %.2fx", preds["even"].Iteration/preds["skyhive"].Iteration)})
+	if !seq {
+		return out, nil
+	}
 
 	// 1F1B against the paper's sequential schedule on the skyhive plan,
 	// alternating.
 	if err := s.SetPlan(ctx, plans["skyhive"]); err != nil {
 		return nil, err
 	}
-	var seq, pipe []float64
+	var seqT, pipeT []float64
 	for i := 0; i < reps+1; i++ {
 		for _, sched := range []pipeline.Schedule{pipeline.Sequential, pipeline.OneFOneB} {
-			if err := s.SetSchedule(sched, micro); err != nil {
+			if err := s.SetSchedule(sched, g.micro); err != nil {
 				return nil, err
 			}
 			st, err := step()
@@ -196,22 +283,26 @@ func runPipeline(o Options) ([]Result, error) {
 				continue // warm-up
 			}
 			if sched == pipeline.Sequential {
-				seq = append(seq, float64(batch)/st.Seconds)
+				seqT = append(seqT, st.Seconds)
 			} else {
-				pipe = append(pipe, float64(batch)/st.Seconds)
+				pipeT = append(pipeT, st.Seconds)
 			}
 		}
 	}
-	sp, pp := Summarize(seq), Summarize(pipe)
-	out = append(out, Result{Suite: "pipeline", Case: fmt.Sprintf("skyhive/sequential/%dw", workers), Metric: "throughput", Value: sp.Median, Unit: "samples/s", Min: sp.Min, Max: sp.Max})
-	out = append(out, Result{Suite: "pipeline", Case: fmt.Sprintf("skyhive/1f1b/%dw", workers), Metric: "throughput", Value: pp.Median, Unit: "samples/s", Min: pp.Min, Max: pp.Max}.WithBaseline("sequential", sp.Median))
 	if err := s.SetSchedule(pipeline.Sequential, 1); err != nil {
 		return nil, err
 	}
-	if rep, err := s.Predict(plans["skyhive"]); err == nil {
-		out = append(out, Result{Suite: "pipeline", Case: fmt.Sprintf("skyhive/sequential/%dw", workers), Metric: "measured_vs_predicted", Value: float64(batch) / sp.Median, Unit: "s",
-			Note: "ratio = measured / cost model"}.WithBaseline("predicted", rep.Sequential))
+	seqPred, err := s.Predict(plans["skyhive"])
+	if err != nil {
+		return nil, err
 	}
+	sp, pp := Summarize(seqT), Summarize(pipeT)
+	cs := fmt.Sprintf("skyhive/sequential/%s", label)
+	out = append(out, Result{Suite: "pipeline", Case: cs, Metric: "throughput", Value: float64(g.batch) / sp.Median, Unit: "samples/s", Min: float64(g.batch) / sp.Max, Max: float64(g.batch) / sp.Min})
+	out = append(out, Result{Suite: "pipeline", Case: fmt.Sprintf("skyhive/1f1b/%s", label), Metric: "throughput", Value: float64(g.batch) / pp.Median, Unit: "samples/s", Min: float64(g.batch) / pp.Max, Max: float64(g.batch) / pp.Min,
+		Note: fmt.Sprintf("predicted ratio %.2f", seqPred.Iteration/preds["skyhive"].Iteration)}.WithBaseline("sequential", float64(g.batch)/sp.Median))
+	out = append(out, Result{Suite: "pipeline", Case: cs, Metric: "measured_vs_predicted", Value: sp.Median, Unit: "s",
+		Note: "ratio = measured / simulated prediction"}.WithBaseline("predicted", seqPred.Iteration))
 	return out, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -31,6 +32,14 @@ type CoordinatorConfig struct {
 	MaxMessageBytes int
 	// Logger receives events; nil discards them.
 	Logger *slog.Logger
+	// Network, if set, emulates the links: every connection between the
+	// coordinator and the workers and between workers goes through a netem
+	// loopback proxy of the pair (workers are keyed by name, which must be
+	// unique, the coordinator by CoordinatorKey). Workers must name a
+	// region of it; the coordinator is in Region. Local workers only: the
+	// proxies run in the coordinator's process.
+	Network *netem.Network
+	Region  string
 }
 
 // WorkerInfo describes a registered worker.
@@ -40,10 +49,22 @@ type WorkerInfo struct {
 	Peer     peer.AddrInfo `json:"-"`
 	Slowdown float64       `json:"slowdown"`
 	MemCap   int64         `json:"mem_cap"`
+	// Region is the network region the worker declared ("" if none).
+	Region string `json:"region,omitempty"`
 	// Speed is the worker's effective FLOP/s: profiled at first, then as
 	// measured during training.
 	Speed float64 `json:"speed"`
 	Alive bool    `json:"alive"`
+	// real is the worker's own address; Peer is how the coordinator
+	// reaches it (a route under emulation).
+	real peer.AddrInfo
+}
+
+// peerInfo reads w.Peer under c's lock.
+func (w *WorkerInfo) peerInfo(c *Coordinator) peer.AddrInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return w.Peer
 }
 
 // Coordinator accepts workers and drives pipeline training sessions over
@@ -51,6 +72,7 @@ type WorkerInfo struct {
 type Coordinator struct {
 	host *p2p.Host
 	log  *slog.Logger
+	emu  *emulation // nil without emulated links
 
 	mu      sync.Mutex
 	workers []*WorkerInfo
@@ -82,6 +104,13 @@ func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, e
 		return nil, fmt.Errorf("pipeline: coordinator host: %w", err)
 	}
 	c := &Coordinator{host: h, log: cfg.Logger, changed: make(chan struct{})}
+	if cfg.Network != nil {
+		if err := cfg.Network.Assign(CoordinatorKey, cfg.Region); err != nil {
+			h.Close()
+			return nil, fmt.Errorf("pipeline: coordinator region: %w", err)
+		}
+		c.emu = &emulation{n: cfg.Network}
+	}
 	h.SetHandler(ProtoPing, func(context.Context, peer.ID, []byte) ([]byte, error) { return nil, nil })
 	h.SetHandler(ProtoRegister, c.onRegister)
 	return c, nil
@@ -105,16 +134,25 @@ func (c *Coordinator) Addrs() []string {
 // Host returns the coordinator's p2p host.
 func (c *Coordinator) Host() *p2p.Host { return c.host }
 
-// Close stops the coordinator's host.
-func (c *Coordinator) Close() error { return c.host.Close() }
+// Close stops the coordinator's host and its emulated links.
+func (c *Coordinator) Close() error {
+	err := c.host.Close()
+	if c.emu != nil {
+		c.emu.close()
+	}
+	return err
+}
 
 func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]byte, error) {
 	var req registerReq
 	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
 		return nil, err
 	}
-	if !(req.Slowdown >= 1) || math.IsInf(req.Slowdown, 0) || req.MemCap < 0 || len(req.Name) > 64 || !utf8.ValidString(req.Name) || len(req.Addrs) > maxAddrs {
+	if !(req.Slowdown >= 1) || math.IsInf(req.Slowdown, 0) || req.MemCap < 0 || len(req.Name) > 64 || !utf8.ValidString(req.Name) || len(req.Addrs) > maxAddrs || len(req.Region) > 64 || !utf8.ValidString(req.Region) {
 		return nil, fmt.Errorf("pipeline: bad registration %+v", req)
+	}
+	if c.emu != nil && (req.Name == "" || !c.emu.regionKnown(req.Region)) {
+		return nil, fmt.Errorf("pipeline: with emulated links a worker needs a name and one of the regions %v (got %q, %q)", c.emu.n.Profile().Regions, req.Name, req.Region)
 	}
 	ai := peer.AddrInfo{ID: from}
 	for _, s := range req.Addrs {
@@ -127,13 +165,33 @@ func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]b
 	if req.Name == "" {
 		req.Name = from.ShortString()
 	}
+	reach := ai
+	if c.emu != nil {
+		c.mu.Lock()
+		for _, w := range c.workers {
+			if w.Name == req.Name && w.Peer.ID != from {
+				c.mu.Unlock()
+				return nil, fmt.Errorf("pipeline: worker name %q taken (names key the emulated links)", req.Name)
+			}
+		}
+		c.mu.Unlock()
+		if err := c.emu.n.Assign(peer.ID(req.Name), req.Region); err != nil {
+			return nil, fmt.Errorf("pipeline: %w", err)
+		}
+		a, err := c.emu.route(CoordinatorKey, peer.ID(req.Name), ai.Addrs)
+		if err != nil {
+			return nil, err
+		}
+		reach = peer.AddrInfo{ID: from, Addrs: []ma.Multiaddr{a}}
+		pinAddrs(c.host, from, reach.Addrs)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	idx := -1
 	for _, w := range c.workers {
 		if w.Peer.ID == from {
 			idx = w.Index
-			w.Peer, w.Name, w.Slowdown, w.MemCap, w.Alive, w.Speed = ai, req.Name, req.Slowdown, req.MemCap, true, 0
+			w.Peer, w.real, w.Name, w.Slowdown, w.MemCap, w.Region, w.Alive, w.Speed = reach, ai, req.Name, req.Slowdown, req.MemCap, req.Region, true, 0
 		}
 	}
 	if idx < 0 {
@@ -141,7 +199,7 @@ func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]b
 			return nil, fmt.Errorf("pipeline: coordinator full (%d workers)", maxWorkers)
 		}
 		idx = len(c.workers)
-		c.workers = append(c.workers, &WorkerInfo{Index: idx, Name: req.Name, Peer: ai, Slowdown: req.Slowdown, MemCap: req.MemCap, Alive: true})
+		c.workers = append(c.workers, &WorkerInfo{Index: idx, Name: req.Name, Peer: reach, real: ai, Slowdown: req.Slowdown, MemCap: req.MemCap, Region: req.Region, Alive: true})
 	}
 	c.log.Info("pipeline: worker joined", "index", idx, "name", req.Name, "slowdown", req.Slowdown)
 	close(c.changed)

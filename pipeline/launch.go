@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 )
 
 // LocalConfig configures LaunchLocal.
@@ -20,6 +22,10 @@ type LocalConfig struct {
 	Slowdowns []float64
 	// MemCaps, if set, has one memory cap in bytes per worker (0: none).
 	MemCaps []int64
+	// Regions, if set, has one network region per worker (required when
+	// the coordinator emulates links: the workers then join and talk
+	// through its netem routes).
+	Regions []string
 	// Args are extra arguments for every `skyhive worker`.
 	Args []string
 	// Env is added to the children's environment.
@@ -40,8 +46,9 @@ type LocalWorkers struct {
 }
 
 // LaunchLocal starts one `skyhive worker --join` process per slowdown on
-// this machine, joined to c over loopback, and returns once all of them
-// have registered. The workers are named w0, w1, …
+// this machine, joined to c over loopback, each once the previous one has
+// registered, and returns once all of them have. The workers are named
+// w0, w1, … and register in that order.
 func LaunchLocal(ctx context.Context, c *Coordinator, cfg LocalConfig) (*LocalWorkers, error) {
 	if cfg.Binary == "" {
 		return nil, errors.New("pipeline: no skyhive binary to launch")
@@ -49,12 +56,14 @@ func LaunchLocal(ctx context.Context, c *Coordinator, cfg LocalConfig) (*LocalWo
 	if cfg.MemCaps != nil && len(cfg.MemCaps) != len(cfg.Slowdowns) {
 		return nil, fmt.Errorf("pipeline: %d memory caps for %d workers", len(cfg.MemCaps), len(cfg.Slowdowns))
 	}
+	if cfg.Regions != nil && len(cfg.Regions) != len(cfg.Slowdowns) {
+		return nil, fmt.Errorf("pipeline: %d regions for %d workers", len(cfg.Regions), len(cfg.Slowdowns))
+	}
+	if c.emu != nil && cfg.Regions == nil {
+		return nil, errors.New("pipeline: the coordinator emulates links: give every local worker a region")
+	}
 	if cfg.JoinTimeout <= 0 {
 		cfg.JoinTimeout = 30 * time.Second
-	}
-	addrs := c.Addrs()
-	if len(addrs) == 0 {
-		return nil, errors.New("pipeline: coordinator has no address")
 	}
 	before := 0
 	for _, w := range c.Workers() {
@@ -62,10 +71,26 @@ func LaunchLocal(ctx context.Context, c *Coordinator, cfg LocalConfig) (*LocalWo
 			before++
 		}
 	}
+	wctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
+	defer cancel()
 	l := &LocalWorkers{}
 	for i, f := range cfg.Slowdowns {
 		name := fmt.Sprintf("w%d", i)
-		args := []string{"worker", "--join", addrs[0], "--name", name, "--slowdown", strconv.FormatFloat(f, 'g', -1, 64), "--listen", "/ip4/127.0.0.1/tcp/0"}
+		if c.emu != nil {
+			if err := c.emu.n.Assign(peer.ID(name), cfg.Regions[i]); err != nil {
+				l.Close()
+				return nil, fmt.Errorf("pipeline: worker %s: %w", name, err)
+			}
+		}
+		join, err := c.joinRoute(name)
+		if err != nil {
+			l.Close()
+			return nil, err
+		}
+		args := []string{"worker", "--join", join, "--name", name, "--slowdown", strconv.FormatFloat(f, 'g', -1, 64), "--listen", "/ip4/127.0.0.1/tcp/0"}
+		if cfg.Regions != nil {
+			args = append(args, "--region", cfg.Regions[i])
+		}
 		if cfg.MemCaps != nil && cfg.MemCaps[i] > 0 {
 			args = append(args, "--mem-cap", strconv.FormatInt(cfg.MemCaps[i], 10))
 		}
@@ -84,12 +109,12 @@ func LaunchLocal(ctx context.Context, c *Coordinator, cfg LocalConfig) (*LocalWo
 		l.mu.Lock()
 		l.cmds, l.done, l.names = append(l.cmds, cmd), append(l.done, done), append(l.names, name)
 		l.mu.Unlock()
-	}
-	wctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
-	defer cancel()
-	if err := c.WaitWorkers(wctx, before+len(cfg.Slowdowns)); err != nil {
-		l.Close()
-		return nil, err
+		// One at a time, so the workers register (and are planned, by the
+		// order-keeping strategies) in the order w0, w1, …
+		if err := c.WaitWorkers(wctx, before+i+1); err != nil {
+			l.Close()
+			return nil, err
+		}
 	}
 	return l, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
@@ -26,9 +27,14 @@ const (
 	ProtoCommit   protocol.ID = "/skyhive/pipeline/commit/1"
 	ProtoAbort    protocol.ID = "/skyhive/pipeline/abort/1"
 	ProtoFetch    protocol.ID = "/skyhive/pipeline/fetch/1"
-	ProtoAct      protocol.ID = "/skyhive/pipeline/act/1"
+	ProtoActs     protocol.ID = "/skyhive/pipeline/acts/1"
 	ProtoShutdown protocol.ID = "/skyhive/pipeline/shutdown/1"
+	ProtoProbe    protocol.ID = "/skyhive/pipeline/probe/1"
 )
+
+// streamIdleTimeout bounds the silence on a worker's activation stream (a
+// neighbour may compute for long between two messages).
+const streamIdleTimeout = 10 * time.Minute
 
 // Size bounds of what a peer accepts.
 const (
@@ -171,6 +177,7 @@ type registerReq struct {
 	Addrs    []string `json:"addrs"`
 	Slowdown float64  `json:"slowdown"`
 	MemCap   int64    `json:"mem_cap"`
+	Region   string   `json:"region,omitempty"`
 }
 
 type registerResp struct {
@@ -179,19 +186,28 @@ type registerResp struct {
 
 // profileReq asks a worker to time forward+backward of the whole model on
 // a batch of the given size.
+// Calibrate lists batch sizes at which the layers are also timed without
+// the slowdown; Optim, if set, has one optimizer step timed.
 type profileReq struct {
-	Model string `json:"model"`
-	Seed  uint64 `json:"seed"`
-	Batch int    `json:"batch"`
-	Reps  int    `json:"reps"`
+	Model     string      `json:"model"`
+	Seed      uint64      `json:"seed"`
+	Batch     int         `json:"batch"`
+	Reps      int         `json:"reps"`
+	Calibrate []int       `json:"calibrate,omitempty"`
+	Optim     OptimConfig `json:"optim,omitzero"`
 }
 
 type profileResp struct {
-	FLOPS   float64 `json:"flops"`   // FLOP/s, including the slowdown
-	Seconds float64 `json:"seconds"` // median time of one forward+backward
-	// LayerSeconds splits Seconds over the layers in proportion to their
-	// measured times.
-	LayerSeconds []float64 `json:"layer_seconds"`
+	FLOPS   float64 `json:"flops"`   // FLOP/s at Batch, including the slowdown
+	Seconds float64 `json:"seconds"` // median emulated time of one forward+backward
+	CPU     float64 `json:"cpu"`     // median CPU time of one forward+backward
+	// Fwd[i][l] and Bwd[i][l] are layer l's forward and backward CPU
+	// seconds at batch size Calibrate[i].
+	Fwd [][]float64 `json:"fwd,omitempty"`
+	Bwd [][]float64 `json:"bwd,omitempty"`
+	// OptimPerParam is the CPU seconds of one optimizer step per
+	// parameter.
+	OptimPerParam float64 `json:"optim_per_param,omitempty"`
 }
 
 // setupReq assigns layers [First, Last) of Model to a worker as stage
@@ -211,6 +227,9 @@ type setupReq struct {
 	Iter   int         `json:"iter"` // iterations committed so far
 	Prev   PeerRef     `json:"prev"`
 	Next   PeerRef     `json:"next"`
+	// Pin makes the worker reach its neighbours only at the addresses
+	// given (emulated links).
+	Pin bool `json:"pin,omitempty"`
 }
 
 // iterReq runs one iteration. Stage 0 gets the inputs ("x"), the last
@@ -229,6 +248,7 @@ type iterResp struct {
 	Comm    float64 `json:"comm"`
 	Idle    float64 `json:"idle"`
 	Wall    float64 `json:"wall"`
+	CPU     float64 `json:"cpu"`     // CPU time of the compute (without the emulated slowdown)
 	Loss    float64 `json:"loss"`    // last stage: mean loss over the batch
 	Correct int     `json:"correct"` // last stage: correct predictions
 	GradSq  float64 `json:"grad_sq"` // squared L2 norm of the stage's gradients

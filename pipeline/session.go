@@ -125,6 +125,9 @@ type StageTiming struct {
 	Comm    float64 `json:"comm"`
 	Idle    float64 `json:"idle"`
 	Wall    float64 `json:"wall"`
+	// CPU is the CPU time of the forward and backward passes, without
+	// the emulated slowdown.
+	CPU float64 `json:"cpu"`
 	// Speed is the measured FLOP/s of the stage's forward+backward.
 	Speed float64 `json:"speed"`
 }
@@ -169,16 +172,19 @@ type Session struct {
 	c      *Coordinator
 	cfg    SessionConfig
 	ref    *nn.Sequential // the model's structure (costs, parameter names)
-	amodel *alloc.Model
-	link   alloc.Link
-	tmpDir string
+	base   *alloc.Model   // FLOP-counted layers (memory, sizes)
+	amodel *alloc.Model   // layers with calibrated work for the schedule
+	cm     *costModel     // nil until the first profile
+	// links between regions (sorted pair) and from the coordinator to a
+	// region, as measured.
+	links      map[[2]string]alloc.Link
+	coordLinks map[string]alloc.Link
+	tmpDir     string
 
 	gen       uint64
 	iter      int
 	stages    []assignment
 	sincePlan int
-	// calibrated is set once amodel's layer costs come from measured times.
-	calibrated bool
 }
 
 // Start profiles the live workers, plans the pipeline, snapshots the
@@ -192,7 +198,8 @@ func (c *Coordinator) Start(ctx context.Context, cfg SessionConfig) (*Session, e
 		return nil, err
 	}
 	s := &Session{c: c, cfg: cfg, ref: ref}
-	s.amodel = AllocModel(cfg.Model, ref, cfg.Batch, cfg.Schedule.Micro(cfg.Micro))
+	s.base = AllocModel(cfg.Model, ref, cfg.Batch, cfg.Schedule.Micro(cfg.Micro))
+	s.amodel = s.base
 	if s.cfg.Checkpoint == "" {
 		if s.tmpDir, err = os.MkdirTemp("", "skyhive-pipeline-"); err != nil {
 			return nil, fmt.Errorf("pipeline: checkpoint directory: %w", err)
@@ -212,7 +219,7 @@ func (c *Coordinator) Start(ctx context.Context, cfg SessionConfig) (*Session, e
 	if err := s.profile(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.measureLink(ctx); err != nil {
+	if err := s.measureLinks(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.save(snap); err != nil {
@@ -286,9 +293,19 @@ func (s *Session) Problem() alloc.Problem {
 }
 
 // cluster describes the live workers (in registration order) and returns
-// their coordinator indices.
+// their coordinator indices. Devices carry their workers' regions and the
+// links are the measured ones.
 func (s *Session) cluster() (*alloc.Cluster, []int) {
-	cl := &alloc.Cluster{Intra: s.link, Inter: s.link}
+	cl := &alloc.Cluster{}
+	for pair, l := range s.links {
+		cl.RegionLinks = append(cl.RegionLinks, alloc.RegionLink{A: pair[0], B: pair[1], Link: l})
+	}
+	slices.SortFunc(cl.RegionLinks, func(a, b alloc.RegionLink) int {
+		if c := cmpStr(a.A, b.A); c != 0 {
+			return c
+		}
+		return cmpStr(a.B, b.B)
+	})
 	var idx []int
 	for _, w := range s.c.Workers() {
 		if !w.Alive || !(w.Speed > 0) {
@@ -298,16 +315,56 @@ func (s *Session) cluster() (*alloc.Cluster, []int) {
 		if mem <= 0 {
 			mem = 1 << 50
 		}
-		cl.Devices = append(cl.Devices, alloc.Device{Name: w.Name, Speed: w.Speed, MemBytes: mem, Region: "local"})
+		cl.Devices = append(cl.Devices, alloc.Device{Name: w.Name, Speed: w.Speed, MemBytes: mem, Region: regionOf(w)})
 		idx = append(idx, w.Index)
 	}
+	// Pairs nobody measured (a region that joined later) fall back to the
+	// slowest measured link.
+	for _, l := range s.links {
+		if l.Latency > cl.Inter.Latency {
+			cl.Inter.Latency = l.Latency
+		}
+		if cl.Inter.Bandwidth == 0 || (l.Bandwidth > 0 && l.Bandwidth < cl.Inter.Bandwidth) {
+			cl.Inter.Bandwidth = l.Bandwidth
+		}
+	}
+	cl.Intra = cl.Inter
 	return cl, idx
 }
 
+func cmpStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// regionOf is a worker's region, "local" if it did not name one.
+func regionOf(w WorkerInfo) string {
+	if w.Region == "" {
+		return "local"
+	}
+	return w.Region
+}
+
+// regionPair is the sorted key of the link between two regions.
+func regionPair(a, b string) [2]string {
+	if b < a {
+		a, b = b, a
+	}
+	return [2]string{a, b}
+}
+
 // profile measures every live worker that has no speed yet, one at a
-// time so they do not compete for the CPU.
+// time so they do not compete for the CPU. The first one also times the
+// layers without slowdown at the micro-batch sizes of the sequential and
+// pipelined schedules, and the optimizer step: these calibrate the cost
+// model.
 func (s *Session) profile(ctx context.Context) error {
-	mb := (s.cfg.Batch + s.cfg.Schedule.Micro(s.cfg.Micro) - 1) / s.cfg.Schedule.Micro(s.cfg.Micro)
+	mb := (s.cfg.Batch + s.cfg.Micro - 1) / max(s.cfg.Micro, 1)
 	n := 0
 	for _, w := range s.c.Workers() {
 		if !w.Alive {
@@ -317,9 +374,17 @@ func (s *Session) profile(ctx context.Context) error {
 			n++
 			continue
 		}
+		req := profileReq{Model: s.cfg.Model, Seed: s.cfg.Seed, Batch: mb, Reps: s.cfg.ProfileReps}
+		if s.cm == nil {
+			req.Calibrate = []int{mb}
+			if s.cfg.Batch != mb {
+				req.Calibrate = append(req.Calibrate, s.cfg.Batch)
+			}
+			req.Optim = s.cfg.Optim
+		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		var resp profileResp
-		_, err := s.c.call(cctx, w.Index, ProtoProfile, profileReq{Model: s.cfg.Model, Seed: s.cfg.Seed, Batch: mb, Reps: s.cfg.ProfileReps}, nil, &resp, wire.Limits{})
+		_, err := s.c.call(cctx, w.Index, ProtoProfile, req, nil, &resp, wire.Limits{})
 		cancel()
 		if err != nil || !(resp.FLOPS > 0) || math.IsInf(resp.FLOPS, 0) {
 			if ctx.Err() != nil {
@@ -329,13 +394,14 @@ func (s *Session) profile(ctx context.Context) error {
 			s.c.markDead(w.Index)
 			continue
 		}
-		if !s.calibrated {
-			if err := s.calibrate(resp); err != nil {
+		if s.cm == nil {
+			if err := s.calibrate(req, resp); err != nil {
 				return err
 			}
 		}
 		s.c.setSpeed(w.Index, resp.FLOPS)
-		fmt.Fprintf(s.cfg.Log, "worker %-8s slowdown %.2f  %.2f GFLOP/s\n", w.Name, w.Slowdown, resp.FLOPS/1e9)
+		fmt.Fprintf(s.cfg.Log, "worker %-8s slowdown %5.2f  region %-8s %6.2f GFLOP/s  (emulated %.1f ms for %.1f ms CPU at batch %d)\n",
+			w.Name, w.Slowdown, regionOf(w), resp.FLOPS/1e9, 1e3*resp.Seconds, 1e3*resp.CPU, mb)
 		n++
 	}
 	if n == 0 {
@@ -344,75 +410,101 @@ func (s *Session) profile(ctx context.Context) error {
 	return nil
 }
 
-// calibrate replaces the layers' FLOP counts by effective work: the first
-// profiled worker's measured time per layer times its FLOP/s. Layers with
-// few FLOPs but real cost (activations, small GEMMs, per-call overhead)
-// thus weigh what they take, and every device's speed is measured in the
-// same unit. The forward/backward split keeps the FLOP ratio.
-func (s *Session) calibrate(r profileResp) error {
-	if len(r.LayerSeconds) != len(s.amodel.Layers) {
-		return fmt.Errorf("pipeline: profile has %d layer times for %d layers", len(r.LayerSeconds), len(s.amodel.Layers))
+// calibrate builds the cost model from the reference worker's profile.
+func (s *Session) calibrate(req profileReq, r profileResp) error {
+	L := len(s.base.Layers)
+	if len(r.Fwd) != len(req.Calibrate) || len(r.Bwd) != len(req.Calibrate) {
+		return fmt.Errorf("pipeline: profile has %d calibrations, asked %d", len(r.Fwd), len(req.Calibrate))
 	}
-	for _, v := range r.LayerSeconds {
-		if !(v >= 0) || math.IsInf(v, 0) {
-			return fmt.Errorf("pipeline: bad layer time %v in profile", v)
+	cm := &costModel{profBatch: req.Batch, fwd: map[int][]float64{}, bwd: map[int][]float64{}, optimPerParam: r.OptimPerParam}
+	for i, n := range req.Calibrate {
+		if len(r.Fwd[i]) != L || len(r.Bwd[i]) != L {
+			return fmt.Errorf("pipeline: profile has %d layer times for %d layers", len(r.Fwd[i]), L)
 		}
-	}
-	for i := range s.amodel.Layers {
-		l := &s.amodel.Layers[i]
-		eff := r.LayerSeconds[i] * r.FLOPS * float64(s.cfg.Schedule.Micro(s.cfg.Micro)) // per batch
-		if tot := l.FwdFLOPs + l.BwdFLOPs; tot > 0 {
-			l.FwdFLOPs, l.BwdFLOPs = eff*l.FwdFLOPs/tot, eff*l.BwdFLOPs/tot
-		} else {
-			l.FwdFLOPs, l.BwdFLOPs = eff/3, 2*eff/3
+		for l := range L {
+			if !(r.Fwd[i][l] >= 0) || !(r.Bwd[i][l] >= 0) || math.IsInf(r.Fwd[i][l]+r.Bwd[i][l], 0) {
+				return fmt.Errorf("pipeline: bad layer time in profile")
+			}
 		}
+		cm.fwd[n], cm.bwd[n] = r.Fwd[i], r.Bwd[i]
 	}
-	s.calibrated = true
+	f, b := cm.layerTimes(req.Batch)
+	for l := range L {
+		cm.refTotal += f[l] + b[l]
+	}
+	if !(cm.refTotal > 0) {
+		return errors.New("pipeline: profile measured no time")
+	}
+	cm.modelFLOPs = s.ref.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs()
+	for _, c := range s.ref.LayerCosts([]int{1, InputFeatures}) {
+		cm.params = append(cm.params, c.Params)
+		cm.outFloats = append(cm.outFloats, int64(tensor.NumElements(c.OutShape)))
+	}
+	s.cm = cm
+	s.amodel = cm.allocModel(s.base, s.cfg.Batch, s.cfg.Schedule.Micro(s.cfg.Micro))
 	return nil
 }
 
-// measureLink estimates the latency and bandwidth of the network from
-// round trips to one worker: latency is half an empty round trip,
-// bandwidth what a 4 MiB request adds to it.
-func (s *Session) measureLink(ctx context.Context) error {
-	_, idx := s.cluster()
-	if len(idx) == 0 {
+// measureLinks measures the links the plan may use: from the coordinator
+// to one worker of every region (its round trips), and between every pair
+// of regions, including a region with itself, by asking a worker of one
+// to probe a worker of the other over the route it would use for
+// activations. Latency is half an empty round trip; bandwidth what a
+// larger request adds to it.
+func (s *Session) measureLinks(ctx context.Context) error {
+	byRegion := map[string][]int{}
+	var regions []string
+	for _, w := range s.c.Workers() {
+		if !w.Alive {
+			continue
+		}
+		r := regionOf(w)
+		if byRegion[r] == nil {
+			regions = append(regions, r)
+		}
+		byRegion[r] = append(byRegion[r], w.Index)
+	}
+	if len(regions) == 0 {
 		return errors.New("pipeline: no live worker")
 	}
-	w := s.c.worker(idx[0])
-	s.c.mu.Lock()
-	ai := w.Peer
-	s.c.mu.Unlock()
-	big := make([]byte, 4<<20)
-	var small, large []float64
-	for i := range 6 {
-		for _, b := range [][]byte{nil, big} {
-			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			t0 := time.Now()
-			_, err := s.c.host.Call(cctx, ai, ProtoPing, b)
-			d := time.Since(t0).Seconds()
-			cancel()
+	if s.links == nil {
+		s.links, s.coordLinks = map[[2]string]alloc.Link{}, map[string]alloc.Link{}
+	}
+	for _, r := range regions {
+		if _, ok := s.coordLinks[r]; ok {
+			continue
+		}
+		w := byRegion[r][0]
+		l, err := s.c.probe(ctx, -1, w)
+		if err != nil {
+			return fmt.Errorf("pipeline: measuring the link to %s: %w", s.c.worker(w).Name, err)
+		}
+		s.coordLinks[r] = l
+		fmt.Fprintf(s.cfg.Log, "link coordinator→%s: latency %.3f ms, bandwidth %.1f MB/s\n", r, 1e3*l.Latency, l.Bandwidth/1e6)
+	}
+	for i, a := range regions {
+		for _, b := range regions[i:] {
+			if _, ok := s.links[regionPair(a, b)]; ok {
+				continue
+			}
+			from, to := byRegion[a][0], -1
+			for _, w := range byRegion[b] {
+				if w != from {
+					to = w
+					break
+				}
+			}
+			if to < 0 {
+				continue // a region with one worker never links to itself
+			}
+			l, err := s.c.probe(ctx, from, to)
 			if err != nil {
-				return fmt.Errorf("pipeline: measuring the link to %s: %w", w.Name, err)
+				return fmt.Errorf("pipeline: measuring the link %s→%s: %w", s.c.worker(from).Name, s.c.worker(to).Name, err)
 			}
-			if i == 0 {
-				continue // warm-up
-			}
-			if b == nil {
-				small = append(small, d)
-			} else {
-				large = append(large, d)
-			}
+			s.links[regionPair(a, b)] = l
+			fmt.Fprintf(s.cfg.Log, "link %s↔%s: latency %.3f ms, bandwidth %.1f MB/s\n", a, b, 1e3*l.Latency, l.Bandwidth/1e6)
 		}
 	}
-	slices.Sort(small)
-	slices.Sort(large)
-	rtt, big4 := small[len(small)/2], large[len(large)/2]
-	s.link = alloc.Link{Latency: rtt / 2}
-	if big4 > rtt {
-		s.link.Bandwidth = float64(len(big)) / (big4 - rtt)
-	}
-	fmt.Fprintf(s.cfg.Log, "link: latency %.3f ms, bandwidth %.0f MB/s\n", 1e3*s.link.Latency, s.link.Bandwidth/1e6)
 	return nil
 }
 
@@ -457,11 +549,43 @@ func describePlan(cl *alloc.Cluster, p alloc.Plan) string {
 	return out
 }
 
-// Predict returns the cost model's report of a plan (device indices as in
-// Problem) for the session's model on the live workers.
-func (s *Session) Predict(p alloc.Plan) (*alloc.Report, error) {
+// Report returns the alloc cost model's report of a plan (device indices
+// as in Problem), with the calibrated layer costs.
+func (s *Session) Report(p alloc.Plan) (*alloc.Report, error) {
 	pr := s.Problem()
 	return alloc.Evaluate(pr.Cluster, pr.Model, p)
+}
+
+// Predict simulates one iteration of a plan (device indices as in
+// Problem) under the session's schedule with the calibrated costs, the
+// workers' speeds and the measured links (see costModel.simulate).
+func (s *Session) Predict(p alloc.Plan) (Prediction, error) {
+	cl, _ := s.cluster()
+	if s.cm == nil {
+		return Prediction{}, errors.New("pipeline: no profile to predict from")
+	}
+	if err := p.Validate(len(cl.Devices), len(s.base.Layers)); err != nil {
+		return Prediction{}, fmt.Errorf("pipeline: plan: %w", err)
+	}
+	stages := make([]simStage, len(p.Stages))
+	for k, st := range p.Stages {
+		d := cl.Devices[st.Device]
+		stages[k] = simStage{first: st.First, last: st.Last, factor: s.cm.factor(d.Speed), coord: s.coordLinks[d.Region]}
+		if k+1 < len(p.Stages) {
+			stages[k].next = cl.Link(st.Device, p.Stages[k+1].Device)
+		}
+	}
+	return s.cm.simulate(stages, s.cfg.Schedule, s.microSizes(s.cfg.Batch)), nil
+}
+
+// microSizes splits n examples into the schedule's micro-batches.
+func (s *Session) microSizes(n int) []int {
+	m := s.cfg.Schedule.Micro(s.cfg.Micro)
+	sizes := make([]int, m)
+	for i := range sizes {
+		sizes[i] = n/m + btoi(i < n%m)
+	}
+	return sizes
 }
 
 // SetPlan moves the layers to a new plan (device indices as in Problem),
@@ -500,12 +624,18 @@ func (s *Session) apply(ctx context.Context, plan alloc.Plan, snap Snapshot) err
 			Model: s.cfg.Model, Seed: s.cfg.Seed, Batch: s.cfg.Batch, Optim: s.cfg.Optim,
 			Step: snap.Step, Iter: s.iter,
 		}
+		var err error
 		if k > 0 {
-			req.Prev = refOf(s.c.Workers()[stages[k-1].worker].Peer)
+			if req.Prev, err = s.c.routeRef(a.worker, stages[k-1].worker); err != nil {
+				return err
+			}
 		}
 		if k+1 < len(stages) {
-			req.Next = refOf(s.c.Workers()[stages[k+1].worker].Peer)
+			if req.Next, err = s.c.routeRef(a.worker, stages[k+1].worker); err != nil {
+				return err
+			}
 		}
+		req.Pin = s.c.emu != nil
 		part, err := snap.forParams(s.ref.Slice(a.first, a.last).Params())
 		if err != nil {
 			return err
@@ -574,19 +704,26 @@ func (s *Session) fetch(ctx context.Context, worker int) (Snapshot, error) {
 // the dead ones held from the checkpoint.
 func (s *Session) gather(ctx context.Context) (Snapshot, error) {
 	out := Snapshot{}
-	for _, a := range s.stages {
+	parts := make([]Snapshot, len(s.stages))
+	errs := make([]error, len(s.stages))
+	var wg sync.WaitGroup
+	for k, a := range s.stages {
 		if !s.c.worker(a.worker).alive(s.c) {
+			errs[k] = errors.New("dead")
 			continue
 		}
-		part, err := s.fetch(ctx, a.worker)
-		if err != nil {
-			if ctx.Err() != nil {
-				return Snapshot{}, ctx.Err()
-			}
+		wg.Go(func() { parts[k], errs[k] = s.fetch(ctx, a.worker) })
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return Snapshot{}, ctx.Err()
+	}
+	for k, a := range s.stages {
+		if errs[k] != nil {
 			s.c.markDead(a.worker)
 			continue
 		}
-		out.merge(part)
+		out.merge(parts[k])
 	}
 	missing := 0
 	for _, p := range s.ref.Params() {
@@ -705,11 +842,7 @@ func (s *Session) checkpoint(ctx context.Context) error {
 // tryIter runs one iteration on the current plan and commits it.
 func (s *Session) tryIter(ctx context.Context, b data.Batch) (IterStats, bool, error) {
 	n := b.Len()
-	m := s.cfg.Schedule.Micro(s.cfg.Micro)
-	sizes := make([]int, m)
-	for i := range sizes {
-		sizes[i] = n/m + btoi(i < n%m)
-	}
+	sizes := s.microSizes(n)
 	x := tensor.FromSlice(b.X.Data, n, InputFeatures)
 	y := tensor.New(n)
 	for i, v := range b.Y {
@@ -779,7 +912,7 @@ func (s *Session) tryIter(ctx context.Context, b data.Batch) (IterStats, bool, e
 		r := resps[k]
 		t := StageTiming{
 			Stage: k, Worker: s.c.worker(a.worker).Name, First: a.first, Last: a.last,
-			Compute: r.Compute + commits[k].Seconds, Comm: r.Comm, Idle: r.Idle, Wall: r.Wall + commits[k].Seconds,
+			Compute: r.Compute + commits[k].Seconds, Comm: r.Comm, Idle: r.Idle, Wall: r.Wall + commits[k].Seconds, CPU: r.CPU,
 		}
 		if r.Compute > 0 {
 			t.Speed = s.stageFLOPs(a) / r.Compute
@@ -951,6 +1084,10 @@ func (s *Session) SetSchedule(sched Schedule, micro int) error {
 		return err
 	}
 	s.cfg = cfg
-	s.amodel.MicroBatches = sched.Micro(cfg.Micro)
+	if s.cm != nil {
+		s.amodel = s.cm.allocModel(s.base, cfg.Batch, sched.Micro(cfg.Micro))
+	} else {
+		s.amodel.MicroBatches = sched.Micro(cfg.Micro)
+	}
 	return nil
 }

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +11,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -20,6 +20,7 @@ import (
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/swarm"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -38,8 +39,16 @@ type WorkerConfig struct {
 	// ephemeral).
 	IdentityFile string
 	// Slowdown ≥ 1 emulates a slower device: after each piece of compute
-	// taking d, the worker sleeps (Slowdown−1)·d. 0 means 1.
+	// that used c of CPU time, the worker sleeps (Slowdown−1)·c
+	// (swarm.Device.Throttle). 0 means 1. Ignored when Device is set.
 	Slowdown float64
+	// Device, if set, is the emulated device (slowdown, pause gate); e.g.
+	// swarm.ChildFromEnv's in a swarm-launched process. Otherwise one is
+	// made from Slowdown and MemCap.
+	Device *swarm.Device
+	// Region names the worker's network region (optional; required by a
+	// coordinator with emulated links).
+	Region string
 	// MemCap, if positive, is the memory in bytes the worker offers for its
 	// layers; a stage that needs more is refused.
 	MemCap int64
@@ -65,7 +74,7 @@ type Worker struct {
 	log   *slog.Logger
 	coord peer.AddrInfo
 
-	slowdown atomic.Uint64 // math.Float64bits of the slowdown factor
+	dev *swarm.Device // emulated device: slowdown and pause gate
 
 	// runMu serialises everything that touches the stage's layers:
 	// setup, iterations, commits, fetches and profiling.
@@ -107,8 +116,12 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	if cfg.Slowdown == 0 {
 		cfg.Slowdown = 1
 	}
-	if !(cfg.Slowdown >= 1) || math.IsInf(cfg.Slowdown, 0) {
-		return nil, fmt.Errorf("pipeline: slowdown must be ≥ 1, got %v", cfg.Slowdown)
+	dev := cfg.Device
+	if dev == nil {
+		var err error
+		if dev, err = swarm.NewDevice("pipeline", cfg.Slowdown, max(cfg.MemCap, 0)); err != nil {
+			return nil, fmt.Errorf("pipeline: %w", err)
+		}
 	}
 	if cfg.MemCap < 0 {
 		return nil, fmt.Errorf("pipeline: negative memory cap %d", cfg.MemCap)
@@ -136,16 +149,19 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 		IdentityFile:    cfg.IdentityFile,
 		ListenAddrs:     cfg.ListenAddrs,
 		MaxMessageBytes: cfg.MaxMessageBytes,
-		Logger:          cfg.Logger,
+		MaxStreamBytes:  int64(cfg.MaxMessageBytes) * maxMicro,
+		// An activation stream stays open for a whole iteration and may
+		// wait for a slow neighbour's compute between messages.
+		IdleTimeout: streamIdleTimeout,
+		Logger:      cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: worker host: %w", err)
 	}
-	w := &Worker{cfg: cfg, host: h, log: cfg.Logger, coord: *coord, box: newInbox(0, nil, nil), stop: make(chan struct{})}
+	w := &Worker{cfg: cfg, host: h, log: cfg.Logger, coord: *coord, dev: dev, box: newInbox(0, nil, nil), stop: make(chan struct{})}
 	if w.cfg.Name == "" {
 		w.cfg.Name = h.ID().ShortString()
 	}
-	w.slowdown.Store(math.Float64bits(cfg.Slowdown))
 	w.handle(ProtoPing, func(context.Context, peer.ID, []byte) ([]byte, error) { return nil, nil })
 	w.control(ProtoProfile, w.onProfile)
 	w.control(ProtoSetup, w.onSetup)
@@ -153,11 +169,12 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	w.control(ProtoCommit, w.onCommit)
 	w.control(ProtoAbort, w.onAbort)
 	w.control(ProtoFetch, w.onFetch)
+	w.control(ProtoProbe, w.onProbe)
 	w.control(ProtoShutdown, func(context.Context, []byte) ([]byte, error) {
 		w.stopOnce.Do(func() { close(w.stop) })
 		return nil, nil
 	})
-	w.handle(ProtoAct, w.onAct)
+	w.host.SetStreamHandler(ProtoActs, w.onActs)
 	return w, nil
 }
 
@@ -178,24 +195,15 @@ func (w *Worker) ID() peer.ID { return w.host.ID() }
 
 // SetSlowdown changes the emulated slowdown factor (≥ 1) while running,
 // e.g. to emulate a device that becomes loaded.
-func (w *Worker) SetSlowdown(f float64) {
-	if f >= 1 && !math.IsInf(f, 0) {
-		w.slowdown.Store(math.Float64bits(f))
-	}
-}
+func (w *Worker) SetSlowdown(f float64) { w.dev.SetSlowdown(f) }
 
-// throttle sleeps (slowdown−1)·d, or until ctx ends.
-func (w *Worker) throttle(ctx context.Context, d time.Duration) {
-	f := math.Float64frombits(w.slowdown.Load())
-	if f <= 1 {
-		return
-	}
-	t := time.NewTimer(time.Duration((f - 1) * float64(d)))
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
+// throttle emulates the device after compute that used cpu of CPU time on
+// this machine: swarm.Device.Throttle sleeps (slowdown−1)·cpu (or waits
+// while the device is paused). Throttling by CPU rather than wall time
+// keeps co-located workers' contention for the cores out of the emulated
+// speed: the sleep is not multiplied by time spent waiting for a core.
+func (w *Worker) throttle(ctx context.Context, cpu time.Duration) {
+	w.dev.Throttle(ctx, cpu) // returns early only when ctx ends, which callers check
 }
 
 // Close stops the worker: its host, connections and handlers.
@@ -243,7 +251,7 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 func (w *Worker) register(ctx context.Context) error {
-	req := registerReq{Name: w.cfg.Name, Slowdown: math.Float64frombits(w.slowdown.Load()), MemCap: w.cfg.MemCap}
+	req := registerReq{Name: w.cfg.Name, Slowdown: w.dev.Slowdown(), MemCap: w.cfg.MemCap, Region: w.cfg.Region}
 	for _, a := range w.host.AddrInfo().Addrs {
 		req.Addrs = append(req.Addrs, a.String())
 	}
@@ -289,78 +297,148 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) error {
 	return runErr
 }
 
-// onProfile times forward+backward of the whole model.
+// onProfile times forward and backward of every layer of the whole model:
+// at req.Batch with the emulated slowdown (the device's speed), and
+// without it at each req.Calibrate size (the layers' relative costs), and
+// one optimizer step. Layer times are CPU times of the worker's thread
+// (medians over the repetitions), so other processes' use of the cores
+// does not leak into them.
 func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 	var req profileReq
 	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
 		return nil, err
 	}
-	if req.Batch < 1 || req.Batch > maxBatch || req.Reps < 1 || req.Reps > 50 {
+	if req.Batch < 1 || req.Batch > maxBatch || req.Reps < 1 || req.Reps > 50 || len(req.Calibrate) > 4 {
 		return nil, fmt.Errorf("pipeline: bad profile request %+v", req)
+	}
+	for _, n := range req.Calibrate {
+		if n < 1 || n > maxBatch {
+			return nil, fmt.Errorf("pipeline: bad profile batch %d", n)
+		}
+	}
+	if req.Optim.Kind != "" || req.Optim.LR != 0 {
+		if err := req.Optim.Validate(); err != nil {
+			return nil, err
+		}
 	}
 	model, err := BuildModel(req.Model, req.Seed)
 	if err != nil {
 		return nil, err
 	}
+	if model.Len() > maxLayers {
+		return nil, fmt.Errorf("pipeline: model of %d layers, at most %d", model.Len(), maxLayers)
+	}
 	w.runMu.Lock()
 	defer w.runMu.Unlock()
-	rng := rand.New(rand.NewPCG(req.Seed, 7))
-	x := tensor.New(req.Batch, InputFeatures)
+	resp := profileResp{}
+	// The device: whole-model passes at req.Batch, each followed by the
+	// emulated slowdown.
+	var times, cpus []float64
+	_, _, err = w.timeLayers(ctx, model, req.Seed, req.Batch, req.Reps, func(wall, cpu time.Duration) {
+		t0 := time.Now()
+		w.throttle(ctx, cpu)
+		times = append(times, (wall + time.Since(t0)).Seconds())
+		cpus = append(cpus, cpu.Seconds())
+	})
+	if err != nil {
+		return nil, err
+	}
+	resp.Seconds, resp.CPU = median(times), median(cpus)
+	resp.FLOPS = model.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs() / resp.Seconds
+	for _, n := range req.Calibrate {
+		fwd, bwd, err := w.timeLayers(ctx, model, req.Seed, n, req.Reps, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp.Fwd, resp.Bwd = append(resp.Fwd, fwd), append(resp.Bwd, bwd)
+	}
+	if req.Optim.LR > 0 {
+		params := model.Params()
+		opt := req.Optim.NewOptimizer(params)
+		var steps []float64
+		for i := range req.Reps + 1 {
+			c := startOp()
+			opt.Step()
+			_, cpu := c.stop()
+			if i > 0 {
+				steps = append(steps, cpu.Seconds())
+			}
+		}
+		n := 0
+		for _, p := range params {
+			n += p.Value.Len()
+		}
+		resp.OptimPerParam = median(steps) / float64(max(n, 1))
+	}
+	return encodeMsg(resp, nil)
+}
+
+// timeLayers runs forward and backward of model on a batch of n random
+// examples reps+1 times (the first warms up) and returns each layer's
+// median forward and backward CPU seconds. after, if set, is called after
+// every pass with its wall and CPU time.
+func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, seed uint64, n, reps int, after func(wall, cpu time.Duration)) (fwd, bwd []float64, err error) {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	x := tensor.New(n, InputFeatures)
 	tensor.FillNormal(x.Data, rng, 0, 1)
-	y := make([]int, req.Batch)
+	y := make([]int, n)
 	for i := range y {
 		y[i] = i % 10
 	}
 	layers := model.Layers()
-	if len(layers) > maxLayers {
-		return nil, fmt.Errorf("pipeline: model of %d layers, at most %d", len(layers), maxLayers)
-	}
-	times := make([]float64, 0, req.Reps)
-	per := make([]float64, len(layers)) // summed unthrottled time per layer
+	fs := make([][]float64, len(layers))
+	bs := make([][]float64, len(layers))
 	states := make([]nn.State, len(layers))
-	for rep := range req.Reps + 1 { // the first run warms up
+	for rep := range reps + 1 {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		t0 := time.Now()
-		lt := make([]time.Duration, len(layers))
+		var wall, cpu time.Duration
 		h := x
 		for i, l := range layers {
-			ts := time.Now()
+			c := startOp()
 			h, states[i] = l.Module.Forward(nn.Ctx{Train: true}, h)
-			lt[i] += time.Since(ts)
+			dw, dc := c.stop()
+			wall, cpu = wall+dw, cpu+dc
+			if rep > 0 {
+				fs[i] = append(fs[i], dc.Seconds())
+			}
 		}
+		c := startOp()
 		_, dy := nn.SoftmaxCrossEntropy(h, y)
+		dw, dc := c.stop()
+		wall, cpu = wall+dw, cpu+dc
 		for i := len(layers) - 1; i >= 0 && dy != nil; i-- {
-			ts := time.Now()
+			c := startOp()
 			dy = layers[i].Module.Backward(states[i], dy)
-			lt[i] += time.Since(ts)
+			dw, dc := c.stop()
+			wall, cpu = wall+dw, cpu+dc
+			if rep > 0 {
+				bs[i] = append(bs[i], dc.Seconds())
+			}
 		}
-		w.throttle(ctx, time.Since(t0))
-		if rep == 0 {
-			continue
-		}
-		times = append(times, time.Since(t0).Seconds())
-		for i, d := range lt {
-			per[i] += d.Seconds()
+		if rep > 0 && after != nil {
+			after(wall, cpu)
 		}
 	}
-	total := 0.0
-	for _, v := range per {
-		total += v
+	fwd, bwd = make([]float64, len(layers)), make([]float64, len(layers))
+	for i := range layers {
+		fwd[i], bwd[i] = median(fs[i]), median(bs[i])
 	}
-	slices.Sort(times)
-	med := times[len(times)/2]
-	if len(times)%2 == 0 {
-		med = (times[len(times)/2-1] + med) / 2
+	return fwd, bwd, nil
+}
+
+// median returns the median of xs (0 if empty); it sorts xs.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
 	}
-	// Spread the measured (throttled) time over the layers in proportion
-	// to their unthrottled times.
-	for i := range per {
-		per[i] *= med / total
+	slices.Sort(xs)
+	m := xs[len(xs)/2]
+	if len(xs)%2 == 0 {
+		m = (xs[len(xs)/2-1] + m) / 2
 	}
-	flops := model.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs()
-	return encodeMsg(profileResp{FLOPS: flops / med, Seconds: med, LayerSeconds: per}, nil)
+	return m
 }
 
 // onSetup installs a stage (or releases the worker when Stage < 0).
@@ -452,32 +530,64 @@ func (w *Worker) buildStage(req setupReq, ts []wire.Named) (*stage, error) {
 	if (st.prev.ID == "") != st.first() || (st.next.ID == "") != st.last() {
 		return nil, errors.New("pipeline: setup neighbours do not match the stage position")
 	}
+	if req.Pin {
+		for _, ai := range []peer.AddrInfo{st.prev, st.next} {
+			if ai.ID != "" && len(ai.Addrs) > 0 {
+				pinAddrs(w.host, ai.ID, ai.Addrs)
+			}
+		}
+	}
 	return st, nil
 }
 
-// onAct queues an activation or gradient from a neighbour.
-func (w *Worker) onAct(_ context.Context, from peer.ID, b []byte) ([]byte, error) {
+// onActs receives a neighbour's stream of activations or gradients (a
+// sequence of length-prefixed act messages) and queues each in the inbox.
+func (w *Worker) onActs(ctx context.Context, from peer.ID, r io.Reader, _ io.Writer) error {
+	var hdr [4]byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		n := binary.BigEndian.Uint32(hdr[:])
+		if uint64(n) > uint64(w.cfg.MaxMessageBytes) {
+			return fmt.Errorf("%w: activation of %d bytes", errMsg, n)
+		}
+		b := make([]byte, n)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return err
+		}
+		if err := w.onAct(from, b); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// onAct queues one activation or gradient from a neighbour.
+func (w *Worker) onAct(from peer.ID, b []byte) error {
 	var m actMsg
 	ts, err := decodeMsg(b, &m, actLimits)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if len(ts) != 1 || ts[0].Name != "t" {
-		return nil, fmt.Errorf("%w: want one tensor \"t\"", errMsg)
+		return fmt.Errorf("%w: want one tensor \"t\"", errMsg)
 	}
 	w.mu.Lock()
 	gen, box, prev, next := w.gen, w.box, w.prev, w.next
 	w.mu.Unlock()
 	switch {
 	case m.Gen != gen:
-		return nil, fmt.Errorf("pipeline: activation of generation %d, current %d", m.Gen, gen)
+		return fmt.Errorf("pipeline: activation of generation %d, current %d", m.Gen, gen)
 	case !m.Backward && from != prev, m.Backward && from != next:
-		return nil, fmt.Errorf("pipeline: unexpected %v activation from %s", map[bool]string{false: "forward", true: "backward"}[m.Backward], from.ShortString())
+		return fmt.Errorf("pipeline: unexpected %v activation from %s", map[bool]string{false: "forward", true: "backward"}[m.Backward], from.ShortString())
 	}
-	if err := box.put(actKey{iter: m.Iter, micro: m.Micro, backward: m.Backward}, ts[0].Tensor); err != nil {
-		return nil, err
-	}
-	return nil, nil
+	return box.put(actKey{iter: m.Iter, micro: m.Micro, backward: m.Backward}, ts[0].Tensor)
 }
 
 // onIter runs one iteration of the current stage.
@@ -593,7 +703,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 	var resp iterResp
 	states := make([]nn.State, m)
 	dlogits := make([]*tensor.Tensor, m)
-	var compute, idle time.Duration
+	var compute, idle, cpu time.Duration
 	var opErr error
 	for _, op := range Ops(req.Schedule, st.req.Stage, st.req.Stages, m) {
 		n := req.Sizes[op.Micro]
@@ -625,6 +735,8 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 			break
 		}
 		t0 := time.Now()
+		clk := startOp()
+		var result *tensor.Tensor
 		if !op.Backward {
 			out, s := st.model.Forward(nn.Ctx{Train: true}, in)
 			states[op.Micro] = s
@@ -639,18 +751,23 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 						resp.Correct++
 					}
 				}
-			} else {
-				fwd.send(op.Micro, out)
 			}
+			result = out
 		} else {
-			dx := st.model.Backward(states[op.Micro], in)
+			result = st.model.Backward(states[op.Micro], in)
 			states[op.Micro], dlogits[op.Micro] = nil, nil
-			if !st.first() {
-				bwd.send(op.Micro, dx)
-			}
 		}
-		w.throttle(ctx, time.Since(t0))
+		_, c := clk.stop()
+		cpu += c
+		// The emulated device finishes the op, then its result leaves.
+		w.throttle(ctx, c)
 		compute += time.Since(t0)
+		switch {
+		case !op.Backward && !st.last():
+			fwd.send(op.Micro, result)
+		case op.Backward && !st.first():
+			bwd.send(op.Micro, result)
+		}
 		if err := ctx.Err(); err != nil {
 			opErr = context.Cause(ctx)
 			break
@@ -675,7 +792,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 			resp.GradSq += float64(g) * float64(g)
 		}
 	}
-	resp.Compute, resp.Idle, resp.Comm = compute.Seconds(), idle.Seconds(), comm.Seconds()
+	resp.Compute, resp.Idle, resp.Comm, resp.CPU = compute.Seconds(), idle.Seconds(), comm.Seconds(), cpu.Seconds()
 	resp.Wall = time.Since(start).Seconds()
 	return resp, nil
 }
@@ -687,8 +804,10 @@ func rows(x *tensor.Tensor, lo, hi int) *tensor.Tensor {
 	return tensor.FromSlice(x.Data[lo*per:hi*per], shape...)
 }
 
-// sender ships one direction's tensors of an iteration in order, on its
-// own goroutine so compute overlaps communication.
+// sender ships one direction's tensors of an iteration in order over one
+// stream (ProtoActs), on its own goroutine so compute overlaps
+// communication. The stream opens with the first tensor; each tensor is
+// flushed as soon as it is queued, without waiting for an answer.
 type sender struct {
 	ch   chan senderItem
 	done chan struct{}
@@ -701,23 +820,45 @@ type senderItem struct {
 	t     *tensor.Tensor
 }
 
+// flusher is what CallStream's writer offers to push a frame out now.
+type flusher interface{ Flush() error }
+
 func (w *Worker) startSender(ctx context.Context, to peer.AddrInfo, req iterReq, backward bool, m int, fail context.CancelCauseFunc) *sender {
 	s := &sender{ch: make(chan senderItem, m), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
-		for it := range s.ch {
-			if s.err != nil {
-				continue
-			}
-			b, err := encodeMsg(actMsg{Gen: req.Gen, Iter: req.Iter, Micro: it.micro, Backward: backward}, []wire.Named{{Name: "t", Tensor: it.t}})
-			if err == nil {
+		first, ok := <-s.ch
+		if !ok {
+			return
+		}
+		err := w.host.CallStream(ctx, to, ProtoActs, func(wr io.Writer) error {
+			for it := first; ; {
+				b, err := encodeMsg(actMsg{Gen: req.Gen, Iter: req.Iter, Micro: it.micro, Backward: backward}, []wire.Named{{Name: "t", Tensor: it.t}})
+				if err != nil {
+					return err
+				}
 				t0 := time.Now()
-				_, err = w.host.Call(ctx, to, ProtoAct, b)
+				if _, err := wr.Write(binary.BigEndian.AppendUint32(nil, uint32(len(b)))); err != nil {
+					return err
+				}
+				if _, err := wr.Write(b); err != nil {
+					return err
+				}
+				if f, ok := wr.(flusher); ok {
+					if err := f.Flush(); err != nil {
+						return err
+					}
+				}
 				s.comm += time.Since(t0)
+				if it, ok = <-s.ch; !ok {
+					return nil
+				}
 			}
-			if err != nil {
-				s.err = fmt.Errorf("send to %s: %w", to.ID.ShortString(), err)
-				fail(s.err)
+		}, nil)
+		if err != nil {
+			s.err = fmt.Errorf("send to %s: %w", to.ID.ShortString(), err)
+			fail(s.err)
+			for range s.ch { // drain what the schedule still queues
 			}
 		}
 	}()
@@ -728,7 +869,7 @@ func (w *Worker) startSender(ctx context.Context, to peer.AddrInfo, req iterReq,
 // iteration).
 func (s *sender) send(micro int, t *tensor.Tensor) { s.ch <- senderItem{micro, t} }
 
-// finish waits until everything queued is sent.
+// finish waits until everything queued is sent and received.
 func (s *sender) finish() (time.Duration, error) {
 	close(s.ch)
 	<-s.done
@@ -751,6 +892,7 @@ func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 		return nil, fmt.Errorf("pipeline: bad commit lr %v scale %v", req.LR, req.Scale)
 	}
 	t0 := time.Now()
+	clk := startOp()
 	if req.Scale != 1 {
 		for _, p := range st.params {
 			tensor.Scale(float32(req.Scale), p.Grad.Data)
@@ -759,7 +901,8 @@ func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 	st.opt.SetLR(req.LR)
 	st.opt.Step()
 	st.opt.ZeroGrad()
-	w.throttle(ctx, time.Since(t0))
+	_, cpu := clk.stop()
+	w.throttle(ctx, cpu)
 	st.ready, st.iter = -1, req.Iter+1
 	return encodeMsg(commitResp{Seconds: time.Since(t0).Seconds()}, nil)
 }

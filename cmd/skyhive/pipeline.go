@@ -13,6 +13,7 @@ import (
 
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
@@ -41,6 +42,11 @@ type pipelineFlags struct {
 	statsFile       string
 	killWorker      int
 	killAt          int
+	regions         string
+	workerRegions   string
+	coordRegion     string
+	linkLatency     time.Duration
+	linkBandwidth   float64
 }
 
 func (p *pipelineFlags) register(cmd *cobra.Command) {
@@ -64,6 +70,61 @@ func (p *pipelineFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&p.statsFile, "stats", "", "pipeline: write every iteration's stats as JSON lines to this file")
 	fl.IntVar(&p.killWorker, "kill-worker", -1, "pipeline: failure drill: SIGKILL local worker wK ...")
 	fl.IntVar(&p.killAt, "kill-at", 0, "pipeline: ... before iteration N")
+	fl.StringVar(&p.regions, "regions", "", "pipeline: emulate the links between local workers with this netem region profile (e.g. examples/regions.json)")
+	fl.StringVar(&p.workerRegions, "worker-regions", "", "pipeline: comma-separated region per local worker (default: round-robin over the profile's regions)")
+	fl.StringVar(&p.coordRegion, "coordinator-region", "", "pipeline: the coordinator's region (default: the profile's first)")
+	fl.DurationVar(&p.linkLatency, "link-latency", 0, "pipeline: emulate two regions a and b with this one-way latency between them (instead of --regions)")
+	fl.Float64Var(&p.linkBandwidth, "link-bandwidth", 0, "pipeline: ... and this bandwidth in Mbit/s between them (0: unlimited)")
+}
+
+// network builds the emulated network of --regions or --link-latency and
+// the region of every local worker; nil without emulation.
+func (p *pipelineFlags) network(seed uint64) (*netem.Network, []string, error) {
+	var prof *netem.Profile
+	switch {
+	case p.regions != "" && (p.linkLatency > 0 || p.linkBandwidth > 0):
+		return nil, nil, errors.New("use either --regions or --link-latency/--link-bandwidth")
+	case p.regions != "":
+		var err error
+		if prof, err = netem.LoadProfile(p.regions); err != nil {
+			return nil, nil, fmt.Errorf("--regions: %w", err)
+		}
+	case p.linkLatency > 0 || p.linkBandwidth > 0:
+		if p.linkLatency < 0 || p.linkBandwidth < 0 {
+			return nil, nil, errors.New("--link-latency and --link-bandwidth must not be negative")
+		}
+		inter := netem.LinkParams{Latency: p.linkLatency, Bandwidth: p.linkBandwidth * 1e6}
+		prof = &netem.Profile{Regions: []string{"a", "b"}, Intra: netem.LinkParams{Latency: 500 * time.Microsecond, Bandwidth: 1e9},
+			Inter: [][]netem.LinkParams{{{}, inter}, {inter, {}}}}
+	default:
+		if p.workerRegions != "" || p.coordRegion != "" {
+			return nil, nil, errors.New("--worker-regions and --coordinator-region need --regions or --link-latency")
+		}
+		return nil, nil, nil
+	}
+	if err := prof.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if p.workers <= 0 {
+		return nil, nil, errors.New("emulated links need local workers (--workers N): the proxies run in this process")
+	}
+	regions, _ := parseList(p.workerRegions, func(s string) (string, error) { return s, nil })
+	if regions == nil {
+		for i := range p.workers {
+			regions = append(regions, prof.Regions[i%len(prof.Regions)])
+		}
+	}
+	if len(regions) != p.workers {
+		return nil, nil, fmt.Errorf("--worker-regions has %d regions for %d workers", len(regions), p.workers)
+	}
+	if p.coordRegion == "" {
+		p.coordRegion = prof.Regions[0]
+	}
+	n, err := netem.New(prof, seed)
+	if err != nil {
+		return nil, nil, err
+	}
+	return n, regions, nil
 }
 
 func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
@@ -139,7 +200,11 @@ func (p *pipelineFlags) run(cmd *cobra.Command, f *trainFlags) error {
 	if err != nil {
 		return err
 	}
-	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{ListenAddrs: p.listen, IdentityFile: p.identity})
+	netw, regions, err := p.network(f.cfg.Seed)
+	if err != nil {
+		return err
+	}
+	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{ListenAddrs: p.listen, IdentityFile: p.identity, Network: netw, Region: p.coordRegion})
 	if err != nil {
 		return err
 	}
@@ -159,7 +224,10 @@ func (p *pipelineFlags) run(cmd *cobra.Command, f *trainFlags) error {
 			return fmt.Errorf("locating the skyhive binary: %w", err)
 		}
 		fmt.Fprintf(out, "launching %d local workers, slowdowns %s\n", p.workers, fmtFloats(sl))
-		if local, err = pipeline.LaunchLocal(ctx, c, pipeline.LocalConfig{Binary: exe, Slowdowns: sl, MemCaps: caps, Output: os.Stderr}); err != nil {
+		if regions != nil {
+			fmt.Fprintf(out, "emulated links: workers in regions %s, coordinator in %s\n", strings.Join(regions, ","), p.coordRegion)
+		}
+		if local, err = pipeline.LaunchLocal(ctx, c, pipeline.LocalConfig{Binary: exe, Slowdowns: sl, MemCaps: caps, Regions: regions, Output: os.Stderr}); err != nil {
 			return err
 		}
 		defer local.Close()

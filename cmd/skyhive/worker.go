@@ -19,7 +19,7 @@ func newWorkerCmd() *cobra.Command {
 			"neighbouring stages, step the stage's optimizer, and hand the layers over when the\n" +
 			"coordinator re-plans. The worker exits when the coordinator shuts it down or stops\n" +
 			"answering heartbeats.\n\n" +
-			"--slowdown F emulates a device F times slower (it sleeps (F-1)x each compute time);\n" +
+			"--slowdown F emulates a device F times slower (after each op it sleeps (F-1)x the op's CPU time);\n" +
 			"--mem-cap refuses stages needing more memory than BYTES.",
 		Example: "  skyhive worker --join /ip4/10.0.0.1/tcp/4001/p2p/12D3KooW... --listen /ip4/0.0.0.0/tcp/0\n" +
 			"  skyhive worker --join $COORD --slowdown 2.5 --mem-cap 2000000000",
@@ -39,6 +39,7 @@ func newWorkerCmd() *cobra.Command {
 	fl.StringSliceVar(&cfg.ListenAddrs, "listen", []string{"/ip4/127.0.0.1/tcp/0"}, "libp2p listen multiaddrs (use /ip4/0.0.0.0/tcp/PORT across machines)")
 	fl.StringVar(&cfg.IdentityFile, "identity", "", "private key file to keep the peer ID across restarts")
 	fl.Float64Var(&cfg.Slowdown, "slowdown", 1, "emulated slowdown factor (>= 1)")
+	fl.StringVar(&cfg.Region, "region", "", "network region of this worker (plans group stages by region; required by coordinators that emulate links)")
 	fl.Int64Var(&cfg.MemCap, "mem-cap", 0, "memory cap in bytes for the assigned layers (0: none)")
 	fl.DurationVar(&cfg.Heartbeat, "heartbeat", 0, "interval of liveness pings to the coordinator (default 1s)")
 	fl.BoolVar(&verbose, "verbose", false, "log stage assignments and joins")

@@ -1,0 +1,234 @@
+package pipeline
+
+import (
+	"fmt"
+	"math"
+	"sort"
+
+	"github.com/skyhive/skyhive/alloc"
+)
+
+// costModel holds what the coordinator measured to predict iteration
+// times: every layer's forward and backward CPU seconds at the batch sizes
+// the schedules use (timed without slowdown on the first profiled worker,
+// the reference), the reference's whole-model CPU time at the profiling
+// size, and the optimizer step's CPU time per parameter.
+//
+// A device's factor φ is its emulated (or real) time per reference CPU
+// second: φ = FLOPs(profile batch) / (speed · refTotal). An op of c
+// reference CPU seconds takes φ·c on it.
+type costModel struct {
+	profBatch     int
+	modelFLOPs    float64 // whole-model forward+backward FLOPs at profBatch
+	refTotal      float64 // reference CPU seconds of the whole model at profBatch
+	fwd, bwd      map[int][]float64
+	optimPerParam float64
+	params        []int64 // parameters per layer
+	outFloats     []int64 // output floats per example, per layer
+}
+
+// sizes returns the calibrated batch sizes in increasing order.
+func (cm *costModel) sizes() []int {
+	var out []int
+	for n := range cm.fwd {
+		out = append(out, n)
+	}
+	sort.Ints(out)
+	return out
+}
+
+// layerTimes returns per-layer forward and backward reference CPU seconds
+// for a micro-batch of n examples: measured at n, or scaled linearly from
+// the nearest calibrated size.
+func (cm *costModel) layerTimes(n int) (fwd, bwd []float64) {
+	if f, ok := cm.fwd[n]; ok {
+		return f, cm.bwd[n]
+	}
+	best := 0
+	for _, m := range cm.sizes() {
+		if best == 0 || math.Abs(math.Log(float64(m)/float64(n))) < math.Abs(math.Log(float64(best)/float64(n))) {
+			best = m
+		}
+	}
+	r := float64(n) / float64(best)
+	fwd, bwd = make([]float64, len(cm.fwd[best])), make([]float64, len(cm.bwd[best]))
+	for i := range fwd {
+		fwd[i], bwd[i] = r*cm.fwd[best][i], r*cm.bwd[best][i]
+	}
+	return fwd, bwd
+}
+
+// factor is φ of a device of the given speed (FLOP/s at profBatch).
+func (cm *costModel) factor(speed float64) float64 {
+	return cm.modelFLOPs / (speed * cm.refTotal)
+}
+
+// allocModel returns the allocator's model for a batch in m micro-batches:
+// each layer's work is its calibrated time at the micro-batch size, times
+// m, in the FLOP unit of the devices' speeds, so that alloc's stage
+// compute (work/speed) is φ·(reference CPU seconds) for the whole batch.
+func (cm *costModel) allocModel(base *alloc.Model, batch, m int) *alloc.Model {
+	out := *base
+	out.Layers = append([]alloc.Layer(nil), base.Layers...)
+	out.Batch, out.MicroBatches = batch, m
+	mb := (batch + m - 1) / m
+	fwd, bwd := cm.layerTimes(mb)
+	unit := cm.modelFLOPs / cm.refTotal // FLOPs per reference CPU second
+	for i := range out.Layers {
+		out.Layers[i].FwdFLOPs = fwd[i] * float64(m) * unit
+		out.Layers[i].BwdFLOPs = bwd[i] * float64(m) * unit
+	}
+	return &out
+}
+
+// msgOverheadBytes approximates an act message's header and framing.
+const msgOverheadBytes = 256
+
+// simStage is one stage of a plan as the simulator sees it.
+type simStage struct {
+	first, last int
+	factor      float64    // φ of its device
+	next        alloc.Link // to the next stage (both directions)
+	coord       alloc.Link // between the coordinator and the stage
+}
+
+// Prediction is the simulated iteration time of a plan and its parts, in
+// seconds.
+type Prediction struct {
+	// Iteration = Dispatch + Pipeline + Collect + Commit.
+	Iteration float64 `json:"iteration"`
+	// Pipeline is from the first stage's start to the last stage's end of
+	// the forward/backward passes.
+	Pipeline float64 `json:"pipeline"`
+	// Overhead is the coordinator's part: dispatching the batch, collecting
+	// the stages' answers, and the commit round with the optimizer step.
+	Overhead float64 `json:"overhead"`
+	// Compute is the busiest stage's compute time (forward+backward).
+	Compute float64 `json:"compute"`
+}
+
+// simulate replays one iteration of schedule sched with the micro-batch
+// sizes on the stages: every stage runs its ops (Ops) in order, an op
+// starts when its input has arrived and the stage is free and lasts φ
+// times its reference CPU time; a result is sent when the op ends, each
+// direction of each link carrying one message at a time (latency plus
+// size/bandwidth). Dispatch sends stage 0 the inputs; after every stage
+// has answered, the commit round trip steps each stage's optimizer.
+func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Prediction {
+	S, M := len(stages), len(sizes)
+	type key struct {
+		stage, micro int
+		backward     bool
+	}
+	avail := map[key]float64{}
+	clock := make([]float64, S)
+	busy := make([]float64, S)
+	next := make([]int, S)
+	ops := make([][]Op, S)
+	linkFree := map[[2]int]float64{}
+	cost := map[int][2][]float64{}
+	for _, n := range sizes {
+		if _, ok := cost[n]; !ok {
+			f, b := cm.layerTimes(n)
+			cost[n] = [2][]float64{f, b}
+		}
+	}
+	var inBytes float64
+	for _, n := range sizes {
+		inBytes += float64(n * InputFeatures * 4)
+	}
+	var start float64 = math.Inf(1)
+	for k, st := range stages {
+		ops[k] = Ops(sched, k, S, M)
+		clock[k] = st.coord.Latency
+		if k == 0 {
+			clock[k] = st.coord.Transfer(inBytes)
+		}
+		start = min(start, clock[k])
+	}
+	for progress := true; progress; {
+		progress = false
+		for k, st := range stages {
+			for next[k] < len(ops[k]) {
+				op := ops[k][next[k]]
+				ready := clock[k]
+				needs := !(op.Backward && k == S-1) && !(!op.Backward && k == 0)
+				if needs {
+					t, ok := avail[key{k, op.Micro, op.Backward}]
+					if !ok {
+						break
+					}
+					ready = max(ready, t)
+				}
+				n := sizes[op.Micro]
+				c := cost[n][0]
+				if op.Backward {
+					c = cost[n][1]
+				}
+				d := 0.0
+				for _, v := range c[st.first:st.last] {
+					d += v
+				}
+				d *= st.factor
+				end := ready + d
+				clock[k], busy[k] = end, busy[k]+d
+				next[k]++
+				progress = true
+				to := k + 1
+				link := st.next
+				if op.Backward {
+					to = k - 1
+					if to >= 0 {
+						link = stages[to].next
+					}
+				}
+				if to < 0 || to >= S {
+					if !op.Backward && k == S-1 {
+						avail[key{k, op.Micro, true}] = end
+					}
+					continue
+				}
+				// Forward carries this stage's output, backward the
+				// gradient of its input (the previous stage's output).
+				outLayer := st.last - 1
+				if op.Backward {
+					outLayer = stages[to].last - 1
+				}
+				bytes := float64(n)*float64(cm.outFloats[outLayer])*4 + msgOverheadBytes
+				lk := [2]int{k, to}
+				dep := max(end, linkFree[lk])
+				ser := 0.0
+				if link.Bandwidth > 0 {
+					ser = bytes / link.Bandwidth
+				}
+				linkFree[lk] = dep + ser
+				avail[key{to, op.Micro, op.Backward}] = dep + ser + link.Latency
+			}
+		}
+	}
+	var collect, compute float64
+	pipeEnd := 0.0
+	for k, st := range stages {
+		if next[k] < len(ops[k]) {
+			return Prediction{Iteration: math.Inf(1)} // cannot happen: the schedules are deadlock-free
+		}
+		pipeEnd = max(pipeEnd, clock[k])
+		collect = max(collect, clock[k]+st.coord.Latency)
+		compute = max(compute, busy[k])
+	}
+	commit := 0.0
+	for _, st := range stages {
+		var p int64
+		for _, v := range cm.params[st.first:st.last] {
+			p += v
+		}
+		commit = max(commit, 2*st.coord.Latency+st.factor*cm.optimPerParam*float64(p))
+	}
+	total := collect + commit
+	return Prediction{Iteration: total, Pipeline: pipeEnd - start, Overhead: total - (pipeEnd - start), Compute: compute}
+}
+
+// String summarises the prediction in milliseconds.
+func (p Prediction) String() string {
+	return fmt.Sprintf("%.1f ms (pipeline %.1f, overhead %.1f, busiest stage %.1f)", 1e3*p.Iteration, 1e3*p.Pipeline, 1e3*p.Overhead, 1e3*p.Compute)
+}

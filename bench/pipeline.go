@@ -164,7 +164,7 @@ func pipeCase(ctx context.Context, o Options, bin string, g pipeGeometry, seq bo
 	}
 	s, err := c.Start(ctx, pipeline.SessionConfig{
 		Model: g.model, Seed: pipeSeed, Batch: g.batch, Micro: g.micro, Schedule: g.sched,
-		Optim: pipeline.OptimConfig{Kind: "sgd", LR: 0.01, Momentum: 0.9}, Strategy: "even", ProfileReps: 3,
+		Optim: pipeline.OptimConfig{Kind: "sgd", LR: 0.01, Momentum: 0.9}, Strategy: "even", ProfileReps: 5,
 		CheckpointEvery: 1 << 30, Log: log,
 	})
 	if err != nil {
@@ -198,16 +198,20 @@ func pipeCase(ctx context.Context, o Options, bin string, g pipeGeometry, seq bo
 	preds := map[string]pipeline.Prediction{}
 	allocPred := map[string]float64{}
 	for _, name := range strategies {
-		res, err := alloc.Solve(ctx, name, prob)
+		plan, err := s.Solve(ctx, name)
 		if err != nil {
 			return nil, fmt.Errorf("plan %s: %w", name, err)
 		}
-		plans[name] = res.Plan
-		allocPred[name] = res.Report.Iteration
-		if preds[name], err = s.Predict(res.Plan); err != nil {
+		rep, err := alloc.Evaluate(prob.Cluster, prob.Model, plan)
+		if err != nil {
 			return nil, err
 		}
-		o.Logf("pipeline %s: %s plan %v, alloc predicts %.1f ms, simulation %s", label, name, res.Plan.Stages, 1e3*res.Report.Iteration, preds[name])
+		plans[name] = plan
+		allocPred[name] = rep.Iteration
+		if preds[name], err = s.Predict(plan); err != nil {
+			return nil, err
+		}
+		o.Logf("pipeline %s: %s plan %v, alloc predicts %.1f ms, simulation %s", label, name, plan.Stages, 1e3*rep.Iteration, preds[name])
 	}
 
 	// Alternate the plans: one warm-up iteration after each move, then

@@ -259,3 +259,6 @@ func (c *Coordinator) Network() *netem.Network {
 func (e *emulation) regionKnown(r string) bool {
 	return slices.Contains(e.n.Profile().Regions, r)
 }
+
+// peerKey is the emulated-network key of a worker name.
+func peerKey(name string) peer.ID { return peer.ID(name) }

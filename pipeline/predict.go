@@ -23,8 +23,11 @@ type costModel struct {
 	refTotal      float64 // reference CPU seconds of the whole model at profBatch
 	fwd, bwd      map[int][]float64
 	optimPerParam float64
-	params        []int64 // parameters per layer
-	outFloats     []int64 // output floats per example, per layer
+	// opOverhead is added to every op: the reference's measured delay
+	// between an emulated op's due time and its end.
+	opOverhead float64
+	params     []int64 // parameters per layer
+	outFloats  []int64 // output floats per example, per layer
 }
 
 // sizes returns the calibrated batch sizes in increasing order.
@@ -112,8 +115,10 @@ type Prediction struct {
 // starts when its input has arrived and the stage is free and lasts φ
 // times its reference CPU time; a result is sent when the op ends, each
 // direction of each link carrying one message at a time (latency plus
-// size/bandwidth). Dispatch sends stage 0 the inputs; after every stage
-// has answered, the commit round trip steps each stage's optimizer.
+// size/bandwidth). A stage answers when its ops are done and its last
+// message is acknowledged (a round trip). Dispatch sends stage 0 the
+// inputs; after every stage has answered, the commit round trip steps each
+// stage's optimizer.
 func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Prediction {
 	S, M := len(stages), len(sizes)
 	type key struct {
@@ -123,6 +128,7 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 	avail := map[key]float64{}
 	clock := make([]float64, S)
 	busy := make([]float64, S)
+	acked := make([]float64, S)
 	next := make([]int, S)
 	ops := make([][]Op, S)
 	linkFree := map[[2]int]float64{}
@@ -169,7 +175,7 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 				for _, v := range c[st.first:st.last] {
 					d += v
 				}
-				d *= st.factor
+				d = d*st.factor + cm.opOverhead
 				end := ready + d
 				clock[k], busy[k] = end, busy[k]+d
 				next[k]++
@@ -203,6 +209,9 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 				}
 				linkFree[lk] = dep + ser
 				avail[key{to, op.Micro, op.Backward}] = dep + ser + link.Latency
+				// A stage answers the coordinator once its streams are
+				// acknowledged: a round trip after the last message leaves.
+				acked[k] = max(acked[k], dep+ser+2*link.Latency)
 			}
 		}
 	}
@@ -213,7 +222,7 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 			return Prediction{Iteration: math.Inf(1)} // cannot happen: the schedules are deadlock-free
 		}
 		pipeEnd = max(pipeEnd, clock[k])
-		collect = max(collect, clock[k]+st.coord.Latency)
+		collect = max(collect, max(clock[k], acked[k])+st.coord.Latency)
 		compute = max(compute, busy[k])
 	}
 	commit := 0.0
@@ -222,7 +231,7 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 		for _, v := range cm.params[st.first:st.last] {
 			p += v
 		}
-		commit = max(commit, 2*st.coord.Latency+st.factor*cm.optimPerParam*float64(p))
+		commit = max(commit, 2*st.coord.Latency+st.factor*cm.optimPerParam*float64(p)+cm.opOverhead)
 	}
 	total := collect + commit
 	return Prediction{Iteration: total, Pipeline: pipeEnd - start, Overhead: total - (pipeEnd - start), Compute: compute}

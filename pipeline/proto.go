@@ -201,6 +201,9 @@ type profileResp struct {
 	FLOPS   float64 `json:"flops"`   // FLOP/s at Batch, including the slowdown
 	Seconds float64 `json:"seconds"` // median emulated time of one forward+backward
 	CPU     float64 `json:"cpu"`     // median CPU time of one forward+backward
+	// Overshoot is how much later than its emulated time an op ends
+	// (timer and scheduling delays), median over the passes.
+	Overshoot float64 `json:"overshoot"`
 	// Fwd[i][l] and Bwd[i][l] are layer l's forward and backward CPU
 	// seconds at batch size Calibrate[i].
 	Fwd [][]float64 `json:"fwd,omitempty"`

@@ -148,8 +148,8 @@ type IterStats struct {
 func (s IterStats) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "iter %d  loss %.4f  acc %.3f  %.1f ms  (plan %d)\n", s.Iter, s.Loss, s.Accuracy, 1e3*s.Seconds, s.Gen)
 	for _, st := range s.Stages {
-		fmt.Fprintf(w, "  stage %d %-10s layers [%3d,%3d)  compute %7.1f ms  comm %6.1f ms  idle %7.1f ms  %6.2f GFLOP/s\n",
-			st.Stage, st.Worker, st.First, st.Last, 1e3*st.Compute, 1e3*st.Comm, 1e3*st.Idle, st.Speed/1e9)
+		fmt.Fprintf(w, "  stage %d %-10s layers [%3d,%3d)  compute %7.1f ms (cpu %6.1f)  comm %6.1f ms  idle %7.1f ms  %6.2f GFLOP/s\n",
+			st.Stage, st.Worker, st.First, st.Last, 1e3*st.Compute, 1e3*st.CPU, 1e3*st.Comm, 1e3*st.Idle, st.Speed/1e9)
 	}
 	if s.Event != "" {
 		fmt.Fprintf(w, "  %s\n", s.Event)
@@ -400,8 +400,8 @@ func (s *Session) profile(ctx context.Context) error {
 			}
 		}
 		s.c.setSpeed(w.Index, resp.FLOPS)
-		fmt.Fprintf(s.cfg.Log, "worker %-8s slowdown %5.2f  region %-8s %6.2f GFLOP/s  (emulated %.1f ms for %.1f ms CPU at batch %d)\n",
-			w.Name, w.Slowdown, regionOf(w), resp.FLOPS/1e9, 1e3*resp.Seconds, 1e3*resp.CPU, mb)
+		fmt.Fprintf(s.cfg.Log, "worker %-8s slowdown %5.2f  region %-8s %6.2f GFLOP/s  (emulated %.1f ms for %.1f ms CPU at batch %d, %.2f ms late)\n",
+			w.Name, w.Slowdown, regionOf(w), resp.FLOPS/1e9, 1e3*resp.Seconds, 1e3*resp.CPU, mb, 1e3*resp.Overshoot)
 		n++
 	}
 	if n == 0 {
@@ -416,7 +416,7 @@ func (s *Session) calibrate(req profileReq, r profileResp) error {
 	if len(r.Fwd) != len(req.Calibrate) || len(r.Bwd) != len(req.Calibrate) {
 		return fmt.Errorf("pipeline: profile has %d calibrations, asked %d", len(r.Fwd), len(req.Calibrate))
 	}
-	cm := &costModel{profBatch: req.Batch, fwd: map[int][]float64{}, bwd: map[int][]float64{}, optimPerParam: r.OptimPerParam}
+	cm := &costModel{profBatch: req.Batch, fwd: map[int][]float64{}, bwd: map[int][]float64{}, optimPerParam: r.OptimPerParam, opOverhead: r.Overshoot}
 	for i, n := range req.Calibrate {
 		if len(r.Fwd[i]) != L || len(r.Bwd[i]) != L {
 			return fmt.Errorf("pipeline: profile has %d layer times for %d layers", len(r.Fwd[i]), L)
@@ -523,11 +523,10 @@ func (s *Session) choosePlan(ctx context.Context, strategy string, fixed *alloc.
 		}
 		plan = alloc.Plan{Stages: slices.Clone(fixed.Stages)}
 	} else {
-		res, err := alloc.Solve(ctx, strategy, alloc.Problem{Cluster: cl, Model: s.amodel})
-		if err != nil {
-			return alloc.Plan{}, fmt.Errorf("pipeline: plan with %s: %w", strategy, err)
+		var err error
+		if plan, err = s.Solve(ctx, strategy); err != nil {
+			return alloc.Plan{}, err
 		}
-		plan = res.Plan
 	}
 	if rep, err := alloc.Evaluate(cl, s.amodel, plan); err == nil {
 		fmt.Fprintf(s.cfg.Log, "plan (%s): %s, predicted %.1f ms/iteration\n", strategy, describePlan(cl, plan), 1e3*rep.Iteration)
@@ -547,6 +546,52 @@ func describePlan(cl *alloc.Cluster, p alloc.Plan) string {
 		out += fmt.Sprintf("%s[%d,%d)", cl.Devices[st.Device].Name, st.First, st.Last)
 	}
 	return out
+}
+
+// Solve plans the live workers (device indices as in Problem) with an
+// alloc strategy. For "skyhive", the network-aware strategy, it also
+// solves on the workers of each region alone and keeps the plan whose
+// simulated iteration (Predict) is the fastest: alloc's cost model does
+// not see the coordinator, which sends the batch to the first stage and
+// runs the commit round trip with every stage, so a plan entirely in a
+// region far from the coordinator can lose to one near it.
+func (s *Session) Solve(ctx context.Context, strategy string) (alloc.Plan, error) {
+	pr := s.Problem()
+	res, err := alloc.Solve(ctx, strategy, pr)
+	if err != nil {
+		return alloc.Plan{}, fmt.Errorf("pipeline: plan with %s: %w", strategy, err)
+	}
+	best := res.Plan
+	if strategy != "skyhive" || s.cm == nil || len(pr.Cluster.Regions()) < 2 {
+		return best, nil
+	}
+	bestP, err := s.Predict(best)
+	if err != nil {
+		return best, nil
+	}
+	for _, r := range pr.Cluster.Regions() {
+		sub := *pr.Cluster
+		sub.Devices = nil
+		var idx []int
+		for i, d := range pr.Cluster.Devices {
+			if d.Region == r {
+				sub.Devices = append(sub.Devices, d)
+				idx = append(idx, i)
+			}
+		}
+		rr, err := alloc.Solve(ctx, strategy, alloc.Problem{Cluster: &sub, Model: pr.Model})
+		if err != nil {
+			continue // e.g. the region lacks memory
+		}
+		cand := alloc.Plan{Stages: slices.Clone(rr.Plan.Stages)}
+		for k := range cand.Stages {
+			cand.Stages[k].Device = idx[cand.Stages[k].Device]
+		}
+		if p, err := s.Predict(cand); err == nil && p.Iteration < bestP.Iteration {
+			best, bestP = cand, p
+		}
+	}
+	return best, nil
 }
 
 // Report returns the alloc cost model's report of a plan (device indices

@@ -197,13 +197,27 @@ func (w *Worker) ID() peer.ID { return w.host.ID() }
 // e.g. to emulate a device that becomes loaded.
 func (w *Worker) SetSlowdown(f float64) { w.dev.SetSlowdown(f) }
 
-// throttle emulates the device after compute that used cpu of CPU time on
-// this machine: swarm.Device.Throttle sleeps (slowdown−1)·cpu (or waits
-// while the device is paused). Throttling by CPU rather than wall time
-// keeps co-located workers' contention for the cores out of the emulated
-// speed: the sleep is not multiplied by time spent waiting for a core.
-func (w *Worker) throttle(ctx context.Context, cpu time.Duration) {
-	w.dev.Throttle(ctx, cpu) // returns early only when ctx ends, which callers check
+// throttle emulates the device after an op that took wall time and used
+// cpu of CPU time on this machine: the emulated device runs the op in
+// slowdown·cpu, so the worker sleeps until that much time has passed since
+// the op started. The sleep goes through swarm.Device.Throttle, which
+// sleeps (slowdown−1)·d, with d = (slowdown·cpu − wall)/(slowdown−1); it
+// also waits while the device is paused. Aiming at slowdown·cpu rather
+// than slowdown·wall keeps time lost waiting for a core (other processes
+// on the same machine, including co-located workers) out of the emulated
+// speed, as long as the worker gets at least 1/slowdown of a core.
+func (w *Worker) throttle(ctx context.Context, wall, cpu time.Duration) {
+	f := w.dev.Slowdown()
+	if f <= 1 {
+		w.dev.Checkpoint(ctx)
+		return
+	}
+	d := time.Duration((f*float64(cpu) - float64(wall)) / (f - 1))
+	if d <= 0 {
+		w.dev.Checkpoint(ctx) // the op already took its emulated time
+		return
+	}
+	w.dev.Throttle(ctx, d) // returns early only when ctx ends, which callers check
 }
 
 // Close stops the worker: its host, connections and handlers.
@@ -333,17 +347,21 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 	resp := profileResp{}
 	// The device: whole-model passes at req.Batch, each followed by the
 	// emulated slowdown.
-	var times, cpus []float64
+	var times, cpus, overs []float64
 	_, _, err = w.timeLayers(ctx, model, req.Seed, req.Batch, req.Reps, func(wall, cpu time.Duration) {
 		t0 := time.Now()
-		w.throttle(ctx, cpu)
-		times = append(times, (wall + time.Since(t0)).Seconds())
+		w.throttle(ctx, wall, cpu)
+		slept := time.Since(t0)
+		times = append(times, (wall + slept).Seconds())
 		cpus = append(cpus, cpu.Seconds())
+		// How late the emulated op ended: timer and scheduling delays.
+		target := max(time.Duration(w.dev.Slowdown()*float64(cpu)), wall)
+		overs = append(overs, max(wall+slept-target, 0).Seconds())
 	})
 	if err != nil {
 		return nil, err
 	}
-	resp.Seconds, resp.CPU = median(times), median(cpus)
+	resp.Seconds, resp.CPU, resp.Overshoot = median(times), median(cpus), median(overs)
 	resp.FLOPS = model.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs() / resp.Seconds
 	for _, n := range req.Calibrate {
 		fwd, bwd, err := w.timeLayers(ctx, model, req.Seed, n, req.Reps, nil)
@@ -757,10 +775,10 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 			result = st.model.Backward(states[op.Micro], in)
 			states[op.Micro], dlogits[op.Micro] = nil, nil
 		}
-		_, c := clk.stop()
+		wl, c := clk.stop()
 		cpu += c
 		// The emulated device finishes the op, then its result leaves.
-		w.throttle(ctx, c)
+		w.throttle(ctx, wl, c)
 		compute += time.Since(t0)
 		switch {
 		case !op.Backward && !st.last():
@@ -901,8 +919,8 @@ func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 	st.opt.SetLR(req.LR)
 	st.opt.Step()
 	st.opt.ZeroGrad()
-	_, cpu := clk.stop()
-	w.throttle(ctx, cpu)
+	wall, cpu := clk.stop()
+	w.throttle(ctx, wall, cpu)
 	st.ready, st.iter = -1, req.Iter+1
 	return encodeMsg(commitResp{Seconds: time.Since(t0).Seconds()}, nil)
 }

@@ -1,0 +1,154 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/netem"
+)
+
+// TestSimulateSchedules checks the simulator against closed forms on a
+// uniform pipeline without network costs: S stages whose ops take f
+// (forward) and b (backward) per micro-batch run M micro-batches in
+// (S−1)·(f+b) + M·(f+b) under GPipe and 1F1B, and S·M·(f+b) sequentially
+// with one micro-batch of M times the size.
+func TestSimulateSchedules(t *testing.T) {
+	const S, M, f, b = 4, 8, 0.010, 0.020
+	cm := &costModel{
+		fwd:        map[int][]float64{4: {f, f, f, f}, 32: {M * f, M * f, M * f, M * f}},
+		bwd:        map[int][]float64{4: {b, b, b, b}, 32: {M * b, M * b, M * b, M * b}},
+		params:     make([]int64, S),
+		outFloats:  []int64{8, 8, 8, 8},
+		profBatch:  4,
+		modelFLOPs: 1, refTotal: 1,
+	}
+	stages := make([]simStage, S)
+	for k := range stages {
+		stages[k] = simStage{first: k, last: k + 1, factor: 1}
+	}
+	sizes := make([]int, M)
+	for i := range sizes {
+		sizes[i] = 4
+	}
+	want := float64(S-1+M) * (f + b)
+	for _, sched := range []Schedule{GPipe, OneFOneB} {
+		if got := cm.simulate(stages, sched, sizes).Iteration; math.Abs(got-want) > 1e-9 {
+			t.Errorf("%v: %.4f s, want %.4f", sched, got, want)
+		}
+	}
+	if got, want := cm.simulate(stages, Sequential, []int{32}).Iteration, float64(S*M)*(f+b); math.Abs(got-want) > 1e-9 {
+		t.Errorf("sequential: %.4f s, want %.4f", got, want)
+	}
+	// A link of latency λ between every pair adds 2λ per boundary to the
+	// GPipe time (forward fill and backward drain).
+	const lat = 0.005
+	for k := range stages {
+		stages[k].next = alloc.Link{Latency: lat}
+	}
+	if got, want := cm.simulate(stages, GPipe, sizes).Iteration, float64(S-1+M)*(f+b)+2*float64(S-1)*lat; math.Abs(got-want) > 1e-3 {
+		// The last sender waits for its acknowledgement (another 2λ) after
+		// its last message; allow that.
+		if math.Abs(got-want-2*lat) > 1e-9 {
+			t.Errorf("gpipe with latency: %.4f s, want %.4f", got, want)
+		}
+	}
+}
+
+// TestEmulatedLinks trains over three in-process workers whose traffic
+// crosses netem routes (regions a, b, a with 15 ms between a and b) and
+// checks that the measured links, the iteration time and the prediction
+// reflect the emulated latency.
+func TestEmulatedLinks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("emulated links take a few seconds")
+	}
+	const lat = 15 * time.Millisecond
+	prof := &netem.Profile{
+		Regions: []string{"a", "b"},
+		Intra:   netem.LinkParams{},
+		Inter:   [][]netem.LinkParams{{{}, {Latency: lat}}, {{Latency: lat}, {}}},
+	}
+	n, err := netem.New(prof, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := NewCoordinator(ctx, CoordinatorConfig{Network: n, Region: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var workers []*Worker
+	defer func() {
+		cancel()
+		for _, w := range workers {
+			w.Close()
+		}
+		wg.Wait()
+		c.Close()
+	}()
+	for i, region := range []string{"a", "b", "a"} {
+		name := fmt.Sprintf("w%d", i)
+		if err := n.Assign(peerKey(name), region); err != nil {
+			t.Fatal(err)
+		}
+		join, err := c.joinRoute(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := NewWorker(ctx, WorkerConfig{Name: name, Region: region, Join: join, Heartbeat: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers = append(workers, w)
+		wg.Go(func() { w.Run(ctx) })
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		err = c.WaitWorkers(wctx, i+1)
+		wcancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	plan := alloc.Plan{Stages: []alloc.Stage{{Device: 0, First: 0, Last: 4}, {Device: 1, First: 4, Last: 8}, {Device: 2, First: 8, Last: 11}}}
+	s, err := c.Start(ctx, SessionConfig{Model: "deep-mlp:32x5", Seed: 1, Batch: 32, Micro: 4, Schedule: GPipe,
+		Optim: OptimConfig{Kind: "sgd", LR: 0.05}, Plan: &plan, ProfileReps: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ab := s.links[regionPair("a", "b")]
+	if ab.Latency < 0.9*lat.Seconds() || ab.Latency > 2*lat.Seconds() {
+		t.Errorf("measured a↔b latency %.1f ms, emulated %v", 1e3*ab.Latency, lat)
+	}
+	if aa := s.links[regionPair("a", "a")]; aa.Latency > 0.5*lat.Seconds() {
+		t.Errorf("measured a↔a latency %.1f ms, want loopback", 1e3*aa.Latency)
+	}
+	pred, err := s.Predict(s.Plan())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var times []float64
+	for _, b := range batches(t, blobs(t, 256, 2), 32, 4) {
+		st, err := s.Step(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		times = append(times, st.Seconds)
+	}
+	got := median(times[1:])
+	t.Logf("a↔b %.1f ms; iteration %.1f ms, predicted %s", 1e3*ab.Latency, 1e3*got, pred)
+	// Forward a→b→a and backward a→b→a cross the link four times, the
+	// commit round trip to b twice more.
+	if floor := 6 * lat.Seconds(); got < floor {
+		t.Errorf("iteration took %.1f ms, below the %.1f ms the emulated links impose", 1e3*got, 1e3*floor)
+	}
+	if r := got / pred.Iteration; r < 0.7 || r > 1.5 {
+		t.Errorf("measured %.1f ms, predicted %s", 1e3*got, pred)
+	}
+}

@@ -77,7 +77,7 @@ func runPipeline(o Options) ([]Result, error) {
 	mr := pipeGeometry{workers: 4, model: "deep-mlp:128x8", batch: 256, micro: 8, sched: pipeline.GPipe}
 	timeout := 118 * time.Second
 	if o.Quick {
-		g = pipeGeometry{workers: 4, model: "deep-mlp:256x8", batch: 64, micro: 4, sched: pipeline.OneFOneB}
+		g = pipeGeometry{workers: 4, model: "deep-mlp:512x8", batch: 256, micro: 8, sched: pipeline.OneFOneB}
 		mr = pipeGeometry{} // the multi-region case needs about a minute
 		timeout = 29 * time.Second
 	}

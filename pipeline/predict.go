@@ -23,8 +23,9 @@ type costModel struct {
 	refTotal      float64 // reference CPU seconds of the whole model at profBatch
 	fwd, bwd      map[int][]float64
 	optimPerParam float64
-	// opOverhead is added to every op: the reference's measured delay
-	// between an emulated op's due time and its end.
+	// opOverhead is added to every op and every message: the measured
+	// delay between an emulated op's due time and its end (a sleeping
+	// worker waking up), which a message's receiver also pays.
 	opOverhead float64
 	params     []int64 // parameters per layer
 	outFloats  []int64 // output floats per example, per layer
@@ -208,7 +209,9 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 					ser = bytes / link.Bandwidth
 				}
 				linkFree[lk] = dep + ser
-				avail[key{to, op.Micro, op.Backward}] = dep + ser + link.Latency
+				// The receiver is woken by the message: one more
+				// scheduling delay, like the end of a throttled op.
+				avail[key{to, op.Micro, op.Backward}] = dep + ser + link.Latency + cm.opOverhead
 				// A stage answers the coordinator once its streams are
 				// acknowledged: a round trip after the last message leaves.
 				acked[k] = max(acked[k], dep+ser+2*link.Latency)

@@ -358,24 +358,30 @@ func regionPair(a, b string) [2]string {
 	return [2]string{a, b}
 }
 
-// profile measures every live worker that has no speed yet, one at a
-// time so they do not compete for the CPU. The first one also times the
-// layers without slowdown at the micro-batch sizes of the sequential and
-// pipelined schedules, and the optimizer step: these calibrate the cost
-// model.
+// profile measures every live worker that has no speed yet. The first
+// one (the reference) runs alone: it also times the layers without
+// slowdown at the micro-batch sizes of the sequential and pipelined
+// schedules, and the optimizer step; these calibrate the cost model. The
+// others then measure their speed at the same time, as they will run in
+// the pipeline, so the delay with which a sleeping worker's ops end on a
+// loaded machine (the per-op overhead of the cost model, the median over
+// all of them) is measured under that load.
 func (s *Session) profile(ctx context.Context) error {
 	mb := (s.cfg.Batch + s.cfg.Micro - 1) / max(s.cfg.Micro, 1)
 	n := 0
+	var todo []WorkerInfo
 	for _, w := range s.c.Workers() {
-		if !w.Alive {
-			continue
-		}
-		if w.Speed > 0 {
+		switch {
+		case !w.Alive:
+		case w.Speed > 0:
 			n++
-			continue
+		default:
+			todo = append(todo, w)
 		}
+	}
+	one := func(w WorkerInfo, calibrate bool) (profileReq, profileResp, bool) {
 		req := profileReq{Model: s.cfg.Model, Seed: s.cfg.Seed, Batch: mb, Reps: s.cfg.ProfileReps}
-		if s.cm == nil {
+		if calibrate {
 			req.Calibrate = []int{mb}
 			if s.cfg.Batch != mb {
 				req.Calibrate = append(req.Calibrate, s.cfg.Batch)
@@ -383,26 +389,59 @@ func (s *Session) profile(ctx context.Context) error {
 			req.Optim = s.cfg.Optim
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
 		var resp profileResp
 		_, err := s.c.call(cctx, w.Index, ProtoProfile, req, nil, &resp, wire.Limits{})
-		cancel()
-		if err != nil || !(resp.FLOPS > 0) || math.IsInf(resp.FLOPS, 0) {
-			if ctx.Err() != nil {
-				return ctx.Err()
+		if err != nil || !(resp.FLOPS > 0) || math.IsInf(resp.FLOPS, 0) || !(resp.Overshoot >= 0) {
+			if ctx.Err() == nil {
+				fmt.Fprintf(s.cfg.Log, "profiling %s failed: %v\n", w.Name, err)
+				s.c.markDead(w.Index)
 			}
-			fmt.Fprintf(s.cfg.Log, "profiling %s failed: %v\n", w.Name, err)
-			s.c.markDead(w.Index)
-			continue
+			return req, resp, false
 		}
-		if s.cm == nil {
-			if err := s.calibrate(req, resp); err != nil {
-				return err
-			}
-		}
+		return req, resp, true
+	}
+	var overs []float64
+	done := func(w WorkerInfo, resp profileResp) {
 		s.c.setSpeed(w.Index, resp.FLOPS)
+		overs = append(overs, resp.Overshoot)
 		fmt.Fprintf(s.cfg.Log, "worker %-8s slowdown %5.2f  region %-8s %6.2f GFLOP/s  (emulated %.1f ms for %.1f ms CPU at batch %d, %.2f ms late)\n",
 			w.Name, w.Slowdown, regionOf(w), resp.FLOPS/1e9, 1e3*resp.Seconds, 1e3*resp.CPU, mb, 1e3*resp.Overshoot)
 		n++
+	}
+	fresh := s.cm == nil
+	for s.cm == nil && len(todo) > 0 {
+		w := todo[0]
+		todo = todo[1:]
+		req, resp, ok := one(w, true)
+		if !ok {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			continue
+		}
+		if err := s.calibrate(req, resp); err != nil {
+			return err
+		}
+		done(w, resp)
+	}
+	resps := make([]profileResp, len(todo))
+	oks := make([]bool, len(todo))
+	var wg sync.WaitGroup
+	for i, w := range todo {
+		wg.Go(func() { _, resps[i], oks[i] = one(w, false) })
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for i, w := range todo {
+		if oks[i] {
+			done(w, resps[i])
+		}
+	}
+	if fresh && s.cm != nil && len(overs) > 0 {
+		s.cm.opOverhead = median(overs)
 	}
 	if n == 0 {
 		return errors.New("pipeline: no live worker")

@@ -330,27 +330,24 @@ func TestDriftReplans(t *testing.T) {
 		}
 		return 0
 	}
-	bs := batches(t, blobs(t, 640, 4), 64, 16)
+	// Re-plans caused by ordinary timing noise on a shared machine may come
+	// and go; the test waits (boundedly) for one that takes layers away
+	// from the worker slowed down 8×.
+	bs := batches(t, blobs(t, 1280, 4), 64, 32)
 	slow := s.stages[0].worker
-	before := layersOf(slow)
-	replanned := false
+	var before int
 	for i, b := range bs {
 		if i == 4 {
+			before = layersOf(slow)
 			cl.workers[slow].SetSlowdown(8)
 		}
 		st, err := s.Step(ctx, b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if i >= 4 && st.Event != "" {
-			replanned = true
-			break
+		if i >= 4 && st.Event != "" && layersOf(slow) < before {
+			return
 		}
 	}
-	if !replanned {
-		t.Fatalf("no re-plan after an 8x slowdown\n%s", log.String())
-	}
-	if after := layersOf(slow); after >= before {
-		t.Fatalf("slowed worker holds %d layers after re-planning, %d before\n%s", after, before, log.String())
-	}
+	t.Fatalf("no re-plan moved layers off the slowed worker (it holds %d, %d before the slowdown)\n%s", layersOf(slow), before, log.String())
 }

@@ -47,7 +47,7 @@ func runAveraging(o Options) ([]Result, error) {
 		reps = max(o.Reps, 3)
 		cases = []avgCase{{16, 4, wire.CodecNone, nil}, {16, 4, wire.CodecNone, []float64{2, 1, 1, 0.5}}}
 		peersList = []int{16}
-		runFor, tputReps = 3*time.Second, 2
+		runFor, tputReps = 2500*time.Millisecond, 2
 	}
 	var out []Result
 	for _, c := range cases {

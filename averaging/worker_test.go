@@ -96,11 +96,12 @@ func TestWAGMALearnsAndSurvivesAKill(t *testing.T) {
 	t.Logf("accuracy %.3f, %.1f steps/s per peer, workers %+v", res.FinalAccuracy, res.StepsPerSecond, res.Workers)
 }
 
-func TestThroughputProbe(t *testing.T) {
-	if testing.Short() {
-		t.Skip()
+func TestWAGMAOutpacesAllReduceUnderImbalance(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("timing test")
 	}
 	tr, _ := blobs(t)
+	rate := map[Algo]float64{}
 	for _, algo := range []Algo{WAGMA, AllReduce} {
 		cfg := SimConfig{Algo: algo, Peers: 16, Model: "mlp-small", Tau: 10, Train: tr, Batch: 16, LR: 0.02, Momentum: 0.9,
 			Slowdowns: DrawSlowdowns(16, 1, 4, 1), BaseStep: 100 * time.Millisecond, Bandwidth: 1e9, Latency: time.Millisecond,
@@ -110,9 +111,11 @@ func TestThroughputProbe(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("%s: %.2f steps/s", algo, res.StepsPerSecond)
-		for _, w := range res.Workers[:3] {
-			t.Logf("%+v", w)
-		}
+		rate[algo] = res.StepsPerSecond
+	}
+	// Expected about 1.6-1.9x (docs/averaging.md); 1.3 leaves room for noise.
+	if rate[WAGMA] < 1.3*rate[AllReduce] {
+		t.Fatalf("WAGMA %.2f steps/s vs all-reduce SGD %.2f", rate[WAGMA], rate[AllReduce])
 	}
 }
 

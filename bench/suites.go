@@ -12,6 +12,7 @@ func All() []Suite {
 		dhtSuite(),
 		averagingSuite(),
 		pipelineSuite(),
+		moeSuite(),
 	}
 }
 

@@ -47,6 +47,7 @@ type Experiment struct {
 func All() []Experiment {
 	return []Experiment{
 		// Experiments register here, one line each.
+		moeConvergence(),
 		averagingConvergence(),
 	}
 }

@@ -60,6 +60,7 @@ func newDemoCmd() *cobra.Command {
 	fl.Uint64Var(&d.seed, "seed", 1, "seed for slowdowns, initialisation and shuffling")
 	fl.StringVar(&d.dataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
 	cmd.AddCommand(newDemoAveragingCmd())
+	cmd.AddCommand(newDemoMoECmd())
 	return cmd
 }
 

@@ -29,6 +29,7 @@ func newRootCmd() *cobra.Command {
 		newPlanCmd(),
 		newProfileCmd(),
 		newWorkerCmd(),
+		newServerCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

@@ -23,6 +23,7 @@ type trainFlags struct {
 	asJSON  bool
 	pipe    pipelineFlags  // --mode pipeline (pipeline.go)
 	avg     averagingFlags // --mode averaging (averaging.go)
+	moe     moeFlags       // --mode moe (moe.go)
 }
 
 func (f *trainFlags) register(cmd *cobra.Command) {
@@ -54,6 +55,7 @@ func trainModes() map[string]trainMode {
 		"local":     (*trainFlags).runLocal,
 		"pipeline":  (*trainFlags).runPipeline,
 		"averaging": (*trainFlags).runAveraging,
+		"moe":       (*trainFlags).runMoE,
 	}
 }
 
@@ -118,5 +120,6 @@ func newTrainCmd() *cobra.Command {
 	f.register(cmd)
 	f.pipe.register(cmd)
 	f.avg.register(cmd)
+	f.moe.register(cmd)
 	return cmd
 }

@@ -393,8 +393,9 @@ func (s *Server) Declare(ctx context.Context) (int, error) {
 	}
 	s.lastExp = exp
 	type item struct {
-		rec  moe.Record
-		info []byte
+		rec    moe.Record
+		info   []byte
+		shared bool // a prefix other servers may declare too
 	}
 	var items []item
 	seen := map[moe.Record]bool{}
@@ -407,12 +408,12 @@ func (s *Server) Declare(ctx context.Context) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		for _, r := range recs {
+		for i, r := range recs {
 			if (r.Subkey == "" && s.cfg.NoUIDRecords) || seen[r] {
 				continue
 			}
 			seen[r] = true
-			items = append(items, item{r, info})
+			items = append(items, item{r, info, i > 0 && i < len(recs)-1})
 		}
 	}
 	var (
@@ -432,6 +433,11 @@ func (s *Server) Declare(ctx context.Context) (int, error) {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			_, err := s.cfg.DHT.Store(ctx, it.rec.Key, it.rec.Subkey, it.info, exp)
+			if it.shared && errors.Is(err, dht.ErrRejected) {
+				// Another server holding an expert under the same
+				// prefix declared it with a later expiration.
+				err = nil
+			}
 			if err != nil {
 				mu.Lock()
 				fails++

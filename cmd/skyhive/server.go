@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/moe"
+	"github.com/skyhive/skyhive/moe/server"
+	"github.com/skyhive/skyhive/p2p"
+)
+
+// serverFlags are the options of `skyhive server`.
+type serverFlags struct {
+	experts      string
+	expertType   string
+	hidden       int
+	heads        int
+	dht          dhtFlags
+	minBatch     int
+	maxBatch     int
+	batchTimeout time.Duration
+	workers      int
+	lr           float64
+	seed         uint64
+	lazy         bool
+	checkpoint   string
+	ckptEvery    time.Duration
+	declareEvery time.Duration
+	statsEvery   time.Duration
+	statsFile    string
+	maxExperts   int
+}
+
+func newServerCmd() *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Host mixture-of-experts experts: batching runtime, per-expert optimizer, DHT declarations, checkpoints",
+		Long: "Host many Learning@home experts in one process. Requests for each expert are queued and\n" +
+			"processed in batches (oldest first across experts); backward calls update the expert with\n" +
+			"its own AdamW. The experts and their grid prefixes are declared on the DHT and re-declared\n" +
+			"while the server runs; weights and optimizer state are checkpointed on an interval and on\n" +
+			"exit, and reloaded on restart. Per-expert statistics are printed periodically and served\n" +
+			"over the stats RPC (and written as JSON with --stats-file).",
+		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]' --hidden 1024 --dht /ip4/127.0.0.1/tcp/4001/p2p/12D3...\n" +
+			"  skyhive server --experts 'ffn.[0:4].[0:4]' --hidden 64 --checkpoint experts.safetensors",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runServer(cmd, f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.experts, "experts", "ffn.[0:4].[0:4]", "expert UIDs or patterns, e.g. 'ffn.[0:16].[0:16]' (comma-separated)")
+	fl.StringVar(&f.expertType, "expert-type", server.TypeFFN, "expert type: ffn (x + FFN(LN(x))) or transformer (BERT encoder layer)")
+	fl.IntVar(&f.hidden, "hidden", 1024, "experts' hidden size")
+	fl.IntVar(&f.heads, "heads", 0, "attention heads of transformer experts (0: hidden/64)")
+	fl.StringSliceVar(&f.dht.bootstrap, "dht", nil, "DHT peers to join (multiaddrs ending in /p2p/ID); none: this server starts a DHT")
+	fl.StringSliceVar(&f.dht.listen, "listen", []string{"/ip4/127.0.0.1/tcp/0"}, "multiaddrs to listen on")
+	fl.StringVar(&f.dht.identity, "identity", "", "private key file (created if missing), for a stable peer ID")
+	fl.IntVar(&f.minBatch, "min-batch", 1, "rows an expert's queue waits for before it runs")
+	fl.IntVar(&f.maxBatch, "max-batch", 4096, "maximum rows per batch (and per request)")
+	fl.DurationVar(&f.batchTimeout, "batch-timeout", 2*time.Millisecond, "longest wait for --min-batch rows")
+	fl.IntVar(&f.workers, "workers", 1, "batches processed at once")
+	fl.Float64Var(&f.lr, "lr", 1e-3, "experts' AdamW learning rate")
+	fl.Uint64Var(&f.seed, "seed", 1, "seed of the initial weights (with each expert's UID)")
+	fl.BoolVar(&f.lazy, "lazy", false, "create an expert's weights on its first request")
+	fl.StringVar(&f.checkpoint, "checkpoint", "", "safetensors file for weights and optimizer state (loaded if present)")
+	fl.DurationVar(&f.ckptEvery, "checkpoint-every", 5*time.Minute, "checkpoint interval (0: only on exit)")
+	fl.DurationVar(&f.declareEvery, "declare-every", 30*time.Second, "DHT declaration interval (records expire after twice this)")
+	fl.DurationVar(&f.statsEvery, "stats-every", 30*time.Second, "print per-expert statistics this often (0: never)")
+	fl.StringVar(&f.statsFile, "stats-file", "", "also write the statistics as JSON to this file")
+	fl.IntVar(&f.maxExperts, "max-experts", 1<<16, "refuse specifications with more experts")
+	return cmd
+}
+
+func runServer(cmd *cobra.Command, f serverFlags) error {
+	ctx := cmd.Context()
+	uids, err := moe.ParseExperts(f.experts, f.maxExperts)
+	if err != nil {
+		return err
+	}
+	seeds, err := parseBootstrap(f.dht.bootstrap)
+	if err != nil {
+		return err
+	}
+	h, err := p2p.New(ctx, p2p.Config{IdentityFile: f.dht.identity, ListenAddrs: f.dht.listen, MaxMessageBytes: 256 << 20})
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID())})
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	out := cmd.OutOrStdout()
+	fmt.Fprintf(out, "expert server %s hosting %d %s experts (hidden %d), listening on:\n", h.ID(), len(uids), f.expertType, f.hidden)
+	for _, a := range h.AddrInfo().Addrs {
+		fmt.Fprintf(out, "  %s/p2p/%s\n", a, h.ID())
+	}
+	if len(seeds) > 0 {
+		bctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := node.Bootstrap(bctx, seeds)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("join DHT: %w", err)
+		}
+	} else {
+		fmt.Fprintln(out, "no --dht given: this server is the DHT's first node; pass its address to others")
+	}
+	srv, err := server.New(server.Config{
+		Transport: h, DHT: node, Experts: uids, Type: f.expertType, Hidden: f.hidden, Heads: f.heads,
+		MinBatch: f.minBatch, MaxBatch: f.maxBatch, BatchTimeout: f.batchTimeout, Workers: f.workers,
+		LR: f.lr, Seed: f.seed, Lazy: f.lazy,
+		Limits:       wireLimitsFor(f.maxBatch, f.hidden),
+		DeclareEvery: f.declareEvery, CheckpointPath: f.checkpoint, CheckpointEvery: f.ckptEvery,
+		Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "serving %s … %s; Ctrl-C to stop\n", uids[0], uids[len(uids)-1])
+	var tick <-chan time.Time
+	if f.statsEvery > 0 {
+		t := time.NewTicker(f.statsEvery)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(out, "stopping: checkpointing and closing")
+			err := srv.Close()
+			printServerStats(out, srv.Stats())
+			return err
+		case <-tick:
+			st := srv.Stats()
+			printServerStats(out, st)
+			if f.statsFile != "" {
+				if err := writeJSONFile(f.statsFile, st); err != nil {
+					fmt.Fprintln(cmd.ErrOrStderr(), err)
+				}
+			}
+		}
+	}
+}
+
+// printServerStats prints one line per expert that has seen requests.
+func printServerStats(w io.Writer, st server.Stats) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "uptime %.0fs, last declared %s, %d failed DHT stores\n", st.UptimeSeconds, st.LastDeclared.Format(time.TimeOnly), st.DeclareFailures)
+	fmt.Fprintln(tw, "EXPERT\tFWD REQ\tFWD BATCH\tFWD LAT\tBWD REQ\tBWD BATCH\tBWD LAT\tUPDATES\tERRORS")
+	shown := 0
+	for _, e := range st.Experts {
+		if e.Forward.Requests+e.Backward.Requests+e.Forward.Errors+e.Backward.Errors == 0 {
+			continue
+		}
+		shown++
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%v\t%d\t%.1f\t%v\t%d\t%d\n", e.UID,
+			e.Forward.Requests, e.Forward.MeanBatch(), e.Forward.MeanLatency().Round(10*time.Microsecond),
+			e.Backward.Requests, e.Backward.MeanBatch(), e.Backward.MeanLatency().Round(10*time.Microsecond),
+			e.Updates, e.Forward.Errors+e.Backward.Errors)
+	}
+	if shown == 0 {
+		fmt.Fprintln(tw, "(no requests yet)")
+	}
+	tw.Flush()
+}
+
+func writeJSONFile(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("stats file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("stats file: %w", err)
+	}
+	return nil
+}

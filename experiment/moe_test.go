@@ -1,0 +1,50 @@
+package experiment
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/skyhive/skyhive/data"
+)
+
+// TestMoEConvergenceQuick runs the quick variant end to end: the swarm,
+// 64 trainers, evaluation and the result files.
+func TestMoEConvergenceQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains for about a minute")
+	}
+	if _, err := os.Stat(filepath.Join(data.DefaultDir, "train-images-idx3-ubyte.gz")); err != nil {
+		if _, err2 := os.Stat(data.DefaultDir); err2 != nil {
+			t.Skip("Fashion-MNIST not installed")
+		}
+	}
+	out := t.TempDir()
+	o := Options{Out: out, Quick: true, Seed: 1}
+	if testing.Verbose() {
+		o.Log = os.Stderr
+	}
+	if err := runMoEConvergence(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "moe-convergence.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Runs []moeRunResult `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Runs {
+		if r.Samples == 0 || r.FinalAccuracy < 0.3 {
+			t.Errorf("%s: %d samples, accuracy %.3f", r.Name, r.Samples, r.FinalAccuracy)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(out, "moe-convergence.png")); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,76 @@
+package client
+
+import (
+	"sync"
+
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/tensor"
+)
+
+// Shared holds the trainer-side parameters (input layer, gates, classifier)
+// that several asynchronous trainers of one process share, the way expert
+// servers share an expert among trainers: each trainer runs StepDeferred
+// on its own replica of the Model and hands the result to Apply, which
+// adds the gate gradients, recomputes the local layers' gradients with the
+// master's current weights, takes an optimizer step and refreshes the
+// replica. It is safe for concurrent use.
+type Shared struct {
+	mu     sync.Mutex
+	master *Model
+	params []*nn.Param
+	opt    optim.Optimizer
+	steps  int64
+}
+
+// NewShared wraps master, whose parameters opt (built over master.Params())
+// updates.
+func NewShared(master *Model, opt optim.Optimizer) *Shared {
+	s := &Shared{master: master, params: master.Params(), opt: opt}
+	nn.ZeroGrad(s.params)
+	return s
+}
+
+// Apply takes the replica's gate gradients and d, steps the optimizer and
+// copies the master's weights into the replica.
+func (s *Shared) Apply(replica *Model, d Deferred) {
+	rp := replica.Params()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, p := range s.params {
+		tensor.Axpy(1, rp[i].Grad.Data, p.Grad.Data)
+	}
+	s.master.ApplyDeferred(d)
+	s.opt.Step()
+	nn.ZeroGrad(s.params)
+	s.steps++
+	s.copyTo(rp)
+}
+
+// Sync copies the master's weights into the replica.
+func (s *Shared) Sync(replica *Model) {
+	rp := replica.Params()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.copyTo(rp)
+}
+
+// Steps returns the number of optimizer steps taken.
+func (s *Shared) Steps() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.steps
+}
+
+// Export returns a copy of the master's parameters, for checkpoints.
+func (s *Shared) Export() map[string]*tensor.Tensor {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return nn.ExportParams(s.params)
+}
+
+func (s *Shared) copyTo(rp []*nn.Param) {
+	for i, p := range s.params {
+		copy(rp[i].Value.Data, p.Value.Data)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -19,6 +20,10 @@ import (
 	"github.com/skyhive/skyhive/train"
 	"github.com/spf13/cobra"
 )
+
+// demoBaseSlowdown is how many times slower than one core of this machine
+// every emulated device is, before its own slowdown.
+const demoBaseSlowdown = 3
 
 // demoConfig configures the main job.
 type demoConfig struct {
@@ -50,7 +55,7 @@ func newDemoCmd() *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.IntVar(&d.workers, "workers", 4, "local worker processes")
-	fl.Float64Var(&d.slowdownMax, "slowdown-max", 4, "worker slowdowns are drawn from U[1,MAX]")
+	fl.Float64Var(&d.slowdownMax, "slowdown-max", 6, "worker slowdowns are drawn from U[1,MAX] as in Sky Computing")
 	fl.StringVar(&d.model, "model", "deep-mlp:256x8", "model: mlp, bert-tiny or deep-mlp:WIDTHxDEPTH")
 	fl.IntVar(&d.batch, "batch", 128, "examples per iteration")
 	fl.IntVar(&d.micro, "micro", 4, "micro-batches per iteration (1F1B schedule)")
@@ -86,6 +91,13 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Every emulated device is demoBaseSlowdown times slower than one core
+	// of this machine, so workers that compute at once barely compete for
+	// the cores, as separate machines would not.
+	emulated := make([]float64, len(slow))
+	for i, f := range slow {
+		emulated[i] = demoBaseSlowdown * f
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("locating the skyhive binary: %w", err)
@@ -95,8 +107,8 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 		return err
 	}
 	defer c.Close()
-	fmt.Fprintf(out, "1/4 starting %d worker processes on loopback (libp2p, TLS) with slowdowns %s\n", d.workers, fmtFloats(slow))
-	local, err := pipeline.LaunchLocal(ctx, c, pipeline.LocalConfig{Binary: exe, Slowdowns: slow})
+	fmt.Fprintf(out, "1/4 starting %d worker processes on loopback (libp2p, TLS) with slowdowns %s (times %.0f)\n", d.workers, fmtFloats(slow), float64(demoBaseSlowdown))
+	local, err := pipeline.LaunchLocal(ctx, c, pipeline.LocalConfig{Binary: exe, Slowdowns: emulated, Env: []string{"OPENBLAS_NUM_THREADS=1"}})
 	if err != nil {
 		return err
 	}
@@ -119,21 +131,32 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 	}
 	defer s.Close()
 
-	results := map[string]*alloc.Result{}
+	// Plans from the profiled cluster: every strategy's plan and its
+	// predicted iteration time from the session's calibrated simulation of
+	// the schedule (alloc's analytic cost model is shown beside it).
+	names := []string{"even", "sky", "optimal", "skyhive"}
+	plans := map[string]alloc.Plan{}
+	preds := map[string]float64{}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STRATEGY\tSTAGES\tPREDICTED\tSOLVE\tNOTE")
-	for _, name := range alloc.StrategyNames() {
-		r, err := alloc.Solve(ctx, name, s.Problem())
+	fmt.Fprintln(tw, "STRATEGY\tPLAN\tPREDICTED\tALLOC MODEL\tSOLVE")
+	for _, name := range names {
+		t0 := time.Now()
+		plan, err := s.Solve(ctx, name)
 		if err != nil {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t%v\n", name, err)
+			fmt.Fprintf(tw, "%s\t%v\t\t\t\n", name, err)
 			continue
 		}
-		results[name] = r
-		note := ""
-		if len(r.Notes) > 0 {
-			note = r.Notes[0]
+		solve := time.Since(t0)
+		pred, err := s.Predict(plan)
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f ms\t%s\t%s\n", name, len(r.Plan.Stages), 1e3*r.Predicted, r.SolveTime.Round(time.Microsecond), note)
+		rep, err := s.Report(plan)
+		if err != nil {
+			return err
+		}
+		plans[name], preds[name] = plan, pred.Iteration
+		fmt.Fprintf(tw, "%s\t%s\t%.1f ms\t%.1f ms\t%s\n", name, planString(plan), 1e3*pred.Iteration, 1e3*rep.Iteration, solve.Round(time.Microsecond))
 	}
 	tw.Flush()
 
@@ -149,11 +172,11 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 	times := map[string][]float64{}
 	for rep := 0; rep < d.compareIter; rep++ {
 		for _, name := range compare {
-			r := results[name]
-			if r == nil {
+			plan, ok := plans[name]
+			if !ok {
 				continue
 			}
-			if err := s.SetPlan(ctx, r.Plan); err != nil {
+			if err := s.SetPlan(ctx, plan); err != nil {
 				return fmt.Errorf("install %s plan: %w", name, err)
 			}
 			st, err := s.Step(ctx, next())
@@ -173,14 +196,14 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 			continue
 		}
 		st := bench.Summarize(times[name])
-		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f..%.1f\t%.1f ms\t%.2fx\n", name, 1e3*st.Median, 1e3*st.Min, 1e3*st.Max, 1e3*results[name].Predicted, even/st.Median)
+		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f..%.1f\t%.1f ms\t%.2fx\n", name, 1e3*st.Median, 1e3*st.Min, 1e3*st.Max, 1e3*preds[name], even/st.Median)
 	}
 	tw.Flush()
 
 	sessionLog.w = log
 	fmt.Fprintf(out, "4/4 training %s on Fashion-MNIST for %d iterations with the skyhive plan\n", d.model, d.steps)
-	if r := results["skyhive"]; r != nil {
-		if err := s.SetPlan(ctx, r.Plan); err != nil {
+	if plan, ok := plans["skyhive"]; ok {
+		if err := s.SetPlan(ctx, plan); err != nil {
 			return err
 		}
 	}
@@ -242,3 +265,12 @@ func batches(l *data.Loader) func() data.Batch {
 type switchWriter struct{ w io.Writer }
 
 func (s *switchWriter) Write(p []byte) (int, error) { return s.w.Write(p) }
+
+// planString renders a plan as "w1[0,5) | w0[5,17)".
+func planString(p alloc.Plan) string {
+	parts := make([]string, len(p.Stages))
+	for i, st := range p.Stages {
+		parts[i] = fmt.Sprintf("w%d[%d,%d)", st.Device, st.First, st.Last)
+	}
+	return strings.Join(parts, " | ")
+}

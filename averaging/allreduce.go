@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -304,6 +305,24 @@ func (s *session) ban(all bool) {
 	}
 }
 
+// disagree stops waiting for the member id (if listed), which joined the
+// session with another member list or other settings.
+func (s *session) disagree(id peer.ID) {
+	j := slices.Index(s.members, id)
+	if j < 0 || j == s.self {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.banned[j] {
+		return
+	}
+	s.banned[j] = true
+	for _, c := range s.chunks {
+		s.maybeFinalize(c, false)
+	}
+}
+
 // stop releases the session's timers.
 func (s *session) stop() {
 	for _, t := range s.timers {
@@ -385,6 +404,9 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 	}
 	switch {
 	case r.Hash != s.hash || int(r.Size) != len(s.members):
+		// Intersect: a listed member that disagrees on the member list
+		// will never contribute to this session; stop waiting for it.
+		s.disagree(from)
 		return nil, fmt.Errorf("averaging: session %q: member list or settings differ", r.Session)
 	case int(r.Part) != s.self:
 		return nil, fmt.Errorf("averaging: session %q: part %d is not reduced here", r.Session, r.Part)

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
@@ -77,6 +79,24 @@ type WorkerConfig struct {
 	// (DefaultMaxInflight); activations beyond it are declined, and the
 	// group drops this peer after ReduceWait.
 	MaxInflight int
+
+	// Matchmaking is how WAGMA finds its groups: MatchRanks (butterfly
+	// groups over Roster, the default) or MatchDHT (Moshpit-style groups
+	// through DHT, no ranks: Roster and Rank are then only labels and may
+	// be empty; there is no global τ barrier, the grid rounds mix the
+	// models instead).
+	Matchmaking Matchmaking
+	// DHT is the node MatchDHT declares in and reads from.
+	DHT *dht.Node
+	// RoundInterval is the wall-clock length of a MatchDHT round
+	// (DefaultRoundInterval); rounds are aligned to multiples of it.
+	RoundInterval time.Duration
+	// MatchWindow is how long after a round starts MatchDHT waits for
+	// declarations before reading the group (RoundInterval/4).
+	MatchWindow time.Duration
+	// GridDims is the number of dimensions of MatchDHT's grid, whose side
+	// is GroupSize (DefaultGridDims).
+	GridDims int
 }
 
 // ComputeFunc computes the gradients of the worker's parameters for local
@@ -103,8 +123,12 @@ type Stats struct {
 	GroupPassive  int     `json:"group_passive"`
 	GroupDeclined int     `json:"group_declined"`
 	GlobalSyncs   int     `json:"global_syncs"`
-	Failures      int     `json:"failures"` // collectives with failed or missing members
-	Dead          int     `json:"dead"`     // peers given up on
+	Groups        int     `json:"groups,omitempty"`        // MatchDHT groups averaged in
+	GroupMembers  int     `json:"group_members,omitempty"` // their sizes summed
+	Alone         int     `json:"alone,omitempty"`         // MatchDHT rounds without a partner
+	MatchErrors   int     `json:"match_errors,omitempty"`  // MatchDHT rounds lost to DHT errors
+	Failures      int     `json:"failures"`                // collectives with failed or missing members
+	Dead          int     `json:"dead"`                    // peers given up on
 	LastLoss      float64 `json:"last_loss"`
 }
 
@@ -118,6 +142,8 @@ type Worker struct {
 	opt     optim.Optimizer
 	compute ComputeFunc
 	onStep  func(StepInfo)
+	onGroup func(GroupInfo)
+	mm      *matchmaker // MatchDHT only
 	n       int
 
 	running  atomic.Bool
@@ -144,12 +170,35 @@ func NewWorker(avg *Averager, params []*nn.Param, opt optim.Optimizer, compute C
 	if _, err := ParseAlgo(string(cfg.Algo)); err != nil {
 		return nil, err
 	}
-	p := len(cfg.Roster)
-	if p == 0 || cfg.Rank < 0 || cfg.Rank >= p {
-		return nil, fmt.Errorf("averaging: rank %d of %d peers", cfg.Rank, p)
+	mm, err := ParseMatchmaking(string(cfg.Matchmaking))
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Roster[cfg.Rank].Peer.ID != avg.Transport().ID() {
-		return nil, fmt.Errorf("averaging: roster rank %d is %s, not this peer", cfg.Rank, cfg.Roster[cfg.Rank].Peer.ID)
+	cfg.Matchmaking = mm
+	p := len(cfg.Roster)
+	if mm == MatchDHT {
+		if cfg.Algo != WAGMA || cfg.DHT == nil {
+			return nil, errors.New("averaging: DHT matchmaking needs the wagma algorithm and a DHT node")
+		}
+		if cfg.RoundInterval <= 0 {
+			cfg.RoundInterval = DefaultRoundInterval
+		}
+		if cfg.MatchWindow <= 0 || cfg.MatchWindow >= cfg.RoundInterval {
+			cfg.MatchWindow = cfg.RoundInterval / 4
+		}
+		if cfg.GridDims <= 0 {
+			cfg.GridDims = DefaultGridDims
+		}
+		if cfg.GroupSize == 0 {
+			cfg.GroupSize = max(DefaultGroupSize(p), 3)
+		}
+	} else {
+		if p == 0 || cfg.Rank < 0 || cfg.Rank >= p {
+			return nil, fmt.Errorf("averaging: rank %d of %d peers", cfg.Rank, p)
+		}
+		if cfg.Roster[cfg.Rank].Peer.ID != avg.Transport().ID() {
+			return nil, fmt.Errorf("averaging: roster rank %d is %s, not this peer", cfg.Rank, cfg.Roster[cfg.Rank].Peer.ID)
+		}
 	}
 	if cfg.GroupSize == 0 {
 		cfg.GroupSize = DefaultGroupSize(p)
@@ -185,6 +234,9 @@ func NewWorker(avg *Averager, params []*nn.Param, opt optim.Optimizer, compute C
 	}
 	flattenValues(params, w.published)
 	w.stats.Rank = cfg.Rank
+	if mm == MatchDHT {
+		w.mm = newMatchmaker(cfg.DHT, avg.Transport(), cfg.RunID, cfg.RoundInterval, cfg.MatchWindow, cfg.GroupSize, cfg.GridDims)
+	}
 	avg.Transport().SetHandler(ActivateProtocol, w.handleActivate)
 	avg.Transport().SetHandler(StateProtocol, w.handleState)
 	return w, nil
@@ -192,6 +244,19 @@ func NewWorker(avg *Averager, params []*nn.Param, opt optim.Optimizer, compute C
 
 // OnStep sets a callback run after every local step (from Run's goroutine).
 func (w *Worker) OnStep(f func(StepInfo)) { w.onStep = f }
+
+// GroupInfo describes one MatchDHT group all-reduce this peer took part in.
+type GroupInfo struct {
+	Round   int // the wall-clock matchmaking round
+	Key     string
+	Members []peer.ID
+	Result  Result
+	Err     error
+}
+
+// OnGroup sets a callback run after every MatchDHT group all-reduce (from
+// the matchmaking goroutine). Set it before Run.
+func (w *Worker) OnGroup(f func(GroupInfo)) { w.onGroup = f }
 
 // Snapshot returns a copy of the model after the last local step, with
 // averaging results that arrived since applied.
@@ -257,6 +322,9 @@ func (w *Worker) Run(ctx context.Context) (Stats, error) {
 		w.bg.Wait()
 	}()
 	start := time.Now()
+	if w.mm != nil {
+		w.bg.Go(func() { w.matchLoop(bgCtx) })
+	}
 	flat := make([]float32, w.n)
 	lastGlobal := -1
 	steps := 0
@@ -304,6 +372,9 @@ func (w *Worker) Run(ctx context.Context) (Stats, error) {
 				target = round
 			}
 		case WAGMA:
+			if w.mm != nil {
+				break // the matchmaking loop averages in the background
+			}
 			if k := int(w.global.Load()); k > lastGlobal && k >= round {
 				target = k // another peer started a global round: join it now
 			} else if round%w.cfg.Tau == 0 {
@@ -327,7 +398,7 @@ func (w *Worker) Run(ctx context.Context) (Stats, error) {
 		w.stats.Steps, w.stats.Round, w.stats.LastLoss = steps, round, loss
 		w.stats.Seconds = time.Since(start).Seconds()
 		w.mu.Unlock()
-		if w.cfg.Algo == WAGMA && target < 0 {
+		if w.cfg.Algo == WAGMA && target < 0 && w.mm == nil {
 			w.startGroup(round, true)
 		}
 		if w.onStep != nil {
@@ -505,6 +576,9 @@ func (w *Worker) handleActivate(ctx context.Context, from peer.ID, req []byte) (
 	if !w.running.Load() {
 		return nil, errors.New("averaging: worker not running")
 	}
+	if w.mm != nil {
+		return nil, errors.New("averaging: this peer matches groups through the DHT")
+	}
 	switch a.Kind {
 	case activateGlobal:
 		for {
@@ -598,4 +672,83 @@ func FetchState(ctx context.Context, t p2p.Transport, from peer.AddrInfo, want i
 		round = int(r)
 	}
 	return out, round, nil
+}
+
+// matchLoop runs MatchDHT: at every round boundary it forms a group
+// through the DHT, averages the current model with it in the background
+// and leaves the result as a correction for the training loop, as a WAGMA
+// group round does. Rounds are skipped while one is still running.
+func (w *Worker) matchLoop(ctx context.Context) {
+	mm := w.mm
+	for ctx.Err() == nil {
+		r := mm.roundAt(time.Now()) + 1
+		if err := sleepUntil(ctx, mm.start(r)); err != nil {
+			return
+		}
+		w.mu.Lock()
+		stepRound := w.round
+		w.mu.Unlock()
+		// Cancel a round that overruns into the next one's window.
+		rctx, cancel := context.WithDeadline(ctx, mm.start(r+2))
+		info := w.matchRound(rctx, r, stepRound)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		// List this peer for late joiners (off the round's critical path).
+		actx, cancel := context.WithTimeout(ctx, mm.interval)
+		err := mm.announce(actx, stepRound)
+		cancel()
+		w.mu.Lock()
+		switch {
+		case info.Err != nil && info.Members == nil, err != nil:
+			w.stats.MatchErrors++
+		case len(info.Members) < 2:
+			w.stats.Alone++
+		default:
+			w.stats.Groups++
+			w.stats.GroupMembers += len(info.Members)
+		}
+		w.mu.Unlock()
+		if w.onGroup != nil && len(info.Members) > 0 {
+			w.onGroup(info)
+		}
+	}
+}
+
+// matchRound forms the group of round r and averages with it.
+func (w *Worker) matchRound(ctx context.Context, r, stepRound int) GroupInfo {
+	info := GroupInfo{Round: r}
+	sess, key, err := w.mm.form(ctx, r, stepRound)
+	info.Key = key
+	if err != nil {
+		info.Err = err
+		return info
+	}
+	for _, m := range sess.Members {
+		info.Members = append(info.Members, m.Peer.ID)
+	}
+	if len(sess.Members) < 2 {
+		return info
+	}
+	w.mu.Lock()
+	snap := make([]float32, w.n)
+	copy(snap, w.published)
+	tensor.Axpy(1, w.delta, snap)
+	w.mu.Unlock()
+	avg := slices.Clone(snap)
+	info.Result, info.Err = w.avg.AllReduce(ctx, sess, avg)
+	if info.Err != nil || len(info.Result.Failed) > 0 || len(info.Result.Missing) > 0 {
+		w.mu.Lock()
+		w.stats.Failures++
+		w.mu.Unlock()
+	}
+	if info.Err != nil && ctx.Err() != nil {
+		return info
+	}
+	tensor.Axpy(-1, snap, avg)
+	w.mu.Lock()
+	tensor.Axpy(1, avg, w.delta)
+	w.mu.Unlock()
+	return info
 }

@@ -1,0 +1,340 @@
+package averaging
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/p2p"
+)
+
+// Matchmaking names how a Worker finds the members of its groups.
+type Matchmaking string
+
+// Matchmaking modes.
+const (
+	// MatchRanks forms WAGMA's butterfly groups from fixed ranks in
+	// WorkerConfig.Roster.
+	MatchRanks Matchmaking = "ranks"
+	// MatchDHT forms groups without ranks, Moshpit-style: every round each
+	// peer declares itself in the DHT under a key made of the run, the
+	// round and its grid coordinates except one dimension, and averages
+	// with whoever declared under the same key.
+	MatchDHT Matchmaking = "dht"
+)
+
+// ParseMatchmaking returns the matchmaking mode named s ("" is ranks).
+func ParseMatchmaking(s string) (Matchmaking, error) {
+	switch m := Matchmaking(s); m {
+	case "", MatchRanks:
+		return MatchRanks, nil
+	case MatchDHT:
+		return m, nil
+	}
+	return "", fmt.Errorf("averaging: unknown matchmaking %q (want ranks or dht)", s)
+}
+
+// Defaults of DHT matchmaking.
+const (
+	DefaultRoundInterval = 2 * time.Second
+	DefaultGridDims      = 2
+	// maxDeclaration bounds a declaration read from the DHT.
+	maxDeclaration = 4 << 10
+	maxDeclAddrs   = 16
+)
+
+// GroupKey is the DHT key under which a peer with the given grid
+// coordinates declares itself in a round: the run, the round and every
+// coordinate except the one of dimension round mod len(coords), which is
+// the dimension the round averages along (Moshpit SGD's grid). Peers that
+// agree on all other coordinates meet under the same key.
+func GroupKey(run string, round int, coords []int) string {
+	var b strings.Builder
+	b.WriteString(run)
+	b.WriteString("/mm/")
+	b.WriteString(strconv.Itoa(round))
+	k := round % max(len(coords), 1)
+	for i, c := range coords {
+		b.WriteByte('/')
+		if i == k {
+			b.WriteByte('*')
+		} else {
+			b.WriteString(strconv.Itoa(c))
+		}
+	}
+	return b.String()
+}
+
+// PeersKey is the DHT key under which the peers of a run list themselves
+// (subkey: peer ID) so that a peer joining late finds one to fetch the
+// model from.
+func PeersKey(run string) string { return run + "/peers" }
+
+// SplitGroup cuts the sorted, duplicate-free list ids into the fewest
+// consecutive groups of at most size members each, of near-equal sizes, and
+// returns the one holding self with self's index in it (-1 if self is not
+// in ids). Every peer that sees the same list computes the same groups.
+func SplitGroup(ids []peer.ID, self peer.ID, size int) (group []peer.ID, index int) {
+	at := slices.Index(ids, self)
+	if at < 0 {
+		return nil, -1
+	}
+	size = max(size, 1)
+	k := (len(ids) + size - 1) / size
+	// Group g holds ids[g*n/k : (g+1)*n/k].
+	n := len(ids)
+	lo, hi := 0, n
+	for g := range k {
+		if (g+1)*n/k > at {
+			lo, hi = g*n/k, (g+1)*n/k
+			break
+		}
+	}
+	return ids[lo:hi], at - lo
+}
+
+// declaration is what a peer stores in the DHT: how to reach it and its
+// round counter.
+type declaration struct {
+	Addr  peer.AddrInfo `json:"addr"`
+	Round int           `json:"round"`
+}
+
+func (d declaration) marshal() ([]byte, error) {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return nil, fmt.Errorf("averaging: encode declaration: %w", err)
+	}
+	return b, nil
+}
+
+// parseDeclaration decodes and validates a declaration stored under subkey.
+func parseDeclaration(subkey string, b []byte) (declaration, error) {
+	var d declaration
+	if len(b) > maxDeclaration {
+		return d, fmt.Errorf("%w: declaration of %d bytes", ErrMessage, len(b))
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		return d, fmt.Errorf("%w: declaration: %v", ErrMessage, err)
+	}
+	id, err := peer.Decode(subkey)
+	switch {
+	case err != nil:
+		return d, fmt.Errorf("%w: declaration subkey: %v", ErrMessage, err)
+	case d.Addr.ID != id:
+		return d, fmt.Errorf("%w: declaration of %s under subkey %s", ErrMessage, d.Addr.ID, id)
+	case len(d.Addr.Addrs) > maxDeclAddrs:
+		return d, fmt.Errorf("%w: declaration with %d addresses", ErrMessage, len(d.Addr.Addrs))
+	case d.Round < 0:
+		return d, fmt.Errorf("%w: declaration at round %d", ErrMessage, d.Round)
+	}
+	return d, nil
+}
+
+// declared returns the valid declarations under key, sorted by peer ID.
+func declared(ctx context.Context, node *dht.Node, key string) ([]declaration, error) {
+	items, err := node.Get(ctx, key)
+	if err != nil && !errors.Is(err, dht.ErrNotFound) {
+		return nil, fmt.Errorf("averaging: matchmaking get %q: %w", key, err)
+	}
+	now := time.Now()
+	var ds []declaration
+	for sub, it := range items {
+		if it.Expiration.Before(now) {
+			continue
+		}
+		d, err := parseDeclaration(sub, it.Value)
+		if err != nil {
+			continue // a bad record does not stop the round
+		}
+		ds = append(ds, d)
+	}
+	slices.SortFunc(ds, func(a, b declaration) int { return strings.Compare(string(a.Addr.ID), string(b.Addr.ID)) })
+	return ds, nil
+}
+
+// FindPeers lists the peers of a run that declared themselves in the DHT
+// recently (PeersKey), with their round counters, sorted by peer ID.
+func FindPeers(ctx context.Context, node *dht.Node, run string) ([]peer.AddrInfo, []int, error) {
+	ds, err := declared(ctx, node, PeersKey(run))
+	if err != nil {
+		return nil, nil, err
+	}
+	infos := make([]peer.AddrInfo, len(ds))
+	rounds := make([]int, len(ds))
+	for i, d := range ds {
+		infos[i], rounds[i] = d.Addr, d.Round
+	}
+	return infos, rounds, nil
+}
+
+// JoinState finds a live peer of the run through the DHT and downloads its
+// model (FetchState), for a peer that joins late. It tries the peers with
+// the highest round counters first and returns the model and that peer's
+// round counter.
+func JoinState(ctx context.Context, node *dht.Node, t p2p.Transport, run string, want int) ([]float32, int, error) {
+	infos, rounds, err := FindPeers(ctx, node, run)
+	if err != nil {
+		return nil, 0, err
+	}
+	order := make([]int, 0, len(infos))
+	for i, info := range infos {
+		if info.ID != t.ID() {
+			order = append(order, i)
+		}
+	}
+	if len(order) == 0 {
+		return nil, 0, fmt.Errorf("averaging: no peers of run %q in the DHT", run)
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return rounds[b] - rounds[a] })
+	var errs []error
+	for _, i := range order[:min(len(order), 3)] {
+		vec, round, err := FetchState(ctx, t, infos[i], want)
+		if err == nil {
+			return vec, round, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, 0, fmt.Errorf("averaging: join run %q: %w", run, errors.Join(errs...))
+}
+
+// matchmaker forms a peer's group for a round through the DHT.
+type matchmaker struct {
+	node     *dht.Node
+	t        p2p.Transport
+	run      string
+	interval time.Duration
+	window   time.Duration
+	size     int
+	coords   []int
+}
+
+func newMatchmaker(node *dht.Node, t p2p.Transport, run string, interval, window time.Duration, size, dims int) *matchmaker {
+	// Start from random coordinates; the rounds rearrange them.
+	h := fnv.New64a()
+	h.Write([]byte(t.ID()))
+	rng := rand.New(rand.NewPCG(h.Sum64(), uint64(time.Now().UnixNano())))
+	coords := make([]int, dims)
+	for i := range coords {
+		coords[i] = rng.IntN(size)
+	}
+	return &matchmaker{node: node, t: t, run: run, interval: interval, window: window, size: size, coords: coords}
+}
+
+// roundAt is the wall-clock round of time t: rounds are aligned to
+// multiples of the interval since the Unix epoch, so peers whose clocks
+// agree to well within the window meet in the same round.
+func (m *matchmaker) roundAt(t time.Time) int { return int(t.UnixNano() / int64(m.interval)) }
+
+func (m *matchmaker) start(round int) time.Time { return time.Unix(0, int64(round)*int64(m.interval)) }
+
+// announce lists this peer under the run's peers key for late joiners.
+func (m *matchmaker) announce(ctx context.Context, round int) error {
+	v, err := declaration{Addr: m.t.AddrInfo(), Round: round}.marshal()
+	if err != nil {
+		return err
+	}
+	if _, err := m.node.Store(ctx, PeersKey(m.run), m.t.ID().String(), v, time.Now().Add(3*m.interval)); err != nil {
+		return fmt.Errorf("averaging: announce: %w", err)
+	}
+	return nil
+}
+
+// form declares this peer for round, waits for the window, and returns
+// the session of its group (members sorted by ID, at most size of them).
+// The session ID is the key and the group's index in the split, so peers
+// whose member lists disagree meet in the same session and the all-reduce
+// drops the disagreeing ones at once (member-list hash check).
+func (m *matchmaker) form(ctx context.Context, round, stepRound int) (Session, string, error) {
+	key := GroupKey(m.run, round, m.coords)
+	v, err := declaration{Addr: m.t.AddrInfo(), Round: stepRound}.marshal()
+	if err != nil {
+		return Session{}, key, err
+	}
+	end := m.start(round).Add(m.interval)
+	if _, err := m.node.Store(ctx, key, m.t.ID().String(), v, end); err != nil {
+		return Session{}, key, fmt.Errorf("averaging: matchmaking declare %q: %w", key, err)
+	}
+	if err := sleepUntil(ctx, m.start(round).Add(m.window)); err != nil {
+		return Session{}, key, err
+	}
+	// Read until two consecutive reads agree (at most three), so that
+	// declarations still propagating when the window closed are seen by
+	// everyone.
+	var ds []declaration
+	for try := range 3 {
+		next, err := declared(ctx, m.node, key)
+		if err != nil {
+			return Session{}, key, err
+		}
+		if try > 0 && sameMembers(ds, next) {
+			break
+		}
+		ds = next
+		if try < 2 {
+			if err := sleep(ctx, m.window/8); err != nil {
+				return Session{}, key, err
+			}
+		}
+	}
+	ids := make([]peer.ID, 0, len(ds)+1)
+	addrs := map[peer.ID]peer.AddrInfo{m.t.ID(): m.t.AddrInfo()}
+	for _, d := range ds {
+		ids = append(ids, d.Addr.ID)
+		addrs[d.Addr.ID] = d.Addr
+	}
+	if !slices.Contains(ids, m.t.ID()) {
+		ids = append(ids, m.t.ID())
+		slices.Sort(ids)
+	}
+	group, index := SplitGroup(ids, m.t.ID(), m.size)
+	g := slices.Index(ids, group[0])
+	ms := make([]Member, len(group))
+	for i, id := range group {
+		ms[i] = Member{Peer: addrs[id], Weight: 1}
+	}
+	// The next round averages along the next dimension; taking our index
+	// in this group as the coordinate of this one spreads this group's
+	// members over different groups from now on.
+	m.coords[round%len(m.coords)] = index % m.size
+	id := key + "/" + strconv.Itoa(g)
+	if len(id) > MaxSessionLen {
+		h := fnv.New64a()
+		h.Write([]byte(id))
+		id = fmt.Sprintf("mm/%x", h.Sum64())
+	}
+	return Session{ID: id, Members: ms}, key, nil
+}
+
+func sameMembers(a, b []declaration) bool {
+	return slices.EqualFunc(a, b, func(x, y declaration) bool { return x.Addr.ID == y.Addr.ID })
+}
+
+func sleepUntil(ctx context.Context, t time.Time) error { return sleep(ctx, time.Until(t)) }
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -220,6 +220,7 @@ type matchmaker struct {
 	window   time.Duration
 	size     int
 	coords   []int
+	rng      *rand.Rand
 }
 
 func newMatchmaker(node *dht.Node, t p2p.Transport, run string, interval, window time.Duration, size, dims int) *matchmaker {
@@ -231,7 +232,7 @@ func newMatchmaker(node *dht.Node, t p2p.Transport, run string, interval, window
 	for i := range coords {
 		coords[i] = rng.IntN(size)
 	}
-	return &matchmaker{node: node, t: t, run: run, interval: interval, window: window, size: size, coords: coords}
+	return &matchmaker{node: node, t: t, run: run, interval: interval, window: window, size: size, coords: coords, rng: rng}
 }
 
 // roundAt is the wall-clock round of time t: rounds are aligned to
@@ -310,6 +311,13 @@ func (m *matchmaker) form(ctx context.Context, round, stepRound int) (Session, s
 	// in this group as the coordinate of this one spreads this group's
 	// members over different groups from now on.
 	m.coords[round%len(m.coords)] = index % m.size
+	if len(group) == 1 {
+		// Nobody shares our other coordinates: move to a random cell so
+		// that a peer stranded in an empty row meets others later.
+		for i := range m.coords {
+			m.coords[i] = m.rng.IntN(m.size)
+		}
+	}
 	id := key + "/" + strconv.Itoa(g)
 	if len(id) > MaxSessionLen {
 		h := fnv.New64a()

@@ -5,12 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/memnet"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/train"
@@ -49,6 +54,23 @@ type SimConfig struct {
 	Codec     wire.Codec
 	// Timeout bounds each all-reduce (Config.Timeout).
 	Timeout time.Duration
+
+	// Transport is TransportMemnet (default: goroutine peers on an
+	// in-memory network with interfaces modelled by NICLink) or
+	// TransportLibp2p (every peer a real libp2p host on loopback TCP with
+	// TLS; Bandwidth and Latency are then ignored).
+	Transport string
+	// Matchmaking, RoundInterval, MatchWindow and GridDims configure how
+	// WAGMA finds groups (see WorkerConfig). With MatchDHT every peer runs
+	// a DHT node; they bootstrap from DHTSeeds if given (an external DHT,
+	// libp2p only) and from the first peer otherwise.
+	Matchmaking   Matchmaking
+	RoundInterval time.Duration
+	MatchWindow   time.Duration
+	GridDims      int
+	DHTSeeds      []peer.AddrInfo
+	// RunID names the run in session IDs and DHT keys ("run").
+	RunID string
 
 	// Duration stops the run (0: only Steps or ctx).
 	Duration time.Duration
@@ -97,6 +119,9 @@ type SimResult struct {
 	Seconds        float64 `json:"seconds"`
 	FinalAccuracy  float64 `json:"final_accuracy"`
 	Workers        []Stats `json:"workers"`
+	// Joined counts peers that started from a model fetched from a peer
+	// of the run found in an external DHT (late joining).
+	Joined int `json:"joined,omitempty"`
 }
 
 // DrawSlowdowns draws n slowdown factors from U[lo, hi] with a seed.
@@ -129,20 +154,30 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 	if timeout <= 0 {
 		timeout = 20 * time.Second
 	}
-	link := NewNICLink(cfg.Bandwidth, cfg.Latency)
-	network := memnet.NewNetwork(memnet.WithLink(link), memnet.WithMaxInbound(256))
-	defer network.Close()
+	mm, err := ParseMatchmaking(string(cfg.Matchmaking))
+	if err != nil {
+		return res, err
+	}
+	if mm == MatchDHT && cfg.RoundInterval > 0 && cfg.Timeout <= 0 {
+		timeout = cfg.RoundInterval
+	}
+	nw, err := newSimNetwork(ctx, cfg)
+	if err != nil {
+		return res, err
+	}
+	defer nw.close()
 
 	type peerState struct {
-		peer   *memnet.Peer
+		peer   p2p.Transport
 		avg    *Averager
+		node   *dht.Node
 		model  *nn.Sequential
 		worker *Worker
 	}
 	ps := make([]*peerState, cfg.Peers)
 	roster := make([]Member, cfg.Peers)
 	for i := range ps {
-		p, err := network.NewPeer()
+		p, err := nw.newPeer(ctx)
 		if err != nil {
 			return res, err
 		}
@@ -154,6 +189,26 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		}
 		ps[i] = &peerState{peer: p, avg: a, model: model}
 		roster[i] = Member{Peer: p.AddrInfo(), Weight: 1}
+		if mm == MatchDHT {
+			node, err := dht.New(p, dht.Config{RPCTimeout: timeout})
+			if err != nil {
+				return res, err
+			}
+			defer node.Close()
+			ps[i].node = node
+			seeds := cfg.DHTSeeds
+			if i > 0 {
+				seeds = append(slices.Clone(seeds), ps[0].peer.AddrInfo())
+			}
+			if len(seeds) > 0 {
+				bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				err := node.Bootstrap(bctx, seeds)
+				cancel()
+				if err != nil {
+					return res, fmt.Errorf("averaging: peer %d: %w", i, err)
+				}
+			}
+		}
 	}
 	shuffled, _, err := cfg.Train.Split(cfg.Train.Len(), cfg.Seed)
 	if err != nil {
@@ -179,7 +234,9 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		compute := newCompute(st.model, shard, loader, cfg.Batch, time.Duration(slow*float64(cfg.BaseStep)))
 		w, err := NewWorker(st.avg, st.model.Params(), opt, compute, WorkerConfig{
 			Algo: cfg.Algo, Rank: i, Roster: roster, GroupSize: cfg.GroupSize, Tau: cfg.Tau,
-			Period: cfg.Period, AverageModels: cfg.AverageModels, Steps: cfg.Steps,
+			Period: cfg.Period, AverageModels: cfg.AverageModels, Steps: cfg.Steps, RunID: cfg.RunID,
+			Matchmaking: mm, DHT: st.node, RoundInterval: cfg.RoundInterval, MatchWindow: cfg.MatchWindow,
+			GridDims: cfg.GridDims,
 		})
 		if err != nil {
 			return res, err
@@ -188,6 +245,16 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 			w.OnStep(cfg.OnStep)
 		}
 		st.worker = w
+		if st.node != nil && len(cfg.DHTSeeds) > 0 {
+			// Joining an external DHT: if peers of this run are already
+			// training, start from one's model instead of from scratch.
+			jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			vec, round, err := JoinState(jctx, st.node, st.peer, w.cfg.RunID, w.n)
+			cancel()
+			if err == nil && w.LoadState(vec, round) == nil {
+				res.Joined++
+			}
+		}
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -219,7 +286,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		mean := make([]float32, ps[0].worker.n)
 		steps := 0
 		for _, st := range ps {
-			if !network.Alive(st.peer.ID()) {
+			if !nw.alive(st.peer.ID()) {
 				continue
 			}
 			tensor.Axpy(1, st.worker.Snapshot(), mean)
@@ -227,7 +294,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		}
 		alive := 0
 		for _, st := range ps {
-			if network.Alive(st.peer.ID()) {
+			if nw.alive(st.peer.ID()) {
 				alive++
 			}
 		}
@@ -242,7 +309,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 				if rank < 0 || rank >= cfg.Peers {
 					return fmt.Errorf("averaging: no rank %d", rank)
 				}
-				return network.Kill(ps[rank].peer.ID())
+				return nw.kill(ps[rank].peer.ID())
 			})
 		})
 	}
@@ -281,6 +348,84 @@ loop:
 	}
 	res.StepsPerSecond = rate / float64(cfg.Peers)
 	return res, errors.Join(errs...)
+}
+
+// Transports of a simulated swarm.
+const (
+	TransportMemnet = "memnet"
+	TransportLibp2p = "libp2p"
+)
+
+// simNetwork creates the peers of a simulation and kills them.
+type simNetwork struct {
+	mem   *memnet.Network // memnet only
+	mu    sync.Mutex
+	hosts map[peer.ID]*p2p.Host // libp2p only
+	dead  map[peer.ID]bool
+}
+
+func newSimNetwork(ctx context.Context, cfg SimConfig) (*simNetwork, error) {
+	nw := &simNetwork{hosts: map[peer.ID]*p2p.Host{}, dead: map[peer.ID]bool{}}
+	switch cfg.Transport {
+	case "", TransportMemnet:
+		if len(cfg.DHTSeeds) > 0 {
+			return nil, errors.New("averaging: external DHT seeds need the libp2p transport")
+		}
+		link := NewNICLink(cfg.Bandwidth, cfg.Latency)
+		nw.mem = memnet.NewNetwork(memnet.WithLink(link), memnet.WithMaxInbound(256))
+	case TransportLibp2p:
+	default:
+		return nil, fmt.Errorf("averaging: unknown transport %q (want memnet or libp2p)", cfg.Transport)
+	}
+	return nw, nil
+}
+
+func (nw *simNetwork) newPeer(ctx context.Context) (p2p.Transport, error) {
+	if nw.mem != nil {
+		return nw.mem.NewPeer()
+	}
+	h, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, IdleTimeout: 10 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("averaging: start libp2p host: %w", err)
+	}
+	nw.mu.Lock()
+	nw.hosts[h.ID()] = h
+	nw.mu.Unlock()
+	return h, nil
+}
+
+// kill makes a peer unreachable: killed on memnet, closed with libp2p.
+func (nw *simNetwork) kill(id peer.ID) error {
+	if nw.mem != nil {
+		return nw.mem.Kill(id)
+	}
+	nw.mu.Lock()
+	h, ok := nw.hosts[id]
+	nw.dead[id] = true
+	nw.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("averaging: no peer %s", id.ShortString())
+	}
+	return h.Close()
+}
+
+func (nw *simNetwork) alive(id peer.ID) bool {
+	if nw.mem != nil {
+		return nw.mem.Alive(id)
+	}
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	return !nw.dead[id]
+}
+
+func (nw *simNetwork) close() {
+	if nw.mem != nil {
+		nw.mem.Close()
+		return
+	}
+	for _, h := range nw.hosts {
+		h.Close()
+	}
 }
 
 // newCompute returns a ComputeFunc that trains on the loader's batches and

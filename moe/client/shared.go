@@ -55,6 +55,13 @@ func (s *Shared) Sync(replica *Model) {
 	s.copyTo(rp)
 }
 
+// SetLR sets the optimizer's learning rate, e.g. from a schedule.
+func (s *Shared) SetLR(lr float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opt.SetLR(lr)
+}
+
 // Steps returns the number of optimizer steps taken.
 func (s *Shared) Steps() int64 {
 	s.mu.Lock()

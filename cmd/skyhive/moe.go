@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -187,6 +188,11 @@ func (t *moeTrainer) run(ctx context.Context, out io.Writer) (float64, error) {
 	if f.moe.evalLimit > 0 && f.moe.evalLimit < testDS.Len() {
 		testDS = testDS.Slice(0, f.moe.evalLimit)
 	}
+	totalSteps := int64(f.cfg.Epochs * loader.Len())
+	if f.moe.steps > 0 {
+		totalSteps = min(totalSteps, int64(f.moe.steps))
+	}
+	sched := optim.Schedule{Peak: f.cfg.LR, Min: f.cfg.LR / 20, Warmup: min(f.cfg.Warmup, totalSteps/10), Total: totalSteps, Decay: optim.Cosine}
 	var acc float64
 	var total atomic.Int64
 	for epoch := range f.cfg.Epochs {
@@ -220,6 +226,7 @@ func (t *moeTrainer) run(ctx context.Context, out io.Writer) (float64, error) {
 					bar.Update(done, int64(seen), progress.F("loss", lossSum/float64(max(done-failed, 1))), progress.F("failed", float64(failed)))
 					mu.Unlock()
 					if err == nil {
+						t.shared.SetLR(sched.LR(t.shared.Steps()))
 						t.shared.Apply(m, d)
 					}
 				}
@@ -346,8 +353,8 @@ func newDemoMoECmd() *cobra.Command {
 	// Demo defaults: two 8×8 grids of small experts, 4 trainers, 2 epochs.
 	_ = fl.Set("moe-grids", "l0.8.8,l1.8.8")
 	_ = fl.Set("moe-hidden", "64")
-	_ = fl.Set("trainers", "4")
-	_ = fl.Set("epochs", "2")
+	_ = fl.Set("trainers", "8")
+	_ = fl.Set("epochs", "1")
 	_ = fl.Set("batch", "64")
 	_ = fl.Set("lr", "1e-3")
 	return cmd
@@ -355,6 +362,11 @@ func newDemoMoECmd() *cobra.Command {
 
 func runDemoMoE(cmd *cobra.Command, f *trainFlags, servers int, rtt time.Duration) error {
 	ctx := cmd.Context()
+	// Many concurrent small GEMMs: the Go kernel beats OpenBLAS's
+	// contending threads (see docs/moe.md). Effective before the first GEMM.
+	if os.Getenv("SKYHIVE_BLAS") == "" {
+		os.Setenv("SKYHIVE_BLAS", "go")
+	}
 	out := cmd.ErrOrStderr()
 	grids, err := parseGrids(f.moe.grids)
 	if err != nil {
@@ -433,7 +445,7 @@ func runDemoMoE(cmd *cobra.Command, f *trainFlags, servers int, rtt time.Duratio
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%d trainers, %d DMoE layers of %v experts (top %d), emulated RTT %v, GEMM backend ready\n",
+	fmt.Fprintf(out, "%d trainers, %d DMoE layers of %v experts (top %d), emulated RTT %v\n",
 		f.moe.trainers, len(grids), grids[0].Size, f.moe.kBest, rtt)
 	t := &moeTrainer{f: f, grids: grids, tr: tr, node: tn, trainDS: trainSet, testDS: testSet}
 	start := time.Now()

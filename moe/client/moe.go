@@ -235,6 +235,9 @@ func (m *MixtureOfExperts) ForwardCtx(ctx context.Context, x *tensor.Tensor) (*t
 		return nil, nil, err
 	}
 	n := x.Shape[0]
+	if n == 0 {
+		return nil, nil, errors.New("moe/client: empty batch")
+	}
 	row := x.Len() / n
 	scores, gst := m.Gate.Forward(nn.Ctx{}, gin)
 	grid := m.cfg.Search.Grid()

@@ -162,7 +162,7 @@ type chunk struct {
 	sum   []float32 // becomes the mean at finalization
 	from  []bool
 	count int
-	resp  []byte // encoded mean, set at finalization
+	resp  []byte // the response: contributor count and encoded mean, set at finalization
 	done  chan struct{}
 }
 
@@ -345,13 +345,15 @@ func (s *session) maybeFinalize(c *chunk, force bool) {
 		}
 	}
 	tensor.Scale(1/float32(c.count), c.sum)
-	b, err := wire.Marshal(tensor.FromSlice(c.sum, len(c.sum)), wire.Options{Codec: s.codec})
+	b := make([]byte, 2, 2+encodedLen(len(c.sum), s.codec))
+	binary.LittleEndian.PutUint16(b, uint16(c.count))
+	out, err := appendVector(b, c.sum, s.codec)
 	if err != nil {
-		// Only 8-bit codecs fail, on non-finite input, which decodeVector
+		// Only 8-bit codecs fail, on non-finite input, which decodeInto
 		// rejects; fall back to the lossless encoding rather than fail.
-		b, _ = wire.Marshal(tensor.FromSlice(c.sum, len(c.sum)), wire.Options{})
+		out, _ = appendVector(b, c.sum, wire.CodecNone)
 	}
-	c.resp = b
+	c.resp = out
 	close(c.done)
 }
 
@@ -417,18 +419,20 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 	}
 	c := s.chunks[r.Chunk]
 	want := min(a.cfg.ChunkElems, s.hi-s.lo-int(r.Chunk)*a.cfg.ChunkElems)
-	x, err := decodeVector(r.Payload, want)
+	x := getScratch(want)
+	err = decodeInto(r.Payload, *x)
+	if err == nil {
+		s.add(c, int(r.Sender), *x)
+	}
+	putScratch(x)
 	if err != nil {
 		return nil, err
 	}
-	s.add(c, int(r.Sender), x)
 	if err := c.wait(ctx, a.done); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	resp := marshalReduceResponse(c.count, c.resp)
-	s.mu.Unlock()
-	return resp, nil
+	// c.resp is immutable once done is closed; callers only read it.
+	return c.resp, nil
 }
 
 // decodeVector decodes a wire tensor of exactly want finite elements.
@@ -522,12 +526,9 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 		}
 		lo := sess.lo + i*a.cfg.ChunkElems
 		sess.mu.Lock()
-		if a.cfg.Codec == wire.CodecNone {
-			copy(vec[lo:], c.sum)
-		} else if t, err := wire.Unmarshal(c.resp, wire.Limits{MaxElements: len(c.sum), MaxDims: 1}); err == nil {
-			// Use what the other members receive, so all hold the same average.
-			copy(vec[lo:], t.Data)
-		} else {
+		// With compression use what the other members receive, so all
+		// hold the same average.
+		if a.cfg.Codec == wire.CodecNone || decodeInto(c.resp[2:], vec[lo:lo+len(c.sum)]) != nil {
 			copy(vec[lo:], c.sum)
 		}
 		res.Contributors = min(res.Contributors, c.count)
@@ -587,15 +588,14 @@ func (a *Averager) sendPart(ctx context.Context, sess *session, j int, to peer.A
 
 // exchange sends one chunk to its reducer and stores the answered mean.
 func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to peer.AddrInfo, x []float32, sent, recv *atomic.Int64) error {
-	payload, err := wire.Marshal(tensor.FromSlice(x, len(x)), wire.Options{Codec: a.cfg.Codec})
+	req := reduceRequest{
+		Session: sess.id, Hash: sess.hash, Sender: uint16(sess.self), Size: uint16(len(sess.members)),
+		Part: uint16(j), Chunk: uint32(i),
+	}
+	b, err := appendVector(req.appendHeader(make([]byte, 0, reduceHeader+len(sess.id)+encodedLen(len(x), a.cfg.Codec))), x, a.cfg.Codec)
 	if err != nil {
 		return fmt.Errorf("averaging: encode chunk: %w", err)
 	}
-	req := reduceRequest{
-		Session: sess.id, Hash: sess.hash, Sender: uint16(sess.self), Size: uint16(len(sess.members)),
-		Part: uint16(j), Chunk: uint32(i), Payload: payload,
-	}
-	b := req.marshal()
 	sent.Add(int64(len(b)))
 	resp, err := a.t.Call(ctx, to, ReduceProtocol, b)
 	if err != nil {
@@ -606,10 +606,13 @@ func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to pee
 	if err != nil {
 		return err
 	}
-	mean, err := decodeVector(p, len(x))
-	if err != nil {
+	// Decode into a recycled buffer, so that a bad answer leaves our own
+	// values in place.
+	mean := getScratch(len(x))
+	defer putScratch(mean)
+	if err := decodeInto(p, *mean); err != nil {
 		return err
 	}
-	copy(x, mean)
+	copy(x, *mean)
 	return nil
 }

@@ -49,7 +49,12 @@ type reduceRequest struct {
 const reduceHeader = 4 + 1 + 8 + 2 + 2 + 2 + 4
 
 func (r *reduceRequest) marshal() []byte {
-	b := make([]byte, 0, reduceHeader+len(r.Session)+len(r.Payload))
+	b := r.appendHeader(make([]byte, 0, reduceHeader+len(r.Session)+len(r.Payload)))
+	return append(b, r.Payload...)
+}
+
+// appendHeader appends everything but the payload.
+func (r *reduceRequest) appendHeader(b []byte) []byte {
 	b = append(b, magicReduce[:]...)
 	b = append(b, byte(len(r.Session)))
 	b = append(b, r.Session...)
@@ -57,8 +62,7 @@ func (r *reduceRequest) marshal() []byte {
 	b = binary.LittleEndian.AppendUint16(b, r.Sender)
 	b = binary.LittleEndian.AppendUint16(b, r.Size)
 	b = binary.LittleEndian.AppendUint16(b, r.Part)
-	b = binary.LittleEndian.AppendUint32(b, r.Chunk)
-	return append(b, r.Payload...)
+	return binary.LittleEndian.AppendUint32(b, r.Chunk)
 }
 
 // unmarshalReduceRequest parses a request; Payload aliases b.

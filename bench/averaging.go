@@ -42,12 +42,12 @@ func runAveraging(o Options) ([]Result, error) {
 	cases := []avgCase{{16, 8, wire.CodecNone, nil}, {64, 4, wire.CodecNone, nil}, {256, 2, wire.CodecNone, nil},
 		{64, 4, wire.CodecFP16, nil}, {64, 4, wire.CodecNone, []float64{2, 1, 1, 0.5}}}
 	peersList := []int{16, 32}
-	runFor, tputReps := 4*time.Second, 3
+	runFor, tputReps := 3500*time.Millisecond, 3
 	if o.Quick {
 		reps = max(o.Reps, 3)
 		cases = []avgCase{{16, 4, wire.CodecNone, nil}, {16, 4, wire.CodecNone, []float64{2, 1, 1, 0.5}}}
 		peersList = []int{16}
-		runFor, tputReps = 2500*time.Millisecond, 2
+		runFor, tputReps = 2*time.Second, 2
 	}
 	var out []Result
 	for _, c := range cases {

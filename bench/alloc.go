@@ -26,9 +26,11 @@ func allocSuite() Suite {
 }
 
 // allocProblem draws a seeded BERT-large scenario: n devices with speed
-// base/U[1,6], memory caps (L/n)·layer memory·U[lo,hi] (so some even
-// splits do not fit; caps are scaled up if the total is below 1.15× the
-// model), in regions regions given in shuffled order. Links inside a
+// base/U[1,6], memory caps ⌈L/n⌉·layer memory·U[max(lo,1.05),hi], except
+// that in half the seeds a tenth of the devices get ⌊L/n⌋·layer
+// memory·U[lo,0.95] (so some even splits do not fit; caps are scaled up if
+// the total is below 1.15× the model), in regions regions given in
+// shuffled order. Links inside a
 // region: 0.2 ms, 10 Gbit/s; between regions 50–150 ms and 10–100 Mbit/s.
 func allocProblem(seed uint64, cs allocCase, micro int) alloc.Problem {
 	n, L, regions := cs.n, cs.L, cs.regions
@@ -46,12 +48,28 @@ func allocProblem(seed uint64, cs allocCase, micro int) alloc.Problem {
 			}})
 		}
 	}
+	// Half the seeds leave every device room for the largest even share
+	// (⌈L/n⌉ layers); in the other half a tenth of the devices (at least
+	// one) cannot hold even the smallest (⌊L/n⌋ layers, at least one), so
+	// the even split does not fit.
+	evenMax := float64(layerMem) * float64((L+n-1)/n)
+	evenMin := float64(layerMem) * float64(max(1, L/n))
+	short := map[int]bool{}
+	if rng.IntN(2) == 0 {
+		for _, i := range rng.Perm(n)[:max(1, n/10)] {
+			short[i] = true
+		}
+	}
 	var total int64
 	for i := 0; i < n; i++ {
+		c0, lo, hi := evenMax, max(cs.memLo, 1.05), cs.memHi
+		if short[i] {
+			c0, lo, hi = evenMin, cs.memLo, 0.95
+		}
 		d := alloc.Device{
 			Name:     fmt.Sprintf("w%02d", i),
 			Speed:    allocBaseSpeed / (1 + 5*rng.Float64()),
-			MemBytes: int64(float64(layerMem) * float64(L) / float64(n) * (cs.memLo + (cs.memHi-cs.memLo)*rng.Float64())),
+			MemBytes: int64(c0 * (lo + (hi-lo)*rng.Float64())),
 			Region:   names[rng.IntN(regions)],
 		}
 		total += d.MemBytes

@@ -350,11 +350,11 @@ func newDemoMoECmd() *cobra.Command {
 	fl := cmd.Flags()
 	fl.IntVar(&servers, "servers", 4, "expert servers to start")
 	fl.DurationVar(&rtt, "rtt", 20*time.Millisecond, "emulated round-trip time of trainer calls")
-	// Demo defaults: two 8×8 grids of small experts, 4 trainers, 2 epochs.
+	// Demo defaults: two 8×8 grids of small experts, 8 trainers, 3 epochs.
 	_ = fl.Set("moe-grids", "l0.8.8,l1.8.8")
 	_ = fl.Set("moe-hidden", "64")
 	_ = fl.Set("trainers", "8")
-	_ = fl.Set("epochs", "1")
+	_ = fl.Set("epochs", "3")
 	_ = fl.Set("batch", "64")
 	_ = fl.Set("lr", "1e-3")
 	return cmd

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,12 +90,6 @@ func runMoEConvergence(ctx context.Context, o Options) error {
 	}
 	if o.Quick {
 		runs = []moeRun{runs[0], runs[6], runs[7]}
-	}
-	// Thousands of concurrent tiny GEMMs (hidden 32) run 2-3x faster on the
-	// Go kernel than on OpenBLAS, whose threads contend; the choice is made
-	// at the process's first GEMM and recorded in the results.
-	if os.Getenv("SKYHIVE_BLAS") == "" {
-		os.Setenv("SKYHIVE_BLAS", "go")
 	}
 	dir := o.DataDir
 	if dir == "" {

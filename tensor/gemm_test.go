@@ -298,3 +298,32 @@ func TestGemmConcurrent(t *testing.T) {
 		})
 	}
 }
+
+// TestDefaultEngineSharesBLAS checks that the default engine computes a
+// product with the Go kernel, correctly, while OpenBLAS is busy with
+// another caller's, and that the explicit OpenBLAS engine never does.
+func TestDefaultEngineSharesBLAS(t *testing.T) {
+	bs := newBackends("")
+	if bs.blasEngine == nil {
+		t.Skip("OpenBLAS not installed:", bs.blasErr)
+	}
+	if bs.blasEngine.shareBLAS || !bs.defEngine.shareBLAS {
+		t.Fatal("only the default engine may fall back to Go while OpenBLAS is busy")
+	}
+	const m, n, k = 33, 17, 29
+	rng := rand.New(rand.NewPCG(1, 2))
+	a, b := randSlice(rng, m*k), randSlice(rng, k*n)
+	want := make([]float32, m*n)
+	refGemm(false, false, m, n, k, 1, a, k, b, n, 0, want, n)
+	bs.defEngine.busy.Store(1) // as if another goroutine were inside OpenBLAS
+	c := make([]float32, m*n)
+	bs.defEngine.Gemm(false, false, m, n, k, 1, a, k, b, n, 0, c, n)
+	if got := bs.defEngine.busy.Load(); got != 1 {
+		t.Fatalf("busy count %d after a fallback call, want 1", got)
+	}
+	for i := range c {
+		if math.Abs(float64(c[i]-want[i])) > 1e-4 {
+			t.Fatalf("fallback C[%d] = %v, want %v", i, c[i], want[i])
+		}
+	}
+}

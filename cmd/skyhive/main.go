@@ -14,12 +14,19 @@ import (
 )
 
 func newRootCmd() *cobra.Command {
+	var gemm string
 	root := &cobra.Command{
 		Use:           "skyhive",
 		Short:         "Train neural networks across heterogeneous, geo-distributed, unreliable machines",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			return selectGEMM(gemm)
+		},
 	}
+	root.PersistentFlags().StringVar(&gemm, "gemm", "auto",
+		"GEMM backend: auto (OpenBLAS if installed, the Go kernel for products issued while OpenBLAS is busy) "+
+			"or go (the pure-Go kernel; fastest for many concurrent small products, e.g. experiment moe-convergence)")
 	root.AddCommand(
 		newBenchCmd(),
 		newTrainCmd(),
@@ -43,4 +50,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, "skyhive:", err)
 		os.Exit(1)
 	}
+}
+
+// selectGEMM configures the process's GEMM backend before any product is
+// computed; package tensor reads SKYHIVE_BLAS once, at the first GEMM.
+func selectGEMM(name string) error {
+	switch name {
+	case "auto":
+		return nil
+	case "go":
+		return os.Setenv("SKYHIVE_BLAS", "go")
+	}
+	return fmt.Errorf("--gemm must be auto or go, not %q", name)
 }

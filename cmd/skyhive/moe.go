@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -362,11 +361,6 @@ func newDemoMoECmd() *cobra.Command {
 
 func runDemoMoE(cmd *cobra.Command, f *trainFlags, servers int, rtt time.Duration) error {
 	ctx := cmd.Context()
-	// Many concurrent small GEMMs: the Go kernel beats OpenBLAS's
-	// contending threads (see docs/moe.md). Effective before the first GEMM.
-	if os.Getenv("SKYHIVE_BLAS") == "" {
-		os.Setenv("SKYHIVE_BLAS", "go")
-	}
 	out := cmd.ErrOrStderr()
 	grids, err := parseGrids(f.moe.grids)
 	if err != nil {

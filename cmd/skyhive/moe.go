@@ -47,7 +47,7 @@ type moeFlags struct {
 
 func (m *moeFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringSliceVar(&m.dht, "dht", nil, "moe: DHT peers of the swarm (multiaddrs ending in /p2p/ID)")
+	fl.StringSliceVar(&m.dht, "dht", nil, "moe and averaging: DHT peers of the swarm to join (multiaddrs ending in /p2p/ID)")
 	fl.StringSliceVar(&m.listen, "moe-listen", []string{"/ip4/127.0.0.1/tcp/0"}, "moe: trainer listen multiaddrs")
 	fl.StringVar(&m.grids, "moe-grids", "ffn.4.4", "moe: one DMoE layer per grid, PREFIX.SIZE1.SIZE2… (comma-separated)")
 	fl.IntVar(&m.hidden, "moe-hidden", 64, "moe: experts' hidden size")

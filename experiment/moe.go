@@ -17,6 +17,7 @@ import (
 	"github.com/skyhive/skyhive/moe/sim"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/tensor"
 )
 
@@ -62,6 +63,15 @@ type moeSetup struct {
 	EvalSubset int     `json:"eval_subset"`
 	LR         float64 `json:"trainer_lr"`
 	ExpertLR   float64 `json:"expert_lr"`
+	// Round is the number of trainer steps whose local-layer gradients
+	// are averaged into one optimizer step of the trainer-side layers
+	// (times the batches in flight per trainer, so that a gradient is
+	// about Trainers/Round optimizer steps stale at every delay).
+	Round int `json:"steps_per_round"`
+	// InFlight is the number of batches each trainer keeps in flight at
+	// an emulated delay of 1000 ms (1 at 100 ms). 4 was measured to be
+	// worse than 1 (docs/moe.md).
+	InFlight int `json:"in_flight_per_trainer_1000ms"`
 }
 
 func moeConvergence() Experiment {
@@ -74,7 +84,7 @@ func moeConvergence() Experiment {
 
 func runMoEConvergence(ctx context.Context, o Options) error {
 	su := moeSetup{Trainers: 64, Layers: 4, KBest: 4, Hidden: 32, Batch: 64, Servers: 16,
-		BudgetSec: 120, EvalEvery: 20, EvalSubset: 2000, LR: 5e-4, ExpertLR: 2e-4}
+		BudgetSec: 120, EvalEvery: 20, EvalSubset: 2000, LR: 1e-3, ExpertLR: 2e-4, Round: 4, InFlight: 1}
 	if o.Quick {
 		su.BudgetSec, su.EvalEvery, su.EvalSubset = 10, 5, 1000
 	}
@@ -171,22 +181,33 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	// a step that times out is wasted work. The evaluator waits longer
 	// still so that it measures the model rather than the load.
 	rtt := time.Duration(r.DelayMS) * time.Millisecond
-	newModel := func(ctx context.Context, eval bool) (*client.Model, error) {
+	type peerSide struct {
+		tr     p2p.Transport
+		search []*client.BeamSearch
+	}
+	newPeer := func(ctx context.Context) (peerSide, error) {
+		tr, d, err := sw.NewTrainer(ctx)
+		if err != nil {
+			return peerSide{}, err
+		}
+		ps := peerSide{tr: tr}
+		for _, g := range grids {
+			bs, err := client.NewBeamSearch(d, g, su.KBest, time.Minute)
+			if err != nil {
+				return peerSide{}, err
+			}
+			ps.search = append(ps.search, bs)
+		}
+		return ps, nil
+	}
+	newModel := func(p peerSide, eval bool) (*client.Model, error) {
 		timeout, afterK, deadFor := 3*rtt+10*time.Second, rtt+2*time.Second, 5*time.Second
 		if eval {
 			timeout, afterK, deadFor = 3*rtt+60*time.Second, rtt+10*time.Second, -1
 		}
-		tr, d, err := sw.NewTrainer(ctx)
-		if err != nil {
-			return nil, err
-		}
 		var layers []client.Config
-		for _, g := range grids {
-			bs, err := client.NewBeamSearch(d, g, su.KBest, time.Minute)
-			if err != nil {
-				return nil, err
-			}
-			layers = append(layers, client.Config{In: su.Hidden, Search: bs, Transport: tr, KBest: su.KBest, KMin: 1,
+		for _, bs := range p.search {
+			layers = append(layers, client.Config{In: su.Hidden, Search: bs, Transport: p.tr, KBest: su.KBest, KMin: 1,
 				ForwardTimeout: timeout, TimeoutAfterKMin: afterK, BackwardTimeout: timeout, DeadFor: deadFor,
 				// A test sample whose experts all fail counts (as a
 				// likely miss) instead of aborting the evaluation.
@@ -194,18 +215,40 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 		}
 		return client.NewModel(784, su.Hidden, 10, layers, o.Seed)
 	}
-	master, err := newModel(sctx, false)
+	// The trainer-side layers live in one master copy. Every in-flight
+	// step works on its own replica; steps are grouped in rounds of
+	// su.Round, whose gradients are averaged into one optimizer step, so
+	// that a gradient is at most a few optimizer steps stale.
+	inFlight := 1
+	if r.DelayMS >= 1000 {
+		inFlight = su.InFlight
+	}
+	mp, err := newPeer(sctx)
 	if err != nil {
 		return res, err
 	}
-	shared := client.NewShared(master, optim.NewAdamW(master.Params(), optim.AdamWConfig{LR: su.LR}))
-	replicas := make([]*client.Model, su.Trainers)
-	for i := range replicas {
-		if replicas[i], err = newModel(sctx, false); err != nil {
+	master, err := newModel(mp, false)
+	if err != nil {
+		return res, err
+	}
+	shared := newRoundShared(master, optim.NewAdamW(master.Params(), optim.AdamWConfig{LR: su.LR}), su.Round*inFlight)
+	replicas := make([]*client.Model, su.Trainers*inFlight)
+	for t := range su.Trainers {
+		p, err := newPeer(sctx)
+		if err != nil {
 			return res, err
 		}
+		for j := range inFlight {
+			if replicas[t*inFlight+j], err = newModel(p, false); err != nil {
+				return res, err
+			}
+		}
 	}
-	evalModel, err := newModel(sctx, true)
+	ep, err := newPeer(sctx)
+	if err != nil {
+		return res, err
+	}
+	evalModel, err := newModel(ep, true)
 	if err != nil {
 		return res, err
 	}
@@ -218,7 +261,7 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	defer tcancel()
 	var wg sync.WaitGroup
 	for i, m := range replicas {
-		shard, err := trainSet.Shard(i, su.Trainers)
+		shard, err := trainSet.Shard(i, len(replicas))
 		if err != nil {
 			return res, err
 		}
@@ -231,7 +274,7 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 			// Stagger the start so the trainers do not move in lockstep.
 			rng := rand.New(rand.NewPCG(o.Seed, uint64(i)))
 			select {
-			case <-time.After(time.Duration(rng.Int64N(int64(500 * time.Millisecond)))):
+			case <-time.After(time.Duration(rng.Int64N(int64(500*time.Millisecond + 8*rtt)))):
 			case <-tctx.Done():
 				return
 			}
@@ -249,7 +292,7 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 						}
 						continue
 					}
-					shared.Apply(m, d)
+					shared.apply(m, d)
 					samples.Add(int64(b.Len()))
 				}
 			}
@@ -266,7 +309,7 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 			case <-tctx.Done():
 				return
 			case <-t.C:
-				shared.SetLR(moeLR(su.LR, time.Since(start), budget))
+				shared.setLR(moeLR(su.LR, time.Since(start), budget))
 			}
 		}
 	})
@@ -275,7 +318,7 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	evaluate := func(ds *data.Dataset) (moePoint, error) {
 		at := time.Since(start).Seconds()
 		n := samples.Load()
-		shared.Sync(evalModel)
+		shared.sync(evalModel)
 		ectx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 		defer cancel()
 		_, acc, err := evalModel.Evaluate(ectx, ds, 250, 8)
@@ -416,4 +459,61 @@ func moeLR(peak float64, t, total time.Duration) float64 {
 	}
 	f = min((f-0.05)/0.95, 1)
 	return peak * (0.05 + 0.95*0.5*(1+math.Cos(math.Pi*f)))
+}
+
+// roundShared holds the trainer-side layers (input layer, gates, classifier)
+// of the simulated trainers. Each step's gradients are added to the master's
+// (the local layers' ones recomputed with the master's current weights, as
+// client.Shared does), and every `every` steps their mean is applied in one
+// optimizer step. The replica then gets the master's current weights.
+type roundShared struct {
+	mu      sync.Mutex
+	master  *client.Model
+	params  []*nn.Param
+	opt     optim.Optimizer
+	every   int
+	pending int
+}
+
+func newRoundShared(master *client.Model, opt optim.Optimizer, every int) *roundShared {
+	s := &roundShared{master: master, params: master.Params(), opt: opt, every: max(every, 1)}
+	nn.ZeroGrad(s.params)
+	return s
+}
+
+func (s *roundShared) apply(replica *client.Model, d client.Deferred) {
+	rp := replica.Params()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, p := range s.params {
+		tensor.Axpy(1, rp[i].Grad.Data, p.Grad.Data)
+	}
+	s.master.ApplyDeferred(d)
+	if s.pending++; s.pending >= s.every {
+		for _, p := range s.params {
+			tensor.Scale(1/float32(s.pending), p.Grad.Data)
+		}
+		s.opt.Step()
+		nn.ZeroGrad(s.params)
+		s.pending = 0
+	}
+	s.copyTo(rp)
+}
+
+func (s *roundShared) sync(replica *client.Model) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.copyTo(replica.Params())
+}
+
+func (s *roundShared) setLR(lr float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opt.SetLR(lr)
+}
+
+func (s *roundShared) copyTo(rp []*nn.Param) {
+	for i, p := range s.params {
+		copy(rp[i].Value.Data, p.Value.Data)
+	}
 }

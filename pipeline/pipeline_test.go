@@ -315,7 +315,7 @@ func TestDriftReplans(t *testing.T) {
 	var log bytes.Buffer
 	s, err := cl.c.Start(ctx, SessionConfig{
 		Model: "deep-mlp:256x6", Seed: 3, Batch: 64, Schedule: Sequential,
-		Optim: OptimConfig{LR: 1e-3}, Strategy: "sky", ReplanThreshold: 0.3, ReplanPatience: 2,
+		Optim: OptimConfig{LR: 1e-3}, Strategy: "sky", ReplanThreshold: 0.3, ReplanPatience: 3,
 		ProfileReps: 3, Log: &log,
 	})
 	if err != nil {

@@ -45,7 +45,16 @@ type BeamSearch struct {
 
 type cacheEntry struct {
 	at       time.Time
-	suffixes map[int]moe.ExpertInfo
+	suffixes []suffix
+}
+
+// suffix is one active next coordinate under a prefix key.
+type suffix struct {
+	coord int
+	info  moe.ExpertInfo
+	// full reports that info.UID is the prefix key followed by coord,
+	// i.e. an expert rather than a longer prefix.
+	full bool
 }
 
 // NewBeamSearch returns a beam search over grid. beamSize ≤ 0 selects 4;
@@ -66,10 +75,10 @@ func NewBeamSearch(d Getter, grid moe.Grid, beamSize int, ttl time.Duration) (*B
 // Grid returns the searched grid.
 func (b *BeamSearch) Grid() moe.Grid { return b.grid }
 
-// suffixes returns the active next coordinates under prefix key, from the
-// cache or the DHT. A failed lookup counts as no active experts.
-func (b *BeamSearch) fetch(ctx context.Context, keys []string) map[string]map[int]moe.ExpertInfo {
-	out := make(map[string]map[int]moe.ExpertInfo, len(keys))
+// fetch returns the active next coordinates under each prefix key, from
+// the cache or the DHT. A failed lookup counts as no active experts.
+func (b *BeamSearch) fetch(ctx context.Context, keys []string) map[string][]suffix {
+	out := make(map[string][]suffix, len(keys))
 	var missing []string
 	now := time.Now()
 	b.mu.Lock()
@@ -108,10 +117,10 @@ func (b *BeamSearch) fetch(ctx context.Context, keys []string) map[string]map[in
 	return out
 }
 
-// parseSuffixes turns the subkeys of a prefix record into coordinates,
-// dropping anything malformed.
-func parseSuffixes(key string, items map[string]dht.Item) map[int]moe.ExpertInfo {
-	out := map[int]moe.ExpertInfo{}
+// parseSuffixes turns the subkeys of a prefix record into coordinates in
+// increasing order, dropping anything malformed.
+func parseSuffixes(key string, items map[string]dht.Item) []suffix {
+	var out []suffix
 	for sub, it := range items {
 		c, err := strconv.Atoi(sub)
 		if err != nil || c < 0 || strconv.Itoa(c) != sub {
@@ -121,8 +130,9 @@ func parseSuffixes(key string, items map[string]dht.Item) map[int]moe.ExpertInfo
 		if err != nil || len(info.UID) <= len(key) || info.UID[:len(key)] != key {
 			continue
 		}
-		out[c] = info
+		out = append(out, suffix{coord: c, info: info, full: info.UID == key+sub})
 	}
+	slices.SortFunc(out, func(a, b suffix) int { return cmp.Compare(a.coord, b.coord) })
 	return out
 }
 
@@ -140,61 +150,91 @@ type beam struct {
 	info   moe.ExpertInfo
 }
 
+// extension is a beam extended by one coordinate, before it is kept.
+type extension struct {
+	parent int // index in the sample's beams
+	sfx    *suffix
+	score  float32
+}
+
 // FindBest returns, for every sample, up to k experts with the highest
-// scores, best first. scores[d] holds sample i's scores for dimension d at
-// [i*size_d : (i+1)*size_d]. Experts for which skip returns true are left
-// out (skip may be nil).
+// scores, best first; equal scores go to the smaller coordinates, so the
+// result does not depend on map order. scores[d] holds sample i's scores
+// for dimension d at [i*size_d : (i+1)*size_d]. Experts for which skip
+// returns true are left out (skip may be nil).
 func (b *BeamSearch) FindBest(ctx context.Context, n int, scores [][]float32, k int, skip func(uid string) bool) [][]Candidate {
 	dims := b.grid.Size
 	beams := make([][]beam, n)
 	for i := range beams {
 		beams[i] = []beam{{key: b.grid.Prefix + moe.Delimiter}}
 	}
+	var top []extension
 	for d, size := range dims {
-		keys := map[string]bool{}
+		seen := map[string]bool{}
+		var keys []string
 		for i := range beams {
 			for _, bm := range beams[i] {
-				keys[bm.key] = true
-			}
-		}
-		found := b.fetch(ctx, slices.Collect(func(yield func(string) bool) {
-			for k := range keys {
-				if !yield(k) {
-					return
+				if !seen[bm.key] {
+					seen[bm.key] = true
+					keys = append(keys, bm.key)
 				}
 			}
-		}))
+		}
+		found := b.fetch(ctx, keys)
 		last := d == len(dims)-1
 		width := b.beamSize
 		if last {
 			width = max(k, b.beamSize)
 		}
 		for i := range beams {
-			var next []beam
+			cur := beams[i]
 			row := scores[d][i*size : (i+1)*size]
-			for _, bm := range beams[i] {
-				for c, info := range found[bm.key] {
-					if c >= size {
+			// before orders extensions: higher score first, then smaller
+			// coordinates.
+			before := func(x, y extension) bool {
+				if x.score != y.score {
+					return x.score > y.score
+				}
+				if c := slices.Compare(cur[x.parent].coords, cur[y.parent].coords); c != 0 {
+					return c < 0
+				}
+				return x.sfx.coord < y.sfx.coord
+			}
+			top = top[:0]
+			for pi, bm := range cur {
+				sfx := found[bm.key]
+				for j := range sfx {
+					s := &sfx[j]
+					if s.coord >= size || (last && !s.full) {
 						continue
 					}
-					coords := append(slices.Clone(bm.coords), c)
-					nb := beam{key: bm.key + strconv.Itoa(c) + moe.Delimiter, coords: coords, score: bm.score + row[c], info: info}
-					if last {
-						if info.UID != moe.JoinUID(b.grid.Prefix, coords) || (skip != nil && skip(info.UID)) {
-							continue
-						}
+					e := extension{parent: pi, sfx: s, score: bm.score + row[s.coord]}
+					if len(top) == width && !before(e, top[width-1]) {
+						continue
 					}
-					next = append(next, nb)
+					if last && skip != nil && skip(s.info.UID) {
+						continue
+					}
+					// Insert e in order, dropping the worst if full.
+					at := len(top)
+					for at > 0 && before(e, top[at-1]) {
+						at--
+					}
+					if len(top) < width {
+						top = append(top, extension{})
+					}
+					copy(top[at+1:], top[at:len(top)-1])
+					top[at] = e
 				}
 			}
-			slices.SortFunc(next, func(a, b beam) int {
-				if c := cmp.Compare(b.score, a.score); c != 0 {
-					return c
+			next := make([]beam, len(top))
+			for j, e := range top {
+				p := cur[e.parent]
+				coords := append(slices.Clip(p.coords), e.sfx.coord)
+				next[j] = beam{coords: coords, score: e.score, info: e.sfx.info}
+				if !last {
+					next[j].key = p.key + strconv.Itoa(e.sfx.coord) + moe.Delimiter
 				}
-				return slices.Compare(a.coords, b.coords)
-			})
-			if len(next) > width {
-				next = next[:width]
 			}
 			beams[i] = next
 		}

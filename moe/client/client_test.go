@@ -418,4 +418,16 @@ func TestBeamSearchPicksTopScores(t *testing.T) {
 			t.Errorf("sample %d: got %v, want %v", i, uids, want[i])
 		}
 	}
+	// Ties go to the smaller coordinates, and skipped experts are left out.
+	zeros := [][]float32{make([]float32, 3), make([]float32, 4)}
+	skip := func(uid string) bool { return uid == "g.0.1" }
+	for range 3 {
+		var uids []string
+		for _, c := range bs.FindBest(context.Background(), 1, zeros, 3, skip)[0] {
+			uids = append(uids, c.Info.UID)
+		}
+		if want := []string{"g.0.0", "g.0.2", "g.0.3"}; !slices.Equal(uids, want) {
+			t.Fatalf("equal scores: got %v, want %v", uids, want)
+		}
+	}
 }

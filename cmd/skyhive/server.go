@@ -30,6 +30,8 @@ type serverFlags struct {
 	batchTimeout time.Duration
 	workers      int
 	lr           float64
+	stepRows     int
+	zeroInit     bool
 	seed         uint64
 	lazy         bool
 	checkpoint   string
@@ -69,6 +71,8 @@ func newServerCmd() *cobra.Command {
 	fl.DurationVar(&f.batchTimeout, "batch-timeout", 2*time.Millisecond, "longest wait for --min-batch rows")
 	fl.IntVar(&f.workers, "workers", 1, "batches processed at once")
 	fl.Float64Var(&f.lr, "lr", 1e-3, "experts' AdamW learning rate")
+	fl.BoolVar(&f.zeroInit, "zero-init", false, "start each FFN expert as the identity (zero output layer)")
+	fl.IntVar(&f.stepRows, "step-rows", 1, "backward rows an expert accumulates per optimizer step (1: a step per backward batch)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the initial weights (with each expert's UID)")
 	fl.BoolVar(&f.lazy, "lazy", false, "create an expert's weights on its first request")
 	fl.StringVar(&f.checkpoint, "checkpoint", "", "safetensors file for weights and optimizer state (loaded if present)")
@@ -118,7 +122,7 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	srv, err := server.New(server.Config{
 		Transport: h, DHT: node, Experts: uids, Type: f.expertType, Hidden: f.hidden, Heads: f.heads,
 		MinBatch: f.minBatch, MaxBatch: f.maxBatch, BatchTimeout: f.batchTimeout, Workers: f.workers,
-		LR: f.lr, Seed: f.seed, Lazy: f.lazy,
+		LR: f.lr, StepRows: f.stepRows, ZeroInit: f.zeroInit, Seed: f.seed, Lazy: f.lazy,
 		Limits:       wireLimitsFor(f.maxBatch, f.hidden),
 		DeclareEvery: f.declareEvery, CheckpointPath: f.checkpoint, CheckpointEvery: f.ckptEvery,
 		Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),

@@ -24,6 +24,9 @@ type expert struct {
 	mu     sync.Mutex
 	module nn.Module // nil until first use when Config.Lazy
 	opt    *optim.AdamW
+	// pendingRows and pendingBatches count the backward batches whose
+	// gradients are accumulated but not yet applied (Config.StepRows).
+	pendingRows, pendingBatches int
 
 	statsMu sync.Mutex
 	stats   ExpertStats
@@ -53,6 +56,10 @@ func (e *expert) materialize() {
 	h.Write([]byte(e.uid))
 	rng := rand.New(rand.NewPCG(e.cfg.Seed, h.Sum64()))
 	e.module = BuildExpert(e.cfg.Type, e.cfg.Hidden, e.cfg.Heads, rng)
+	if ex, ok := e.module.(*nn.Expert); ok && e.cfg.ZeroInit {
+		clear(ex.FFN.FC2.W.Value.Data)
+		clear(ex.FFN.FC2.B.Value.Data)
+	}
 	e.opt = optim.NewAdamW(e.module.Params(), optim.AdamWConfig{
 		LR: e.cfg.LR, WeightDecay: e.cfg.WeightDecay, NoDecay: optim.NoDecayVectors,
 	})
@@ -82,29 +89,46 @@ func (e *expert) forward(x *tensor.Tensor) *tensor.Tensor {
 	return y
 }
 
-// backward recomputes the forward pass on x, backpropagates dy, applies one
-// optimizer step and returns the gradient with respect to x. The caller
+// backward recomputes the forward pass on x, backpropagates dy and returns
+// the gradient with respect to x. The parameter gradients accumulate until
+// they cover Config.StepRows rows; then their mean is clipped and applied
+// in one optimizer step. It reports whether a step was taken. The caller
 // holds e.mu.
-func (e *expert) backward(x, dy *tensor.Tensor) *tensor.Tensor {
+func (e *expert) backward(x, dy *tensor.Tensor) (*tensor.Tensor, bool) {
 	e.materialize()
-	e.opt.ZeroGrad()
+	if e.pendingBatches == 0 {
+		e.opt.ZeroGrad()
+	}
 	_, st := e.module.Forward(nn.Ctx{Train: true}, x)
 	dx := e.module.Backward(st, dy)
+	e.pendingBatches++
+	e.pendingRows += x.Shape[0]
+	if e.pendingRows < e.cfg.StepRows {
+		return dx, false
+	}
+	if e.pendingBatches > 1 {
+		for _, p := range e.opt.Params() {
+			tensor.Scale(1/float32(e.pendingBatches), p.Grad.Data)
+		}
+	}
 	if e.cfg.ClipNorm > 0 {
 		optim.ClipGradNorm(e.opt.Params(), e.cfg.ClipNorm)
 	}
 	e.opt.Step()
-	return dx
+	e.pendingRows, e.pendingBatches = 0, 0
+	return dx, true
 }
 
 // record adds one processed batch to the statistics.
-func (e *expert) record(backward bool, tasks, rows int, latency, run time.Duration) {
+func (e *expert) record(backward, stepped bool, tasks, rows int, latency, run time.Duration) {
 	e.statsMu.Lock()
 	defer e.statsMu.Unlock()
 	s := &e.stats
 	if backward {
 		s.Backward.add(tasks, rows, latency, run)
-		s.Updates++
+		if stepped {
+			s.Updates++
+		}
 	} else {
 		s.Forward.add(tasks, rows, latency, run)
 	}
@@ -131,7 +155,8 @@ type ExpertStats struct {
 	UID      string    `json:"uid"`
 	Forward  CallStats `json:"forward"`
 	Backward CallStats `json:"backward"`
-	// Updates counts optimizer steps (one per backward batch).
+	// Updates counts optimizer steps (one per backward batch unless
+	// Config.StepRows accumulates several).
 	Updates int64 `json:"updates"`
 }
 

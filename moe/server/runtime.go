@@ -208,7 +208,7 @@ func (r *runtime) process(p *pool, batch []*task) {
 		dy = concatRows(batch, func(t *task) *tensor.Tensor { return t.dy }, rows)
 	}
 	start := time.Now()
-	out, err := r.run(e, p.backward, x, dy)
+	out, stepped, err := r.run(e, p.backward, x, dy)
 	end := time.Now()
 	if err != nil {
 		for _, t := range batch {
@@ -229,23 +229,26 @@ func (r *runtime) process(p *pool, batch []*task) {
 		latency += end.Sub(t.enq)
 		t.done <- result{out: o}
 	}
-	e.record(p.backward, len(batch), rows, latency, end.Sub(start))
+	e.record(p.backward, stepped, len(batch), rows, latency, end.Sub(start))
 }
 
 // run executes the expert, turning a panic of the tensor code (a shape the
 // validation missed) into an error so the server keeps serving.
-func (r *runtime) run(e *expert, backward bool, x, dy *tensor.Tensor) (out *tensor.Tensor, err error) {
+func (r *runtime) run(e *expert, backward bool, x, dy *tensor.Tensor) (out *tensor.Tensor, stepped bool, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer func() {
 		if p := recover(); p != nil {
-			out, err = nil, fmt.Errorf("expert %s failed: %v", e.uid, p)
+			out, stepped, err = nil, false, fmt.Errorf("expert %s failed: %v", e.uid, p)
+			// Drop gradients a failed backward may have half accumulated.
+			e.pendingRows, e.pendingBatches = 0, 0
 		}
 	}()
 	if backward {
-		return e.backward(x, dy), nil
+		out, stepped = e.backward(x, dy)
+		return out, stepped, nil
 	}
-	return e.forward(x), nil
+	return e.forward(x), false, nil
 }
 
 func concatRows(batch []*task, get func(*task) *tensor.Tensor, rows int) *tensor.Tensor {

@@ -67,8 +67,22 @@ type Config struct {
 	// LR, WeightDecay and ClipNorm configure each expert's AdamW
 	// (1e-3, 0, 0 = no clipping).
 	LR, WeightDecay, ClipNorm float64
+	// StepRows makes an expert accumulate the gradients of backward
+	// batches until they cover at least this many rows, and then take one
+	// optimizer step on their mean (0 or 1: a step after every batch, as
+	// in Learning@home). Backward calls are answered at once either way;
+	// with many trainers each sending a few rows, a larger StepRows
+	// trades update frequency for less noisy steps. Gradients still
+	// pending at shutdown are not checkpointed.
+	StepRows int
 	// Seed determines the initial weights (from the seed and the UID).
 	Seed uint64
+	// ZeroInit starts each FFN expert's residual branch at zero (the
+	// output layer's weights and bias), so that a fresh expert is the
+	// identity x ↦ x and an untrained one cannot scramble its inputs; the
+	// output layer learns first and the rest follows, as with zero-
+	// initialised residual blocks. Only for TypeFFN.
+	ZeroInit bool
 	// Lazy creates an expert's weights on its first request, so that
 	// servers hosting thousands of rarely used experts use little memory.
 	Lazy bool
@@ -117,6 +131,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Heads <= 0 {
 		c.Heads = max(1, c.Hidden/64)
+	}
+	if c.ZeroInit && c.Type != TypeFFN {
+		return fmt.Errorf("moe/server: ZeroInit needs %s experts, not %s", TypeFFN, c.Type)
 	}
 	if c.Type == TypeTransformer && c.Hidden%c.Heads != 0 {
 		return fmt.Errorf("moe/server: hidden %d not divisible by %d heads", c.Hidden, c.Heads)

@@ -18,6 +18,8 @@ import (
 
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/memnet"
 	"github.com/skyhive/skyhive/tensor"
@@ -109,6 +111,87 @@ func TestForwardBackwardUpdatesExpert(t *testing.T) {
 	st := s.Stats()
 	if st.Experts[1].Forward.Requests != 1 || st.Experts[1].Backward.Requests != 1 || st.Experts[1].Updates != 1 || st.Experts[0].Forward.Requests != 0 {
 		t.Fatalf("stats %+v", st.Experts)
+	}
+}
+
+// With StepRows, backward calls accumulate gradients and the expert takes
+// one AdamW step on their mean once enough rows have arrived, matching a
+// local expert that does the same.
+func TestStepRowsAccumulates(t *testing.T) {
+	e := newEnv(t)
+	cfg := Config{Transport: e.srv, Experts: []string{"ffn.0"}, Hidden: 8, LR: 0.01, Seed: 5, StepRows: 6}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ref := BuildExpert(TypeFFN, 8, 1, rand.New(rand.NewPCG(0, 0)))
+	if err := importInto(ref, s.ExpertWeights("ffn.0")); err != nil {
+		t.Fatal(err)
+	}
+	opt := optim.NewAdamW(ref.Params(), optim.AdamWConfig{LR: 0.01, NoDecay: optim.NoDecayVectors})
+	opt.ZeroGrad()
+	before := s.ExpertWeights("ffn.0")["ffn.fc1.weight"].Clone()
+	for i := range 2 {
+		x, dy := randTensor(uint64(10+i), 4, 8), randTensor(uint64(20+i), 4, 8)
+		if _, err := e.call(ctx, moe.BackwardProtocol, "ffn.0", wire.Named{Name: "x", Tensor: x}, wire.Named{Name: "dy", Tensor: dy}); err != nil {
+			t.Fatal(err)
+		}
+		_, st := ref.Forward(nn.Ctx{Train: true}, x)
+		ref.Backward(st, dy)
+		if i == 0 {
+			if d := maxDiff(before.Data, s.ExpertWeights("ffn.0")["ffn.fc1.weight"].Data); d != 0 {
+				t.Fatalf("the expert stepped after 4 of 6 rows (weights moved by %g)", d)
+			}
+		}
+	}
+	for _, p := range ref.Params() {
+		tensor.Scale(0.5, p.Grad.Data)
+	}
+	opt.Step()
+	got := s.ExpertWeights("ffn.0")
+	for _, p := range ref.Params() {
+		if d := maxDiff(got[p.Name].Data, p.Value.Data); d > 1e-6 {
+			t.Fatalf("%s differs from the local reference by %g", p.Name, d)
+		}
+	}
+	if st := s.Stats().Experts[0]; st.Updates != 1 || st.Backward.Requests != 2 {
+		t.Fatalf("stats %+v, want 1 update from 2 backward requests", st)
+	}
+}
+
+// A ZeroInit expert starts as the identity and leaves it after a backward
+// call; transformer experts refuse the option.
+func TestZeroInit(t *testing.T) {
+	e := newEnv(t)
+	if _, err := New(Config{Transport: e.srv, Experts: []string{"t.0"}, Type: TypeTransformer, Hidden: 8, ZeroInit: true}); err == nil {
+		t.Fatal("ZeroInit accepted for transformer experts")
+	}
+	s, err := New(Config{Transport: e.srv, Experts: []string{"ffn.0"}, Hidden: 8, LR: 0.01, ZeroInit: true, Lazy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	x := randTensor(1, 4, 8)
+	fwd := func() *tensor.Tensor {
+		out, err := e.call(ctx, moe.ForwardProtocol, "ffn.0", wire.Named{Name: "x", Tensor: x})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return wire.Get(out, "y")
+	}
+	if d := maxDiff(fwd().Data, x.Data); d != 0 {
+		t.Fatalf("fresh expert is not the identity: differs by %g", d)
+	}
+	if _, err := e.call(ctx, moe.BackwardProtocol, "ffn.0", wire.Named{Name: "x", Tensor: x}, wire.Named{Name: "dy", Tensor: randTensor(2, 4, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	if maxDiff(fwd().Data, x.Data) == 0 {
+		t.Fatal("the expert did not learn away from the identity")
 	}
 }
 

@@ -56,6 +56,9 @@ func runAveragingConvergence(ctx context.Context, o Options) error {
 	var runs []averagingRun
 	var series []chart.Series
 	for _, algo := range []averaging.Algo{averaging.WAGMA, averaging.AllReduce, averaging.Local} {
+		if !o.Selected(string(algo)) {
+			continue
+		}
 		cfg := base
 		cfg.Algo = algo
 		o.Logf("averaging-convergence: %s for %v", algo, duration)
@@ -83,6 +86,9 @@ func runAveragingConvergence(ctx context.Context, o Options) error {
 		o.Logf("  %s: final accuracy %.2f%%, 85%% %s, %.2f steps/s per peer", algo, 100*res.FinalAccuracy, reached, res.StepsPerSecond)
 		runs = append(runs, run)
 		series = append(series, s)
+	}
+	if len(runs) == 0 {
+		return fmt.Errorf("averaging-convergence: --only %v matches none of the runs", o.Only)
 	}
 	c := chart.Chart{Title: "Fashion-MNIST, 16 peers, speeds U[1,4]", XLabel: "wall-clock time (s)", YLabel: "test accuracy (%)", Series: series}
 	jp, pp, err := WriteResults(o, "averaging-convergence", map[string]any{"runs": runs}, c)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/skyhive/skyhive/chart"
 	"github.com/skyhive/skyhive/checkpoint"
@@ -23,6 +24,9 @@ type Options struct {
 	Quick bool
 	// Seed seeds everything random in the experiment.
 	Seed uint64
+	// Only, if not empty, restricts an experiment made of several runs to
+	// the runs with these names (each experiment documents its names).
+	Only []string
 	// DataDir overrides the Fashion-MNIST directory.
 	DataDir string
 	// Log receives progress lines; nil discards them.
@@ -60,6 +64,11 @@ func Find(name string) (Experiment, bool) {
 		}
 	}
 	return Experiment{}, false
+}
+
+// Selected reports whether the run called name is to be run under o.Only.
+func (o Options) Selected(name string) bool {
+	return len(o.Only) == 0 || slices.Contains(o.Only, name)
 }
 
 // WriteResults writes v as indented JSON to Out/NAME.json and c as

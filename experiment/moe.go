@@ -64,14 +64,19 @@ type moeSetup struct {
 	LR         float64 `json:"trainer_lr"`
 	ExpertLR   float64 `json:"expert_lr"`
 	// Round is the number of trainer steps whose local-layer gradients
-	// are averaged into one optimizer step of the trainer-side layers
-	// (times the batches in flight per trainer, so that a gradient is
-	// about Trainers/Round optimizer steps stale at every delay).
+	// are averaged into one optimizer step of the trainer-side layers, so
+	// that a gradient is about Trainers/Round optimizer steps stale.
 	Round int `json:"steps_per_round"`
-	// InFlight is the number of batches each trainer keeps in flight at
-	// an emulated delay of 1000 ms (1 at 100 ms). 4 was measured to be
-	// worse than 1 (docs/moe.md).
-	InFlight int `json:"in_flight_per_trainer_1000ms"`
+	// DelaySplit is the number of sequential round trips a training step
+	// makes (a forward and a backward call per DMoE layer); each gets
+	// 1/DelaySplit of the run's delay.
+	DelaySplit int `json:"round_trips_per_step"`
+	// ExpertStepRows is server.Config.StepRows: the backward rows an
+	// expert accumulates per optimizer step.
+	ExpertStepRows int `json:"expert_step_rows"`
+	// ExpertZeroInit is server.Config.ZeroInit: experts start as the
+	// identity.
+	ExpertZeroInit bool `json:"expert_zero_init"`
 }
 
 func moeConvergence() Experiment {
@@ -84,7 +89,9 @@ func moeConvergence() Experiment {
 
 func runMoEConvergence(ctx context.Context, o Options) error {
 	su := moeSetup{Trainers: 64, Layers: 4, KBest: 4, Hidden: 32, Batch: 64, Servers: 16,
-		BudgetSec: 120, EvalEvery: 20, EvalSubset: 2000, LR: 1e-3, ExpertLR: 2e-4, Round: 4, InFlight: 1}
+		BudgetSec: 300, EvalEvery: 30, EvalSubset: 2000, LR: 1e-3, ExpertLR: 1e-4, Round: 4,
+		ExpertZeroInit: true}
+	su.DelaySplit = 2 * su.Layers
 	if o.Quick {
 		su.BudgetSec, su.EvalEvery, su.EvalSubset = 10, 5, 1000
 	}
@@ -101,6 +108,16 @@ func runMoEConvergence(ctx context.Context, o Options) error {
 	if o.Quick {
 		runs = []moeRun{runs[0], runs[6], runs[7]}
 	}
+	var sel []moeRun
+	for _, r := range runs {
+		if o.Selected(r.Name) {
+			sel = append(sel, r)
+		}
+	}
+	if len(sel) == 0 {
+		return fmt.Errorf("moe-convergence: --only %v matches none of the runs", o.Only)
+	}
+	runs = sel
 	dir := o.DataDir
 	if dir == "" {
 		dir = data.DefaultDir
@@ -162,14 +179,22 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	for i := range grids {
 		grids[i] = moe.Grid{Prefix: fmt.Sprintf("l%d", i), Size: r.Grid}
 	}
+	budgetSec := su.BudgetSec
+	// Learning@home's delay is the latency of a whole training step: its
+	// trainers sleep once per step, for an exponentially distributed time
+	// of that mean, between computing and applying gradients. Here a step
+	// is 2·Layers sequential round trips to experts (a forward and a
+	// backward call per DMoE layer), so each round trip gets the delay's
+	// share and a step is delayed by DelayMS in total.
+	rtt := time.Duration(r.DelayMS) * time.Millisecond / time.Duration(su.DelaySplit)
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	t0 := time.Now()
 	sw, err := sim.New(sctx, sim.Config{
-		Grids: grids, Servers: su.Servers, RTT: time.Duration(r.DelayMS) * time.Millisecond,
+		Grids: grids, Servers: su.Servers, RTT: rtt,
 		Server: server.Config{Hidden: su.Hidden, Lazy: true, LR: su.ExpertLR, Seed: o.Seed, FailRate: r.FailRate,
-			MaxBatch: 4096, BatchTimeout: time.Millisecond, NoUIDRecords: true,
-			DeclareEvery: time.Duration(su.BudgetSec+30) * time.Second, Expiration: 10 * time.Minute},
+			MaxBatch: 4096, BatchTimeout: time.Millisecond, NoUIDRecords: true, StepRows: su.ExpertStepRows, ZeroInit: su.ExpertZeroInit,
+			DeclareEvery: time.Duration(budgetSec+30) * time.Second, Expiration: time.Duration(budgetSec+600) * time.Second},
 	})
 	if err != nil {
 		return res, err
@@ -180,7 +205,6 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	// Timeouts are generous: the 2 cores are oversubscribed by design, and
 	// a step that times out is wasted work. The evaluator waits longer
 	// still so that it measures the model rather than the load.
-	rtt := time.Duration(r.DelayMS) * time.Millisecond
 	type peerSide struct {
 		tr     p2p.Transport
 		search []*client.BeamSearch
@@ -215,14 +239,10 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 		}
 		return client.NewModel(784, su.Hidden, 10, layers, o.Seed)
 	}
-	// The trainer-side layers live in one master copy. Every in-flight
-	// step works on its own replica; steps are grouped in rounds of
-	// su.Round, whose gradients are averaged into one optimizer step, so
-	// that a gradient is at most a few optimizer steps stale.
-	inFlight := 1
-	if r.DelayMS >= 1000 {
-		inFlight = su.InFlight
-	}
+	// The trainer-side layers live in one master copy. Every trainer
+	// works on its own replica; steps are grouped in rounds of su.Round,
+	// whose gradients are averaged into one optimizer step, so that a
+	// gradient is only a few optimizer steps stale.
 	mp, err := newPeer(sctx)
 	if err != nil {
 		return res, err
@@ -231,17 +251,15 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	if err != nil {
 		return res, err
 	}
-	shared := newRoundShared(master, optim.NewAdamW(master.Params(), optim.AdamWConfig{LR: su.LR}), su.Round*inFlight)
-	replicas := make([]*client.Model, su.Trainers*inFlight)
-	for t := range su.Trainers {
+	shared := newRoundShared(master, optim.NewAdamW(master.Params(), optim.AdamWConfig{LR: su.LR}), su.Round)
+	replicas := make([]*client.Model, su.Trainers)
+	for t := range replicas {
 		p, err := newPeer(sctx)
 		if err != nil {
 			return res, err
 		}
-		for j := range inFlight {
-			if replicas[t*inFlight+j], err = newModel(p, false); err != nil {
-				return res, err
-			}
+		if replicas[t], err = newModel(p, false); err != nil {
+			return res, err
 		}
 	}
 	ep, err := newPeer(sctx)
@@ -254,7 +272,7 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	}
 	evalSet := testSet.Slice(0, su.EvalSubset)
 
-	budget := time.Duration(su.BudgetSec * float64(time.Second))
+	budget := time.Duration(budgetSec * float64(time.Second))
 	var samples, steps, failed atomic.Int64
 	start := time.Now()
 	tctx, tcancel := context.WithTimeout(ctx, budget)

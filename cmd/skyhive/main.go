@@ -8,22 +8,36 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/spf13/cobra"
 )
 
 func newRootCmd() *cobra.Command {
-	var gemm string
+	var gemm, cpuProfile string
+	var stopProfile func() error
 	root := &cobra.Command{
 		Use:           "skyhive",
 		Short:         "Train neural networks across heterogeneous, geo-distributed, unreliable machines",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
-			return selectGEMM(gemm)
+			if err := selectGEMM(gemm); err != nil {
+				return err
+			}
+			var err error
+			stopProfile, err = startCPUProfile(cpuProfile)
+			return err
+		},
+		PersistentPostRunE: func(*cobra.Command, []string) error {
+			if stopProfile == nil {
+				return nil
+			}
+			return stopProfile()
 		},
 	}
+	root.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the command to this file, completed when the command succeeds (go tool pprof)")
 	root.PersistentFlags().StringVar(&gemm, "gemm", "auto",
 		"GEMM backend: auto (OpenBLAS if installed, the Go kernel for products issued while OpenBLAS is busy) "+
 			"or go (the pure-Go kernel; fastest for many concurrent small products, e.g. experiment moe-convergence)")
@@ -50,6 +64,26 @@ func main() {
 		fmt.Fprintln(os.Stderr, "skyhive:", err)
 		os.Exit(1)
 	}
+}
+
+// startCPUProfile starts a CPU profile written to path ("" does nothing)
+// and returns the function that stops it and closes the file.
+func startCPUProfile(path string) (func() error, error) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }
 
 // selectGEMM configures the process's GEMM backend before any product is

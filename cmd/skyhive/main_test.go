@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -47,6 +49,10 @@ func TestBadInputIsAClearError(t *testing.T) {
 		{"train", "--epochs", "0"},
 		{"train", "--data-dir", "/nonexistent", "--epochs", "1"},
 		{"experiment", "no-such-experiment"},
+		{"experiment", "moe-convergence", "--only", "no-such-run"},
+		{"experiment", "averaging-convergence", "--only", "no-such-run", "--quick"},
+		{"--cpuprofile", "/nonexistent/dir/cpu.prof", "experiment", "moe-convergence"},
+		{"--gemm", "blas", "plan"},
 	}
 	for _, args := range cases {
 		var out syncBuffer
@@ -63,5 +69,23 @@ func TestBadInputIsAClearError(t *testing.T) {
 	err := runCLI(context.Background(), &out, "train", "--data-dir", "/nonexistent", "--epochs", "1")
 	if err == nil || !strings.Contains(err.Error(), "apt-get install dataset-fashion-mnist") {
 		t.Errorf("missing data set error does not say how to install it: %v", err)
+	}
+}
+
+// --cpuprofile writes a (gzipped protobuf) profile of a successful command.
+func TestCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	var out syncBuffer
+	err := runCLI(context.Background(), &out, "--cpuprofile", path, "plan",
+		"--cluster", "../../examples/cluster-hetero.json", "--model", "bert-large:24", "--strategy", "even")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("%s is not a gzipped profile (%d bytes)", path, len(b))
 	}
 }

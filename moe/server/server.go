@@ -476,17 +476,28 @@ func (s *Server) Declare(ctx context.Context) (int, error) {
 	return fails, nil
 }
 
+// declareLoop declares the experts every DeclareEvery. After a round in
+// which some records were not stored it retries sooner: after 1 s, then
+// doubling up to DeclareEvery, so that a server that started before its
+// DHT peers were reachable is found within seconds.
 func (s *Server) declareLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.DeclareEvery)
-	defer t.Stop()
+	retry := time.Second
 	for {
 		dctx, cancel := context.WithTimeout(ctx, s.cfg.DeclareEvery)
-		if n, err := s.Declare(dctx); err != nil || n > 0 {
-			s.cfg.Logger.Warn("declare experts", "failed", n, "err", err)
-		}
+		n, err := s.Declare(dctx)
 		cancel()
+		wait := s.cfg.DeclareEvery
+		if err != nil || n > 0 {
+			s.cfg.Logger.Warn("declare experts", "failed", n, "err", err, "retry_in", min(wait, retry))
+			wait = min(wait, retry)
+			retry = min(2*retry, s.cfg.DeclareEvery)
+		} else {
+			retry = time.Second
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}

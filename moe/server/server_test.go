@@ -372,6 +372,46 @@ func TestRestartReloadsCheckpointAndRedeclares(t *testing.T) {
 	}
 }
 
+// A server whose DHT node (a client-mode node, which stores nothing
+// itself) has no peers yet cannot declare; once the node joins, the retry
+// (after 1 s, not DeclareEvery) declares the experts.
+func TestDeclarationRetriedSoon(t *testing.T) {
+	n := memnet.NewNetwork()
+	defer n.Close()
+	boot, _ := n.NewPeer()
+	bootDHT, err := dht.New(boot, dht.Config{RefreshInterval: -1, RepublishInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bootDHT.Close()
+	p, _ := n.NewPeer()
+	d, err := dht.New(p, dht.Config{RefreshInterval: -1, RepublishInterval: -1, ClientMode: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	s, err := New(Config{Transport: p, DHT: d, Experts: []string{"ffn.0.0"}, Hidden: 4, DeclareEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Stats().DeclareFailures == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("declaring without DHT peers did not fail")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := d.Bootstrap(ctx, []peer.AddrInfo{boot.AddrInfo()}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	waitDeclared(t, wctx, bootDHT, "ffn.0.", "0", p.ID())
+}
+
 func waitDeclared(t *testing.T, ctx context.Context, d *dht.Node, key, sub string, want peer.ID) {
 	t.Helper()
 	for ctx.Err() == nil {

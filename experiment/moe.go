@@ -179,7 +179,6 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	for i := range grids {
 		grids[i] = moe.Grid{Prefix: fmt.Sprintf("l%d", i), Size: r.Grid}
 	}
-	budgetSec := su.BudgetSec
 	// Learning@home's delay is the latency of a whole training step: its
 	// trainers sleep once per step, for an exponentially distributed time
 	// of that mean, between computing and applying gradients. Here a step
@@ -194,7 +193,7 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 		Grids: grids, Servers: su.Servers, RTT: rtt,
 		Server: server.Config{Hidden: su.Hidden, Lazy: true, LR: su.ExpertLR, Seed: o.Seed, FailRate: r.FailRate,
 			MaxBatch: 4096, BatchTimeout: time.Millisecond, NoUIDRecords: true, StepRows: su.ExpertStepRows, ZeroInit: su.ExpertZeroInit,
-			DeclareEvery: time.Duration(budgetSec+30) * time.Second, Expiration: time.Duration(budgetSec+600) * time.Second},
+			DeclareEvery: time.Duration(su.BudgetSec+30) * time.Second, Expiration: time.Duration(su.BudgetSec+600) * time.Second},
 	})
 	if err != nil {
 		return res, err
@@ -272,7 +271,7 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	}
 	evalSet := testSet.Slice(0, su.EvalSubset)
 
-	budget := time.Duration(budgetSec * float64(time.Second))
+	budget := time.Duration(su.BudgetSec * float64(time.Second))
 	var samples, steps, failed atomic.Int64
 	start := time.Now()
 	tctx, tcancel := context.WithTimeout(ctx, budget)

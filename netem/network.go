@@ -323,8 +323,12 @@ func (n *Network) retransmitPenalty(from, to peer.ID) time.Duration {
 }
 
 // sleepUntil waits until t or until ctx is done.
-func sleepUntil(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
+func sleepUntil(ctx context.Context, t time.Time) error { return Sleep(ctx, time.Until(t)) }
+
+// Sleep waits for d or until ctx is done, whichever comes first, and
+// returns ctx.Err() in the latter case (or at once if d ≤ 0). It is how
+// emulated delays wait.
+func Sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/client"
 	"github.com/skyhive/skyhive/moe/server"
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
@@ -100,31 +101,17 @@ type delayTransport struct {
 }
 
 func (d delayTransport) Call(ctx context.Context, to peer.AddrInfo, proto protocol.ID, req []byte) ([]byte, error) {
-	if err := sleepCtx(ctx, d.half); err != nil {
+	if err := netem.Sleep(ctx, d.half); err != nil {
 		return nil, err
 	}
 	resp, err := d.Transport.Call(ctx, to, proto, req)
 	if err != nil {
 		return nil, err
 	}
-	if err := sleepCtx(ctx, d.half); err != nil {
+	if err := netem.Sleep(ctx, d.half); err != nil {
 		return nil, err
 	}
 	return resp, nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // moeTrainer is a DMoE training run against a live swarm.

@@ -18,6 +18,7 @@ import (
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/server"
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/memnet"
 )
@@ -64,17 +65,10 @@ func (l *link) Deliver(ctx context.Context, from, to peer.ID, _ int) error {
 	l.mu.RLock()
 	fast := l.infra[from] && l.infra[to]
 	l.mu.RUnlock()
-	if fast || l.half <= 0 {
+	if fast {
 		return ctx.Err()
 	}
-	t := time.NewTimer(l.half)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return netem.Sleep(ctx, l.half)
 }
 
 // New starts the swarm and declares every expert once before returning.

@@ -153,8 +153,12 @@ type session struct {
 
 	// Guarded by mu, like every chunk's state.
 	mu          sync.Mutex
-	contributed []bool // sent at least one chunk
-	banned      []bool // no longer waited for
+	contributed []bool      // sent at least one chunk
+	lastSeen    []time.Time // when each member's latest chunk arrived
+	banned      []bool      // no longer waited for
+	// quiet is how long a member may send nothing before ban counts it as
+	// stalled (ReduceWait/2); set before joined is closed.
+	quiet time.Duration
 }
 
 // chunk accumulates the contributions to one chunk of the reducer's part.
@@ -264,6 +268,8 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 	sess.contributed = make([]bool, len(s.Members))
 	sess.banned = make([]bool, len(s.Members))
 	sess.contributed[self] = true
+	sess.lastSeen = make([]time.Time, len(s.Members))
+	sess.quiet = a.cfg.ReduceWait / 2
 	sess.expires = now.Add(a.cfg.Timeout + a.cfg.ReduceWait)
 	n := sess.hi - sess.lo
 	sess.chunks = make([]*chunk, numChunks(n, a.cfg.ChunkElems))
@@ -289,15 +295,39 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 	return sess, nil
 }
 
-// ban stops waiting for members that have sent nothing (or, if all is
-// set, for every missing contribution) and finalizes the chunks that are
-// then complete.
+// ban stops waiting for members that have sent nothing or have stalled (or,
+// if all is set, for every missing contribution) and finalizes the chunks
+// that are then complete. A member has stalled if it has sent nothing for
+// s.quiet and is missing from a chunk that some other member, and every
+// member still sending, has contributed to: it died partway, and without the ban its absence would
+// hold those chunks, and through the senders' windows all later ones,
+// until the final deadline.
 func (s *session) ban(all bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	quiet := make([]bool, len(s.banned))
+	now := time.Now()
 	for j := range s.banned {
 		if all || !s.contributed[j] {
 			s.banned[j] = true
+		}
+		quiet[j] = j != s.self && !s.banned[j] && now.Sub(s.lastSeen[j]) >= s.quiet
+	}
+	for _, c := range s.chunks {
+		if c.resp != nil || c.count < 2 {
+			continue // final, or no other member has sent it yet
+		}
+		waiting := false // for a member that is still sending
+		for k, ok := range c.from {
+			waiting = waiting || (!ok && !s.banned[k] && !quiet[k])
+		}
+		if waiting {
+			continue
+		}
+		for k, ok := range c.from {
+			if !ok && quiet[k] {
+				s.banned[k] = true
+			}
 		}
 	}
 	for _, c := range s.chunks {
@@ -362,6 +392,7 @@ func (s *session) add(c *chunk, sender int, x []float32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.contributed[sender] = true
+	s.lastSeen[sender] = time.Now()
 	if c.resp != nil || c.from[sender] {
 		return
 	}
@@ -456,7 +487,9 @@ func decodeVector(b []byte, want int) ([]float32, error) {
 // The vector is split into one part per member (sized by the weights); each
 // member reduces its part from the others' chunks (reduce-scatter) and
 // answers every chunk with its mean (all-gather). A member that has not
-// contributed within ReduceWait is left out of the mean; a part whose
+// contributed within ReduceWait is left out of the mean, and so is, for the
+// chunks it has not sent, one that has by then been silent for
+// ReduceWait/2 while the others sent a chunk it lacks; a part whose
 // reducer fails keeps this member's values and is reported in
 // Result.Failed. AllReduce returns within Config.Timeout.
 //

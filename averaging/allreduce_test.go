@@ -310,3 +310,36 @@ func TestAllReduceBandwidthBound(t *testing.T) {
 		t.Fatalf("ratio %.2f to the bandwidth bound", got/bound)
 	}
 }
+
+// ban at ReduceWait drops a member that went quiet while missing from a
+// chunk the others sent, but not the members still sending, nor anyone for
+// a chunk no other member has sent yet.
+func TestBanStalledMember(t *testing.T) {
+	const n = 4 // self is 0; member 3 sent chunk 0, then died
+	newChunk := func() *chunk {
+		c := &chunk{sum: []float32{0}, from: make([]bool, n), count: 1, done: make(chan struct{})}
+		c.from[0] = true
+		return c
+	}
+	s := &session{self: 0, chunks: []*chunk{newChunk(), newChunk(), newChunk()},
+		contributed: make([]bool, n), lastSeen: make([]time.Time, n), banned: make([]bool, n), quiet: time.Minute}
+	s.contributed[0] = true
+	for _, j := range []int{1, 2, 3} {
+		s.add(s.chunks[0], j, []float32{1})
+	}
+	s.lastSeen[3] = time.Now().Add(-2 * time.Minute)
+	for _, j := range []int{1, 2} {
+		s.add(s.chunks[1], j, []float32{1})
+	}
+	s.lastSeen[2] = time.Now().Add(-2 * time.Minute) // quiet, but not missing from chunk 1
+	s.ban(false)
+	if !slices.Equal(s.banned, []bool{false, false, false, true}) {
+		t.Fatalf("banned %v, want only member 3", s.banned)
+	}
+	if s.chunks[1].resp == nil || s.chunks[1].count != 3 {
+		t.Fatalf("chunk 1 not final with 3 contributions: count %d", s.chunks[1].count)
+	}
+	if s.chunks[2].resp != nil {
+		t.Fatal("chunk 2, which no other member has sent, was finalized")
+	}
+}

@@ -22,6 +22,7 @@ test: setup lint unit fuzz
 lint:
 	@bad=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi
+	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod is not tidy: run go mod tidy"; $(GO) mod tidy -diff; exit 1; }
 	$(GO) vet ./...
 	$(GOBIN)/staticcheck ./...
 

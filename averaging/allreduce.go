@@ -174,6 +174,7 @@ type chunk struct {
 func New(t p2p.Transport, cfg Config) *Averager {
 	a := &Averager{t: t, cfg: cfg.withDefaults(), done: make(chan struct{}), sessions: map[string]*session{}}
 	t.SetHandler(ReduceProtocol, a.handleReduce)
+	t.SetHandler(LeaveProtocol, a.handleLeave)
 	return a
 }
 
@@ -466,6 +467,42 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 	return c.resp, nil
 }
 
+// handleLeave stops waiting for a member that left a joined session.
+func (a *Averager) handleLeave(_ context.Context, from peer.ID, req []byte) ([]byte, error) {
+	l, err := unmarshalLeave(req)
+	if err != nil {
+		return nil, err
+	}
+	s, err := a.lookup(l.Session, false)
+	if err != nil || s == nil {
+		return nil, err
+	}
+	select {
+	case <-s.joined:
+	default:
+		return nil, nil // not joined here: its contributions will simply not come
+	}
+	if s.hash == l.Hash {
+		s.disagree(from)
+	}
+	return nil, nil
+}
+
+// leave tells the other members that this one stopped, best effort and
+// briefly, so that they do not wait for it until ReduceWait.
+func (a *Averager) leave(sess *session, members []Member) {
+	ctx, cancel := context.WithTimeout(context.Background(), min(time.Second, a.cfg.ReduceWait))
+	defer cancel()
+	msg := leaveNotice{Session: sess.id, Hash: sess.hash}.marshal()
+	var wg sync.WaitGroup
+	for j, m := range members {
+		if j != sess.self {
+			wg.Go(func() { _, _ = a.t.Call(ctx, m.Peer, LeaveProtocol, msg) })
+		}
+	}
+	wg.Wait()
+}
+
 // decodeVector decodes a wire tensor of exactly want finite elements.
 func decodeVector(b []byte, want int) ([]float32, error) {
 	t, err := wire.Unmarshal(b, wire.Limits{MaxElements: max(want, 1), MaxDims: 1})
@@ -572,6 +609,9 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 	}
 	wg.Wait()
 	sess.stop()
+	if errors.Is(ctx.Err(), context.Canceled) {
+		a.leave(sess, s.Members) // stopped by the caller, not timed out
+	}
 	for j := range s.Members {
 		if missing[j] {
 			res.Missing = append(res.Missing, s.Members[j].Peer.ID)

@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"go.uber.org/goleak"
 
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p/memnet"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -194,7 +195,7 @@ func TestAllReduceRejectsMismatch(t *testing.T) {
 
 // killLink kills victim once it has sent `after` messages.
 type killLink struct {
-	inner  *NICLink
+	inner  *netem.NICLink
 	net    *memnet.Network
 	victim peer.ID
 	after  int
@@ -220,7 +221,7 @@ func TestAllReducePeerKilledMidway(t *testing.T) {
 	for _, blackhole := range []bool{false, true} {
 		t.Run(fmt.Sprintf("blackhole=%v", blackhole), func(t *testing.T) {
 			const n, victim = 5, 2
-			link := &killLink{inner: NewNICLink(200e6, time.Millisecond), victim: "", after: 6}
+			link := &killLink{inner: netem.NewNICLink(200e6, time.Millisecond), victim: "", after: 6}
 			opts := []memnet.Option{memnet.WithLink(link)}
 			if blackhole {
 				opts = append(opts, memnet.WithBlackhole())
@@ -286,7 +287,7 @@ func TestAllReduceBandwidthBound(t *testing.T) {
 	}
 	const n, elems = 4, 4 << 20 // 16 MiB
 	bw := 1e9
-	s := newTestSwarm(t, n, Config{}, memnet.WithLink(NewNICLink(bw, 0)))
+	s := newTestSwarm(t, n, Config{}, memnet.WithLink(netem.NewNICLink(bw, 0)))
 	vs := randomVectors(n, elems, 5)
 	bound := 2 * float64(n-1) / n * elems * 4 * 8 / bw
 	// The best of three attempts: CPU load only slows an attempt down.

@@ -64,26 +64,3 @@ func TestAllReduceOverLibp2p(t *testing.T) {
 		}
 	}
 }
-
-func TestSimulateLibp2pWithDHTMatchmaking(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts libp2p hosts and trains for seconds")
-	}
-	tr, test := blobs(t)
-	cfg := SimConfig{Algo: WAGMA, Peers: 4, Model: "mlp-small", Train: tr, Test: test, Batch: 16, LR: 0.02, Momentum: 0.9,
-		BaseStep: 20 * time.Millisecond, Duration: 4 * time.Second, Seed: 3, Transport: TransportLibp2p,
-		Matchmaking: MatchDHT, RoundInterval: 500 * time.Millisecond, GroupSize: 2, GridDims: 2}
-	res, err := Simulate(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for r, st := range res.Workers {
-		if st.Groups < 2 || st.Steps < 20 {
-			t.Errorf("peer %d: %+v", r, st)
-		}
-	}
-	if res.FinalAccuracy < 0.8 {
-		t.Errorf("accuracy %.3f, curve %+v", res.FinalAccuracy, res.Curve)
-	}
-	t.Logf("accuracy %.3f, %.1f steps/s per peer, workers %+v", res.FinalAccuracy, res.StepsPerSecond, res.Workers)
-}

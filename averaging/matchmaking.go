@@ -14,17 +14,18 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/p2p"
 )
 
-// Matchmaking names how a Worker finds the members of its groups.
+// Matchmaking names how a peer finds the members of its groups.
 type Matchmaking string
 
 // Matchmaking modes.
 const (
-	// MatchRanks forms WAGMA's butterfly groups from fixed ranks in
-	// WorkerConfig.Roster.
+	// MatchRanks forms WAGMA's butterfly groups from fixed ranks (a
+	// roster known to every peer).
 	MatchRanks Matchmaking = "ranks"
 	// MatchDHT forms groups without ranks, Moshpit-style: every round each
 	// peer declares itself in the DHT under a key made of the run, the
@@ -103,12 +104,17 @@ func SplitGroup(ids []peer.ID, self peer.ID, size int) (group []peer.ID, index i
 	return ids[lo:hi], at - lo
 }
 
-// declaration is what a peer stores in the DHT: how to reach it and its
-// round counter.
+// declaration is what a peer stores in the DHT: how to reach it, its round
+// counter and the signature of the model it trains (peers of one run with
+// another signature are not grouped with it).
 type declaration struct {
 	Addr  peer.AddrInfo `json:"addr"`
 	Round int           `json:"round"`
+	Model string        `json:"model,omitempty"`
 }
+
+// maxModelSig bounds a declared model signature.
+const maxModelSig = 256
 
 func (d declaration) marshal() ([]byte, error) {
 	b, err := json.Marshal(d)
@@ -137,6 +143,8 @@ func parseDeclaration(subkey string, b []byte) (declaration, error) {
 		return d, fmt.Errorf("%w: declaration with %d addresses", ErrMessage, len(d.Addr.Addrs))
 	case d.Round < 0:
 		return d, fmt.Errorf("%w: declaration at round %d", ErrMessage, d.Round)
+	case len(d.Model) > maxModelSig:
+		return d, fmt.Errorf("%w: model signature of %d bytes", ErrMessage, len(d.Model))
 	}
 	return d, nil
 }
@@ -163,59 +171,53 @@ func declared(ctx context.Context, node *dht.Node, key string) ([]declaration, e
 	return ds, nil
 }
 
+// PeerInfo is a peer of a run as listed in the DHT.
+type PeerInfo struct {
+	Addr  peer.AddrInfo
+	Round int    // its round counter when it listed itself
+	Model string // the signature of the model it trains
+}
+
 // FindPeers lists the peers of a run that declared themselves in the DHT
-// recently (PeersKey), with their round counters, sorted by peer ID.
-func FindPeers(ctx context.Context, node *dht.Node, run string) ([]peer.AddrInfo, []int, error) {
+// recently (PeersKey), sorted by peer ID.
+func FindPeers(ctx context.Context, node *dht.Node, run string) ([]PeerInfo, error) {
 	ds, err := declared(ctx, node, PeersKey(run))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	infos := make([]peer.AddrInfo, len(ds))
-	rounds := make([]int, len(ds))
+	out := make([]PeerInfo, len(ds))
 	for i, d := range ds {
-		infos[i], rounds[i] = d.Addr, d.Round
+		out[i] = PeerInfo(d)
 	}
-	return infos, rounds, nil
+	return out, nil
 }
 
-// JoinState finds a live peer of the run through the DHT and downloads its
-// model (FetchState), for a peer that joins late. It tries the peers with
-// the highest round counters first and returns the model and that peer's
-// round counter.
-func JoinState(ctx context.Context, node *dht.Node, t p2p.Transport, run string, want int) ([]float32, int, error) {
-	infos, rounds, err := FindPeers(ctx, node, run)
-	if err != nil {
-		return nil, 0, err
-	}
-	order := make([]int, 0, len(infos))
-	for i, info := range infos {
-		if info.ID != t.ID() {
-			order = append(order, i)
-		}
-	}
-	if len(order) == 0 {
-		return nil, 0, fmt.Errorf("averaging: no peers of run %q in the DHT", run)
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return rounds[b] - rounds[a] })
-	var errs []error
-	for _, i := range order[:min(len(order), 3)] {
-		vec, round, err := FetchState(ctx, t, infos[i], want)
-		if err == nil {
-			return vec, round, nil
-		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, 0, fmt.Errorf("averaging: join run %q: %w", run, errors.Join(errs...))
+// MatchConfig configures a Matchmaker.
+type MatchConfig struct {
+	// Run names the run in DHT keys.
+	Run string
+	// Interval is the wall-clock length of a round (DefaultRoundInterval);
+	// rounds are aligned to multiples of it.
+	Interval time.Duration
+	// Window is how long after a round starts the matchmaker waits for
+	// declarations before reading the group (Interval/4).
+	Window time.Duration
+	// GroupSize is the most members of a group and the grid's side.
+	GroupSize int
+	// Dims is the number of grid dimensions (DefaultGridDims).
+	Dims int
+	// Model is this peer's model signature; declarations with another
+	// are left out of its groups and counted in Formed.Mismatched.
+	Model string
 }
 
-// matchmaker forms a peer's group for a round through the DHT.
-type matchmaker struct {
+// Matchmaker forms a peer's group for a round through the DHT
+// (Moshpit-style, no ranks). Its methods are called from one goroutine.
+type Matchmaker struct {
 	node     *dht.Node
 	t        p2p.Transport
 	run      string
+	model    string
 	interval time.Duration
 	window   time.Duration
 	size     int
@@ -223,7 +225,18 @@ type matchmaker struct {
 	rng      *rand.Rand
 }
 
-func newMatchmaker(node *dht.Node, t p2p.Transport, run string, interval, window time.Duration, size, dims int) *matchmaker {
+// NewMatchmaker returns a matchmaker of t's peer declaring in node.
+func NewMatchmaker(node *dht.Node, t p2p.Transport, cfg MatchConfig) *Matchmaker {
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultRoundInterval
+	}
+	if cfg.Window <= 0 || cfg.Window >= cfg.Interval {
+		cfg.Window = cfg.Interval / 4
+	}
+	if cfg.Dims <= 0 {
+		cfg.Dims = DefaultGridDims
+	}
+	run, interval, window, size, dims := cfg.Run, cfg.Interval, cfg.Window, max(cfg.GroupSize, 2), cfg.Dims
 	// Start from random coordinates; the rounds rearrange them.
 	h := fnv.New64a()
 	h.Write([]byte(t.ID()))
@@ -232,19 +245,24 @@ func newMatchmaker(node *dht.Node, t p2p.Transport, run string, interval, window
 	for i := range coords {
 		coords[i] = rng.IntN(size)
 	}
-	return &matchmaker{node: node, t: t, run: run, interval: interval, window: window, size: size, coords: coords, rng: rng}
+	return &Matchmaker{node: node, t: t, run: run, model: cfg.Model, interval: interval, window: window, size: size, coords: coords, rng: rng}
 }
 
-// roundAt is the wall-clock round of time t: rounds are aligned to
+// Interval is the length of a round.
+func (m *Matchmaker) Interval() time.Duration { return m.interval }
+
+// RoundAt is the wall-clock round of time t: rounds are aligned to
 // multiples of the interval since the Unix epoch, so peers whose clocks
 // agree to well within the window meet in the same round.
-func (m *matchmaker) roundAt(t time.Time) int { return int(t.UnixNano() / int64(m.interval)) }
+func (m *Matchmaker) RoundAt(t time.Time) int { return int(t.UnixNano() / int64(m.interval)) }
 
-func (m *matchmaker) start(round int) time.Time { return time.Unix(0, int64(round)*int64(m.interval)) }
+// Start is when round starts.
+func (m *Matchmaker) Start(round int) time.Time { return time.Unix(0, int64(round)*int64(m.interval)) }
 
-// announce lists this peer under the run's peers key for late joiners.
-func (m *matchmaker) announce(ctx context.Context, round int) error {
-	v, err := declaration{Addr: m.t.AddrInfo(), Round: round}.marshal()
+// Announce lists this peer under the run's peers key for late joiners,
+// with its round counter, for three rounds.
+func (m *Matchmaker) Announce(ctx context.Context, round int) error {
+	v, err := declaration{Addr: m.t.AddrInfo(), Round: round, Model: m.model}.marshal()
 	if err != nil {
 		return err
 	}
@@ -254,23 +272,35 @@ func (m *matchmaker) announce(ctx context.Context, round int) error {
 	return nil
 }
 
-// form declares this peer for round, waits for the window, and returns
-// the session of its group (members sorted by ID, at most size of them).
-// The session ID is the key and the group's index in the split, so peers
-// whose member lists disagree meet in the same session and the all-reduce
-// drops the disagreeing ones at once (member-list hash check).
-func (m *matchmaker) form(ctx context.Context, round, stepRound int) (Session, string, error) {
+// Formed is the outcome of Matchmaker.Form.
+type Formed struct {
+	// Session is the group's all-reduce session (members sorted by ID).
+	Session Session
+	// Key is the DHT key the group met under.
+	Key string
+	// Mismatched lists declarations under the key whose model signature
+	// differs from this peer's; they were left out of the group.
+	Mismatched []PeerInfo
+}
+
+// Form declares this peer for round, waits for the window, and returns
+// the session of its group (members sorted by ID, at most GroupSize of
+// them). The session ID is the key and the group's index in the split, so
+// peers whose member lists disagree meet in the same session and the
+// all-reduce drops the disagreeing ones at once (member-list hash check).
+func (m *Matchmaker) Form(ctx context.Context, round, stepRound int) (Formed, error) {
 	key := GroupKey(m.run, round, m.coords)
-	v, err := declaration{Addr: m.t.AddrInfo(), Round: stepRound}.marshal()
+	f := Formed{Key: key}
+	v, err := declaration{Addr: m.t.AddrInfo(), Round: stepRound, Model: m.model}.marshal()
 	if err != nil {
-		return Session{}, key, err
+		return f, err
 	}
-	end := m.start(round).Add(m.interval)
+	end := m.Start(round).Add(m.interval)
 	if _, err := m.node.Store(ctx, key, m.t.ID().String(), v, end); err != nil {
-		return Session{}, key, fmt.Errorf("averaging: matchmaking declare %q: %w", key, err)
+		return f, fmt.Errorf("averaging: matchmaking declare %q: %w", key, err)
 	}
-	if err := sleepUntil(ctx, m.start(round).Add(m.window)); err != nil {
-		return Session{}, key, err
+	if err := clock.SleepUntil(ctx, m.Start(round).Add(m.window)); err != nil {
+		return f, err
 	}
 	// Read until two consecutive reads agree (at most three), so that
 	// declarations still propagating when the window closed are seen by
@@ -279,21 +309,27 @@ func (m *matchmaker) form(ctx context.Context, round, stepRound int) (Session, s
 	for try := range 3 {
 		next, err := declared(ctx, m.node, key)
 		if err != nil {
-			return Session{}, key, err
+			return f, err
 		}
 		if try > 0 && sameMembers(ds, next) {
 			break
 		}
 		ds = next
 		if try < 2 {
-			if err := sleep(ctx, m.window/8); err != nil {
-				return Session{}, key, err
+			if err := clock.Sleep(ctx, m.window/8); err != nil {
+				return f, err
 			}
 		}
 	}
 	ids := make([]peer.ID, 0, len(ds)+1)
 	addrs := map[peer.ID]peer.AddrInfo{m.t.ID(): m.t.AddrInfo()}
 	for _, d := range ds {
+		if d.Model != m.model {
+			if d.Addr.ID != m.t.ID() {
+				f.Mismatched = append(f.Mismatched, PeerInfo(d))
+			}
+			continue
+		}
 		ids = append(ids, d.Addr.ID)
 		addrs[d.Addr.ID] = d.Addr
 	}
@@ -324,25 +360,10 @@ func (m *matchmaker) form(ctx context.Context, round, stepRound int) (Session, s
 		h.Write([]byte(id))
 		id = fmt.Sprintf("mm/%x", h.Sum64())
 	}
-	return Session{ID: id, Members: ms}, key, nil
+	f.Session = Session{ID: id, Members: ms}
+	return f, nil
 }
 
 func sameMembers(a, b []declaration) bool {
 	return slices.EqualFunc(a, b, func(x, y declaration) bool { return x.Addr.ID == y.Addr.ID })
-}
-
-func sleepUntil(ctx context.Context, t time.Time) error { return sleep(ctx, time.Until(t)) }
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

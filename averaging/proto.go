@@ -4,18 +4,16 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 )
 
-// Protocols spoken by an Averager and a Worker.
+// Protocols spoken by an Averager.
 const (
 	// ReduceProtocol carries one chunk of a member's contribution to the
 	// chunk's reducer; the response is the chunk's average.
 	ReduceProtocol = "/skyhive/averaging/reduce/1.0.0"
-	// ActivateProtocol carries WAGMA's activation of a group or global round.
-	ActivateProtocol = "/skyhive/averaging/activate/1.0.0"
-	// StateProtocol serves a peer's current model to a peer joining late.
-	StateProtocol = "/skyhive/averaging/state/1.0.0"
+	// LeaveProtocol tells the members of a session that the sender leaves
+	// it (it was stopped), so that they stop waiting for it at once.
+	LeaveProtocol = "/skyhive/averaging/leave/1.0.0"
 )
 
 // Hard limits of the message formats.
@@ -30,9 +28,8 @@ const (
 var ErrMessage = errors.New("averaging: malformed message")
 
 var (
-	magicReduce   = [4]byte{'S', 'K', 'A', 1}
-	magicActivate = [4]byte{'S', 'K', 'W', 1}
-	magicState    = [4]byte{'S', 'K', 'S', 1}
+	magicReduce = [4]byte{'S', 'K', 'A', 1}
+	magicLeave  = [4]byte{'S', 'K', 'L', 1}
 )
 
 // reduceRequest is one chunk of a member's contribution to a reducer.
@@ -107,70 +104,21 @@ func unmarshalReduceResponse(b []byte, size int) (contributors int, payload []by
 	return c, b[2:], nil
 }
 
-// Activation kinds.
-const (
-	activateGroup  = 1
-	activateGlobal = 2
-)
-
-// activation tells a member that a WAGMA round has started.
-type activation struct {
-	Kind  uint8
-	Round uint64
-	Hash  uint64 // member-list hash of the activator's session
+// leaveNotice says that the sender leaves a session.
+type leaveNotice struct {
+	Session string
+	Hash    uint64
 }
 
-func (a activation) marshal() []byte {
-	b := append([]byte(nil), magicActivate[:]...)
-	b = append(b, a.Kind)
-	b = binary.LittleEndian.AppendUint64(b, a.Round)
-	return binary.LittleEndian.AppendUint64(b, a.Hash)
+func (l leaveNotice) marshal() []byte {
+	b := append([]byte(nil), magicLeave[:]...)
+	b = binary.LittleEndian.AppendUint64(b, l.Hash)
+	return append(b, l.Session...)
 }
 
-func unmarshalActivation(b []byte) (activation, error) {
-	if len(b) != 4+1+8+8 || [4]byte(b[:4]) != magicActivate {
-		return activation{}, fmt.Errorf("%w: bad activation", ErrMessage)
+func unmarshalLeave(b []byte) (leaveNotice, error) {
+	if len(b) < 4+8+1 || len(b) > 4+8+MaxSessionLen || [4]byte(b[:4]) != magicLeave {
+		return leaveNotice{}, fmt.Errorf("%w: bad leave notice", ErrMessage)
 	}
-	a := activation{Kind: b[4], Round: binary.LittleEndian.Uint64(b[5:]), Hash: binary.LittleEndian.Uint64(b[13:])}
-	if a.Kind != activateGroup && a.Kind != activateGlobal {
-		return activation{}, fmt.Errorf("%w: activation kind %d", ErrMessage, a.Kind)
-	}
-	if a.Round > math.MaxInt32 {
-		return activation{}, fmt.Errorf("%w: round %d out of range", ErrMessage, a.Round)
-	}
-	return a, nil
-}
-
-// stateRequest asks for Count elements of a peer's model from Offset.
-type stateRequest struct {
-	Offset uint64
-	Count  uint32
-}
-
-func (s stateRequest) marshal() []byte {
-	b := append([]byte(nil), magicState[:]...)
-	b = binary.LittleEndian.AppendUint64(b, s.Offset)
-	return binary.LittleEndian.AppendUint32(b, s.Count)
-}
-
-func unmarshalStateRequest(b []byte) (stateRequest, error) {
-	if len(b) != 16 || [4]byte(b[:4]) != magicState {
-		return stateRequest{}, fmt.Errorf("%w: bad state request", ErrMessage)
-	}
-	return stateRequest{Offset: binary.LittleEndian.Uint64(b[4:]), Count: binary.LittleEndian.Uint32(b[12:])}, nil
-}
-
-// stateResponse is the model's step counter and length, then a chunk.
-func marshalStateResponse(step, total uint64, payload []byte) []byte {
-	b := make([]byte, 16, 16+len(payload))
-	binary.LittleEndian.PutUint64(b, step)
-	binary.LittleEndian.PutUint64(b[8:], total)
-	return append(b, payload...)
-}
-
-func unmarshalStateResponse(b []byte) (step, total uint64, payload []byte, err error) {
-	if len(b) < 16 {
-		return 0, 0, nil, fmt.Errorf("%w: short state response", ErrMessage)
-	}
-	return binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:]), b[16:], nil
+	return leaveNotice{Hash: binary.LittleEndian.Uint64(b[4:]), Session: string(b[12:])}, nil
 }

@@ -30,24 +30,11 @@ func FuzzReduceResponse(f *testing.F) {
 	})
 }
 
-func FuzzActivation(f *testing.F) {
-	f.Add(activation{Kind: activateGroup, Round: 5, Hash: 9}.marshal())
+func FuzzLeave(f *testing.F) {
+	f.Add(leaveNotice{Session: "run/g/3", Hash: 9}.marshal())
 	f.Fuzz(func(t *testing.T, b []byte) {
-		a, err := unmarshalActivation(b)
-		if err == nil && !bytes.Equal(a.marshal(), b) {
-			t.Fatalf("round trip differs")
-		}
-	})
-}
-
-func FuzzStateMessages(f *testing.F) {
-	f.Add(stateRequest{Offset: 3, Count: 100}.marshal())
-	f.Add(marshalStateResponse(1, 2, []byte("p")))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		if r, err := unmarshalStateRequest(b); err == nil && !bytes.Equal(r.marshal(), b) {
-			t.Fatalf("round trip differs")
-		}
-		if s, n, p, err := unmarshalStateResponse(b); err == nil && !bytes.Equal(marshalStateResponse(s, n, p), b) {
+		l, err := unmarshalLeave(b)
+		if err == nil && !bytes.Equal(l.marshal(), b) {
 			t.Fatalf("round trip differs")
 		}
 	})

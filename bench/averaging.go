@@ -8,7 +8,10 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/averaging"
+	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/averaging/sim"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p/memnet"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -68,10 +71,10 @@ func runAveraging(o Options) ([]Result, error) {
 }
 
 // benchAllReduce times one all-reduce of c.mib MiB among c.n memnet peers
-// whose interfaces are modelled by averaging.NICLink.
+// whose interfaces are modelled by netem.NICLink.
 func benchAllReduce(o Options, c avgCase, reps int) ([]Result, error) {
 	elems := c.mib << 18
-	link := averaging.NewNICLink(avgBandwidth, avgLatency)
+	link := netem.NewNICLink(avgBandwidth, avgLatency)
 	network := memnet.NewNetwork(memnet.WithLink(link))
 	defer network.Close()
 	avgs := make([]*averaging.Averager, c.n)
@@ -158,17 +161,17 @@ func benchThroughput(o Options, peers, reps int, runFor time.Duration) (Result, 
 	if err != nil {
 		return Result{}, err
 	}
-	slow := averaging.DrawSlowdowns(peers, 1, 4, 7)
+	slow := sim.DrawSlowdowns(peers, 1, 4, 7)
 	// Emulated time scales with the swarm so that all peers' real compute
 	// and copying fit on the host's cores (a step is ~1 ms of real work).
 	baseStep := avgBaseStep * time.Duration(max(peers/16, 1))
 	var runErr error
-	measure := func(algo averaging.Algo, out *[]float64) func() {
+	measure := func(algo optimizer.Algo, out *[]float64) func() {
 		return func() {
-			cfg := averaging.SimConfig{Algo: algo, Peers: peers, Tau: avgTau, Model: "mlp-small", Train: ds,
+			cfg := sim.SimConfig{Algo: algo, Peers: peers, Tau: avgTau, Model: "mlp-small", Train: ds,
 				Batch: 32, LR: 0.01, Momentum: 0.9, Slowdowns: slow, BaseStep: baseStep,
 				Bandwidth: avgBandwidth, Latency: avgLatency, Timeout: avgTimeout, Duration: runFor, Seed: 1}
-			res, err := averaging.Simulate(context.Background(), cfg)
+			res, err := sim.Simulate(context.Background(), cfg)
 			if err != nil && runErr == nil {
 				runErr = err
 			}
@@ -177,7 +180,7 @@ func benchThroughput(o Options, peers, reps int, runFor time.Duration) (Result, 
 	}
 	var wag, ar []float64
 	o.Logf("averaging: throughput with %d peers", peers)
-	TimeAlternating(reps, 0, measure(averaging.WAGMA, &wag), measure(averaging.AllReduce, &ar))
+	TimeAlternating(reps, 0, measure(optimizer.WAGMA, &wag), measure(optimizer.AllReduce, &ar))
 	if runErr != nil {
 		return Result{}, runErr
 	}

@@ -47,6 +47,9 @@ type Options struct {
 	Reps int
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// Duration is the length of suites that run for a set time (soak);
+	// 0 takes the suite's default.
+	Duration time.Duration
 }
 
 // Logf writes a progress line if o.Log is set.

@@ -16,9 +16,13 @@ func All() []Suite {
 	}
 }
 
+// Long lists the suites that take longer than 2 minutes; `bench all`
+// leaves them out.
+func Long() []Suite { return []Suite{soakSuite()} }
+
 // Find returns the suite with the given name.
 func Find(name string) (Suite, bool) {
-	for _, s := range All() {
+	for _, s := range append(All(), Long()...) {
 		if s.Name == name {
 			return s, true
 		}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/averaging"
+	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/averaging/sim"
 	"github.com/skyhive/skyhive/chart"
 	"github.com/skyhive/skyhive/data"
 )
@@ -23,13 +25,13 @@ func averagingConvergence() Experiment {
 
 // averagingRun is one algorithm's outcome in the JSON results.
 type averagingRun struct {
-	Algo           string                `json:"algo"`
-	Curve          []averaging.EvalPoint `json:"curve"`
-	FinalAccuracy  float64               `json:"final_accuracy"`
-	TimeTo85       float64               `json:"seconds_to_85,omitempty"` // 0 if never reached
-	StepsPerSecond float64               `json:"steps_per_second_per_peer"`
-	Workers        []averaging.Stats     `json:"workers"`
-	Config         map[string]any        `json:"config"`
+	Algo           string            `json:"algo"`
+	Curve          []sim.EvalPoint   `json:"curve"`
+	FinalAccuracy  float64           `json:"final_accuracy"`
+	TimeTo85       float64           `json:"seconds_to_85,omitempty"` // 0 if never reached
+	StepsPerSecond float64           `json:"steps_per_second_per_peer"`
+	Workers        []optimizer.Stats `json:"workers"`
+	Config         map[string]any    `json:"config"`
 }
 
 func runAveragingConvergence(ctx context.Context, o Options) error {
@@ -46,8 +48,8 @@ func runAveragingConvergence(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	slow := averaging.DrawSlowdowns(peers, 1, 4, o.Seed)
-	base := averaging.SimConfig{
+	slow := sim.DrawSlowdowns(peers, 1, 4, o.Seed)
+	base := sim.SimConfig{
 		Peers: peers, Model: "mlp-small", Train: tr, Test: test, Batch: 32, LR: 0.02, Momentum: 0.9,
 		Slowdowns: slow, BaseStep: 100 * time.Millisecond, Bandwidth: 1e9, Latency: time.Millisecond,
 		Timeout: 30 * time.Second, Duration: duration, EvalEvery: evalEvery, Seed: o.Seed,
@@ -55,14 +57,14 @@ func runAveragingConvergence(ctx context.Context, o Options) error {
 	}
 	var runs []averagingRun
 	var series []chart.Series
-	for _, algo := range []averaging.Algo{averaging.WAGMA, averaging.AllReduce, averaging.Local} {
+	for _, algo := range []optimizer.Algo{optimizer.WAGMA, optimizer.AllReduce, optimizer.Local} {
 		if !o.Selected(string(algo)) {
 			continue
 		}
 		cfg := base
 		cfg.Algo = algo
 		o.Logf("averaging-convergence: %s for %v", algo, duration)
-		res, err := averaging.Simulate(ctx, cfg)
+		res, err := sim.Simulate(ctx, cfg)
 		if err != nil {
 			return fmt.Errorf("experiment: %s: %w", algo, err)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/clock"
 )
 
 // Errors returned (wrapped) by Network methods.
@@ -293,12 +294,12 @@ func (n *Network) Deliver(ctx context.Context, from, to peer.ID, size int) error
 		return err
 	}
 	if t.Lost {
-		if err := sleepUntil(ctx, t.Sent); err != nil {
+		if err := clock.SleepUntil(ctx, t.Sent); err != nil {
 			return err
 		}
 		return fmt.Errorf("%s -> %s (%d bytes): %w", from, to, size, ErrLost)
 	}
-	if err := sleepUntil(ctx, t.Arrive); err != nil {
+	if err := clock.SleepUntil(ctx, t.Arrive); err != nil {
 		return err
 	}
 	n.mu.Lock()
@@ -320,24 +321,4 @@ func (n *Network) retransmitPenalty(from, to peer.ID) time.Duration {
 		rtt += p.Latency
 	}
 	return max(200*time.Millisecond, 2*rtt)
-}
-
-// sleepUntil waits until t or until ctx is done.
-func sleepUntil(ctx context.Context, t time.Time) error { return Sleep(ctx, time.Until(t)) }
-
-// Sleep waits for d or until ctx is done, whichever comes first, and
-// returns ctx.Err() in the latter case (or at once if d ≤ 0). It is how
-// emulated delays wait.
-func Sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

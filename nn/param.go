@@ -104,3 +104,36 @@ func FilterParams(ps []*Param, src map[string]*tensor.Tensor) map[string]*tensor
 	}
 	return out
 }
+
+// FlatValues copies the parameters' values, in order, into dst (which
+// must hold at least their total length).
+func FlatValues(ps []*Param, dst []float32) {
+	o := 0
+	for _, p := range ps {
+		o += copy(dst[o:], p.Value.Data)
+	}
+}
+
+// SetFlatValues copies src, in order, into the parameters' values.
+func SetFlatValues(ps []*Param, src []float32) {
+	o := 0
+	for _, p := range ps {
+		o += copy(p.Value.Data, src[o:])
+	}
+}
+
+// FlatGrads copies the parameters' gradients, in order, into dst.
+func FlatGrads(ps []*Param, dst []float32) {
+	o := 0
+	for _, p := range ps {
+		o += copy(dst[o:], p.Grad.Data)
+	}
+}
+
+// SetFlatGrads copies src, in order, into the parameters' gradients.
+func SetFlatGrads(ps []*Param, src []float32) {
+	o := 0
+	for _, p := range ps {
+		o += copy(p.Grad.Data, src[o:])
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
 )
 
 // Handler answers one request. A returned error reaches the caller as a
@@ -39,4 +40,22 @@ type RemoteError struct {
 
 func (e *RemoteError) Error() string {
 	return fmt.Sprintf("peer %s (%s): %s", e.Peer.ShortString(), e.Proto, e.Msg)
+}
+
+// ParseAddrInfos parses multiaddrs that end in /p2p/PEER_ID, merging
+// addresses of the same peer; errors say what a good address looks like.
+func ParseAddrInfos(addrs []string) ([]peer.AddrInfo, error) {
+	var mas []ma.Multiaddr
+	for _, s := range addrs {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("address %q: %w", s, err)
+		}
+		mas = append(mas, a)
+	}
+	infos, err := peer.AddrInfosFromP2pAddrs(mas...)
+	if err != nil {
+		return nil, fmt.Errorf("addresses must end in /p2p/PEER_ID: %w", err)
+	}
+	return infos, nil
 }

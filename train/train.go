@@ -25,7 +25,7 @@ import (
 )
 
 // Models lists the model names BuildModel accepts.
-var Models = []string{"mlp", "bert-tiny"}
+var Models = []string{"mlp", "mlp-small", "bert-tiny"}
 
 // BuildModel returns a freshly initialised Fashion-MNIST classifier
 // (input [batch, 784], 10 logits) by name, seeded for reproducibility.
@@ -34,6 +34,10 @@ func BuildModel(name string, seed uint64) (*nn.Sequential, error) {
 	switch name {
 	case "mlp":
 		return nn.MLP([]int{data.ImageSize, 512, 256, data.NumClasses}, 0.1, rng), nil
+	case "mlp-small":
+		// 784-128-10, about 100k parameters: keeps swarms of many peers on
+		// a few cores light on compute and communication.
+		return nn.MLP([]int{data.ImageSize, 128, data.NumClasses}, 0, rng), nil
 	case "bert-tiny":
 		return nn.ImageBERT(nn.ImageBERTTiny(), rng)
 	}

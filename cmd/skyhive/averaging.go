@@ -4,186 +4,285 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sync"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
-	"github.com/skyhive/skyhive/averaging"
-	"github.com/skyhive/skyhive/data"
-	"github.com/skyhive/skyhive/progress"
-	"github.com/skyhive/skyhive/wire"
 	"github.com/spf13/cobra"
+
+	"github.com/skyhive/skyhive/averaging"
+	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/averaging/peer"
+	"github.com/skyhive/skyhive/averaging/sim"
+	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/wire"
 )
 
-// averagingFlags are the options of --mode averaging and demo averaging.
+// peerFlags are the options of `skyhive peer`.
+type peerFlags struct {
+	cfg    peer.Config
+	dht    []string
+	algo   string
+	match  string
+	codec  string
+	shard  string
+	stats  string
+	asJSON bool
+	quiet  bool
+}
+
+func newPeerCmd() *cobra.Command {
+	var f peerFlags
+	cmd := &cobra.Command{
+		Use:   "peer",
+		Short: "Run one group-averaging peer (WAGMA, all-reduce SGD or local SGD) that joins a swarm through the DHT",
+		Long: "Run one data-parallel training peer in this process: it joins the swarm's DHT, waits for\n" +
+			"--min-peers peers of --run-id, downloads the swarm's model and optimizer state if the run has\n" +
+			"made progress (from two donors, cross-checked), and trains Fashion-MNIST at its real speed,\n" +
+			"averaging with the others as --algo says. It listens on all interfaces by default. SIGINT or\n" +
+			"SIGTERM makes it leave cleanly: its groups are told at once, it evaluates its model and saves\n" +
+			"--checkpoint, which a restart resumes from. --json prints a final result line in the\n" +
+			"benchmark protocol; --stats FILE appends JSON lines with counters, memory and goroutines.",
+		Example: "  skyhive dht --listen /ip4/0.0.0.0/tcp/4001              # prints its /p2p address\n" +
+			"  skyhive peer --dht /ip4/10.0.0.1/tcp/4001/p2p/12D3Koo... --algo wagma --duration 10m\n" +
+			"  skyhive peer --dht ADDR --algo allreduce --min-peers 4   # rank-based: exactly 4 peers\n" +
+			"  srun skyhive peer --dht ADDR --shard $SLURM_PROCID/$SLURM_NTASKS   # see examples/slurm",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runPeer(cmd, &f) },
+	}
+	fl := cmd.Flags()
+	c := &f.cfg
+	fl.StringSliceVar(&f.dht, "dht", nil, "DHT peers to join: multiaddrs ending in /p2p/PEER_ID (required)")
+	fl.StringSliceVar(&c.Listen, "listen", nil, "multiaddrs to listen on (default all interfaces, TCP and QUIC, free ports)")
+	fl.StringSliceVar(&c.Announce, "announce", nil, "multiaddrs to announce instead of the listen addresses (e.g. a public address)")
+	fl.StringVar(&c.Identity, "identity", "", "private key file (created if missing) for a stable peer ID")
+	fl.StringVar(&c.RunID, "run-id", "skyhive", "run name in DHT keys; every peer of a run must use the same")
+	fl.StringVar(&f.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce or local")
+	fl.StringVar(&f.match, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
+	fl.IntVar(&c.GroupSize, "group-size", 0, "group size (0: 3 with dht matchmaking, round(sqrt(peers)) with ranks)")
+	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds")
+	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average every period steps")
+	fl.DurationVar(&c.RoundInterval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
+	fl.StringVar(&f.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
+	fl.DurationVar(&c.Timeout, "timeout", 0, "longest wait for one all-reduce (0: the round interval with dht matchmaking, 20s with ranks)")
+	fl.IntVar(&c.MinPeers, "min-peers", 2, "peers of the run (this one included) to wait for before training")
+	fl.DurationVar(&c.WaitPeers, "wait-peers", time.Minute, "how long to wait for --min-peers")
+	fl.DurationVar(&c.JoinTimeout, "join-timeout", 30*time.Second, "how long joining the DHT and downloading the swarm's state may take")
+	fl.Int64Var(&c.TargetBatchSize, "target-batch-size", 0, "samples summed over the swarm that make one swarm epoch (0: epochs do not advance)")
+	fl.StringVar(&c.Model, "model", "mlp-small", "model: mlp-small, mlp or bert-tiny (every peer of a run must agree)")
+	fl.Uint64Var(&c.Seed, "seed", 1, "seed of the initial weights (equal on every peer) and of the batch order (mixed with the peer ID)")
+	fl.IntVar(&c.Batch, "batch", 32, "examples per local step")
+	fl.Float64Var(&c.LR, "lr", 0.05, "SGD learning rate (cosine decay to a tenth over --steps or --duration when given)")
+	fl.Float64Var(&c.Momentum, "momentum", 0.9, "SGD momentum")
+	fl.StringVar(&c.DataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
+	fl.IntVar(&c.Limit, "limit", 0, "use only the first N training examples (0 = all)")
+	fl.StringVar(&f.shard, "shard", "", "train on shard K/N of the data (e.g. $SLURM_PROCID/$SLURM_NTASKS; default: all of it, in this peer's own order)")
+	fl.IntVar(&c.EvalExamples, "eval-examples", 0, "test examples per evaluation (0 = all 10000)")
+	fl.IntVar(&c.Steps, "steps", 0, "stop after this many local steps (0: no limit)")
+	fl.DurationVar(&c.Duration, "duration", 0, "stop after this long (0: no limit; stop with Ctrl-C)")
+	fl.DurationVar(&c.EvalEvery, "eval-every", 0, "evaluate on the test set this often (0: only at the end)")
+	fl.Float64Var(&c.Slowdown, "slowdown", 1, "emulate a slower device: each step takes this many times its compute time (experiments)")
+	fl.StringVar(&c.Checkpoint, "checkpoint", "", "checkpoint file: resumed from if it exists, written atomically every --checkpoint-every and on exit")
+	fl.DurationVar(&c.CheckpointEvery, "checkpoint-every", time.Minute, "checkpoint interval")
+	fl.StringVar(&f.stats, "stats", "", "append JSON lines with counters, accuracy, memory and goroutines to this file")
+	fl.DurationVar(&c.StatsEvery, "stats-every", 10*time.Second, "interval of --stats lines")
+	fl.BoolVar(&f.asJSON, "json", false, "print the final result as one JSON line (benchmark protocol) on stdout")
+	fl.BoolVar(&f.quiet, "quiet", false, "no progress bar")
+	return cmd
+}
+
+func runPeer(cmd *cobra.Command, f *peerFlags) error {
+	c := f.cfg
+	var err error
+	if c.DHT, err = parseBootstrap(f.dht); err != nil {
+		return fmt.Errorf("--dht: %w", err)
+	}
+	if len(c.DHT) == 0 {
+		return fmt.Errorf("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
+	}
+	if c.Algo, err = optimizer.ParseAlgo(f.algo); err != nil {
+		return fmt.Errorf("--algo: %w", err)
+	}
+	if f.match != "" {
+		if c.Matchmaking, err = averaging.ParseMatchmaking(f.match); err != nil {
+			return fmt.Errorf("--matchmaking: %w", err)
+		}
+	}
+	if c.Codec, err = wire.ParseCodec(f.codec); err != nil {
+		return fmt.Errorf("--codec: %w", err)
+	}
+	if f.shard != "" {
+		k, n, ok := strings.Cut(f.shard, "/")
+		var e1, e2 error
+		c.Shard, e1 = strconv.Atoi(k)
+		c.Shards, e2 = strconv.Atoi(n)
+		if !ok || e1 != nil || e2 != nil || c.Shards < 1 || c.Shard < 0 || c.Shard >= c.Shards {
+			return fmt.Errorf("--shard wants K/N with 0 <= K < N, got %q", f.shard)
+		}
+	}
+	if !f.quiet {
+		c.Progress = cmd.ErrOrStderr()
+	}
+	c.Log = cmd.ErrOrStderr()
+	if f.stats != "" {
+		sf, err := os.OpenFile(f.stats, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return fmt.Errorf("--stats: %w", err)
+		}
+		defer sf.Close()
+		c.Stats = sf
+	}
+	res, err := peer.Run(cmd.Context(), c)
+	if c.Progress != nil {
+		fmt.Fprintln(c.Progress)
+	}
+	if err != nil {
+		return err
+	}
+	return reportPeer(cmd.OutOrStdout(), res, f.asJSON)
+}
+
+// reportPeer prints a peer's result: one JSON line in the benchmark
+// protocol, or a sentence.
+func reportPeer(w io.Writer, r peer.Result, asJSON bool) error {
+	if !asJSON {
+		fmt.Fprintf(w, "peer %s: test accuracy %.2f%% after %d steps, %d rounds, %.0fs; %.1f MB sent\n",
+			shortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
+		return nil
+	}
+	line := map[string]any{
+		"suite": "peer", "case": r.Algo, "metric": "test_accuracy", "value": r.TestAccuracy, "unit": "fraction",
+		"peer": r.Peer, "test_accuracy": r.TestAccuracy, "test_loss": r.TestLoss, "first_accuracy": r.FirstAccuracy,
+		"steps": r.Steps, "rounds": r.Rounds, "samples": r.Samples, "bytes_sent": r.BytesSent,
+		"bytes_received": r.BytesReceived, "seconds": r.Seconds, "groups": r.Groups, "failures": r.Failures, "max_step_seconds": r.MaxStepSeconds,
+		"joined_from": r.Joined, "resumed": r.Resumed, "epoch": r.Epoch, "swarm_peers": r.SwarmPeers,
+	}
+	return json.NewEncoder(w).Encode(line)
+}
+
+func shortID(s string) string {
+	if len(s) > 12 {
+		return s[len(s)-8:]
+	}
+	return s
+}
+
+// averagingFlags are the options of --mode averaging and demo averaging,
+// which launch `skyhive peer` processes on this machine.
 type averagingFlags struct {
-	algo      string
-	peers     int
-	groupSize int
-	tau       int
-	period    int
-	lr        float64
-	slowLo    float64
-	slowHi    float64
-	baseStep  time.Duration
-	bandwidth float64
-	duration  time.Duration
-	codec     string
-	small     bool
-	transport string
-	match     string
-	dhtAddrs  []string
-	interval  time.Duration
-	runID     string
+	algo     string
+	peers    int
+	group    int
+	tau      int
+	period   int
+	lr       float64
+	slowLo   float64
+	slowHi   float64
+	duration time.Duration
+	codec    string
+	small    bool
+	match    string
+	interval time.Duration
+	runID    string
+	dir      string
 }
 
 func (a *averagingFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm (--mode averaging): wagma, allreduce or local")
-	fl.IntVar(&a.peers, "peers", 8, "local peers (libp2p hosts on loopback, or goroutines on an in-memory network with --transport memnet)")
-	fl.IntVar(&a.groupSize, "group-size", 0, "WAGMA group size S (0 = round(sqrt(peers)))")
-	fl.IntVar(&a.tau, "tau", averaging.DefaultTau, "WAGMA staleness bound: global average every tau rounds")
-	fl.IntVar(&a.period, "period", averaging.DefaultPeriod, "local SGD averaging period in steps")
-	fl.Float64Var(&a.lr, "avg-lr", 0.02, "SGD learning rate of each peer (momentum 0.9)")
-	fl.Float64Var(&a.slowLo, "avg-slowdown-min", 1, "averaging: peer slowdowns are drawn from U[min, max]")
-	fl.Float64Var(&a.slowHi, "avg-slowdown-max", 4, "averaging: peer slowdowns are drawn from U[min, max]")
-	fl.DurationVar(&a.baseStep, "base-step", 100*time.Millisecond, "emulated step time of a peer at slowdown 1")
-	fl.Float64Var(&a.bandwidth, "bandwidth", 1e9, "emulated interface bandwidth of each peer in bit/s (0 = unlimited; memnet only)")
-	fl.DurationVar(&a.duration, "duration", 2*time.Minute, "wall-clock length of the run")
+	fl.IntVar(&a.peers, "peers", 4, "`skyhive peer` processes to start on this machine")
+	fl.IntVar(&a.group, "group-size", 0, "averaging group size (0: the peer's default)")
+	fl.IntVar(&a.tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds")
+	fl.IntVar(&a.period, "period", optimizer.DefaultPeriod, "local SGD averaging period in steps")
+	fl.Float64Var(&a.lr, "avg-lr", 0.05, "SGD learning rate of each peer (momentum 0.9)")
+	fl.Float64Var(&a.slowLo, "avg-slowdown-min", 1, "averaging: peer slowdowns are drawn from U[min, max] (emulated)")
+	fl.Float64Var(&a.slowHi, "avg-slowdown-max", 2, "averaging: peer slowdowns are drawn from U[min, max] (emulated)")
+	fl.DurationVar(&a.duration, "duration", time.Minute, "how long the peers train")
 	fl.StringVar(&a.codec, "codec", "none", "compression on the wire: none, fp16, uniform8 or quantile8")
-	fl.StringVar(&a.transport, "transport", averaging.TransportLibp2p, "peer transport: libp2p (hosts on 127.0.0.1 TCP with TLS) or memnet (in-memory, emulated interfaces)")
-	fl.StringVar(&a.match, "matchmaking", "", "how WAGMA finds groups: ranks (butterfly groups) or dht (Moshpit-style groups through a DHT; default with --dht)")
-	fl.DurationVar(&a.interval, "round-interval", 2*time.Second, "wall-clock length of a DHT matchmaking round")
-	fl.StringVar(&a.runID, "run-id", "skyhive", "run name in DHT keys; peers of one run must agree")
+	fl.StringVar(&a.match, "matchmaking", "", "dht (default for wagma) or ranks (default for allreduce and local)")
+	fl.DurationVar(&a.interval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
+	fl.StringVar(&a.runID, "run-id", "skyhive", "run name in DHT keys")
 	fl.BoolVar(&a.small, "small", true, "train mlp-small (784-128-10) instead of --model, to keep many peers light on few cores")
+	fl.StringVar(&a.dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
 }
 
-// runAveraging trains with a local swarm of averaging peers.
-func (f *trainFlags) runAveraging(cmd *cobra.Command) error {
-	return f.avg.run(cmd, f)
-}
+// runAveraging trains with a local swarm of averaging peer processes.
+func (f *trainFlags) runAveraging(cmd *cobra.Command) error { return f.avg.run(cmd, f) }
 
 func (a *averagingFlags) run(cmd *cobra.Command, f *trainFlags) error {
-	algo, err := averaging.ParseAlgo(a.algo)
-	if err != nil {
-		return err
-	}
-	codec, err := wire.ParseCodec(a.codec)
-	if err != nil {
-		return err
-	}
-	// train shares --dht with --mode moe (it is registered there);
-	// demo averaging registers its own.
-	addrs := a.dhtAddrs
-	if len(addrs) == 0 {
-		addrs = f.moe.dht
-	}
-	seeds, err := parseBootstrap(addrs)
-	if err != nil {
-		return err
-	}
-	match := a.match
-	if match == "" && len(seeds) > 0 {
-		match = string(averaging.MatchDHT)
-	}
-	mm, err := averaging.ParseMatchmaking(match)
-	if err != nil {
-		return err
+	if _, err := optimizer.ParseAlgo(a.algo); err != nil {
+		return fmt.Errorf("--algo: %w", err)
 	}
 	switch {
-	case len(seeds) > 0 && a.transport != averaging.TransportLibp2p:
-		return fmt.Errorf("--dht needs --transport libp2p")
-	case len(seeds) > 0 && mm != averaging.MatchDHT:
-		return fmt.Errorf("--dht needs --matchmaking dht")
-	case mm == averaging.MatchDHT && algo != averaging.WAGMA:
-		return fmt.Errorf("--matchmaking dht needs --algo wagma")
-	case a.interval <= 0:
-		return fmt.Errorf("--round-interval must be positive")
-	case a.peers < 1 || a.peers > 256:
-		return fmt.Errorf("--peers must be in 1..256, got %d", a.peers)
+	case a.peers < 1 || a.peers > 64:
+		return fmt.Errorf("--peers must be in 1..64, got %d", a.peers)
 	case a.slowLo < 1 || a.slowHi < a.slowLo:
 		return fmt.Errorf("slowdowns must satisfy 1 <= min <= max, got %v..%v", a.slowLo, a.slowHi)
-	case a.duration <= 0 || a.baseStep <= 0:
-		return fmt.Errorf("--duration and --base-step must be positive")
-	case f.cfg.BatchSize <= 0:
-		return fmt.Errorf("--batch must be positive")
+	case a.duration <= 0:
+		return fmt.Errorf("--duration must be positive")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	dir := a.dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "skyhive-averaging-"); err != nil {
+			return err
+		}
 	}
 	model := f.cfg.Model
 	if a.small {
 		model = "mlp-small"
 	}
-	trainSet, err := data.LoadFashionMNIST(f.dataDir, data.Train, data.LoadOptions{Standardize: true, Limit: f.limit})
-	if err != nil {
-		return err
-	}
-	testSet, err := data.LoadFashionMNIST(f.dataDir, data.Test, data.LoadOptions{Standardize: true})
-	if err != nil {
-		return err
+	args := []string{"--algo", a.algo, "--model", model, "--duration", a.duration.String(), "--quiet",
+		"--lr", strconv.FormatFloat(a.lr, 'g', -1, 64), "--batch", strconv.Itoa(min(f.cfg.BatchSize, 64)),
+		"--seed", strconv.FormatUint(f.cfg.Seed, 10), "--data-dir", f.dataDir, "--limit", strconv.Itoa(f.limit),
+		"--codec", a.codec, "--round-interval", a.interval.String(), "--run-id", a.runID,
+		"--group-size", strconv.Itoa(a.group), "--tau", strconv.Itoa(a.tau), "--period", strconv.Itoa(a.period),
+		"--eval-every", (a.duration / 4).String(), "--stats-every", "5s"}
+	if a.match != "" {
+		args = append(args, "--matchmaking", a.match)
 	}
 	out := cmd.ErrOrStderr()
-	slow := averaging.DrawSlowdowns(a.peers, a.slowLo, a.slowHi, f.cfg.Seed)
-	fmt.Fprintf(out, "%s with %d peers over %s, %s matchmaking (slowdowns %.1f..%.1f), %s, %d train examples, %v\n",
-		algo, a.peers, a.transport, mm, a.slowLo, a.slowHi, model, trainSet.Len(), a.duration)
-	total := int(a.duration / time.Second)
-	bar := progress.New(out, string(algo), total)
-	bar.Every = max(total/20, 1)
-	var mu sync.Mutex
-	var steps, shown int
-	var loss float64
-	start := time.Now()
-	cfg := averaging.SimConfig{
-		Algo: algo, Peers: a.peers, GroupSize: a.groupSize, Tau: a.tau, Period: a.period,
-		Model: model, Train: trainSet, Test: testSet, Batch: f.cfg.BatchSize, LR: a.lr, Momentum: 0.9,
-		Slowdowns: slow, BaseStep: a.baseStep, Bandwidth: a.bandwidth, Latency: time.Millisecond,
-		Codec: codec, Duration: a.duration, EvalEvery: a.duration / 8, Seed: f.cfg.Seed,
-		Transport: a.transport, Matchmaking: mm, DHTSeeds: seeds, RoundInterval: a.interval, RunID: a.runID,
-		OnStep: func(s averaging.StepInfo) {
-			mu.Lock()
-			defer mu.Unlock()
-			steps++
-			loss = 0.98*loss + 0.02*s.Loss
-			if sec := int(time.Since(start) / time.Second); sec > shown && sec <= total {
-				shown = sec
-				bar.Update(sec, int64(steps*f.cfg.BatchSize), progress.F("loss", loss))
-			}
-		},
-	}
-	res, err := averaging.Simulate(cmd.Context(), cfg)
-	fmt.Fprintln(out)
-	if err != nil {
-		return err
-	}
-	return reportAveraging(cmd.OutOrStdout(), res, f.asJSON)
-}
-
-func reportAveraging(w io.Writer, res averaging.SimResult, asJSON bool) error {
-	if asJSON {
-		enc := json.NewEncoder(w)
+	slow := sim.DrawSlowdowns(a.peers, a.slowLo, a.slowHi, f.cfg.Seed)
+	fmt.Fprintf(out, "%s with %d peer processes (slowdowns %.1f..%.1f), %s, %v; logs in %s\n",
+		a.algo, a.peers, a.slowLo, a.slowHi, model, a.duration, dir)
+	res, err := peer.Launch(cmd.Context(), peer.LaunchConfig{
+		Exe: exe, Peers: a.peers, Slowdowns: slow, Args: args, Dir: dir, Duration: a.duration, Log: out,
+	})
+	if f.asJSON {
+		enc := json.NewEncoder(cmd.OutOrStdout())
 		enc.SetIndent("", "  ")
-		return enc.Encode(res)
+		if jerr := enc.Encode(res); jerr != nil {
+			return jerr
+		}
+	} else {
+		for i, r := range res.Peers {
+			fmt.Fprintf(cmd.OutOrStdout(), "  peer %d (%s): test accuracy %.2f%%, %d steps, %d rounds, %.1f MB sent\n",
+				i, shortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, float64(r.BytesSent)/1e6)
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "%s: mean test accuracy of %d peers %.2f%% (logs: %s)\n",
+			a.algo, len(res.Peers), 100*res.MeanAccuracy, filepath.Clean(dir))
 	}
-	for _, p := range res.Curve {
-		fmt.Fprintf(w, "  %6.1fs  %6d steps  test accuracy %.2f%%\n", p.Seconds, p.Steps, 100*p.Accuracy)
-	}
-	fmt.Fprintf(w, "%s: test accuracy of the mean model %.2f%% after %.0fs, %.2f steps/s per peer\n",
-		res.Algo, 100*res.FinalAccuracy, res.Seconds, res.StepsPerSecond)
-	return nil
+	return err
 }
 
 func newDemoAveragingCmd() *cobra.Command {
 	var f trainFlags
 	cmd := &cobra.Command{
 		Use:   "averaging",
-		Short: "Train Fashion-MNIST with WAGMA on a local swarm of 8 peers of unequal speed",
-		Long: "Start 8 libp2p peers on loopback (or, with --transport memnet, on an in-memory network whose\n" +
-			"interfaces are emulated at 1 Gbit/s), give them slowdowns drawn from U[1,4], and train Fashion-MNIST\n" +
-			"with wait-avoiding group model averaging for two minutes, printing the test accuracy of the peers'\n" +
-			"mean model along the way. --matchmaking dht forms the groups through a DHT instead of fixed ranks.",
+		Short: "Train Fashion-MNIST with WAGMA on a local swarm of `skyhive peer` processes of unequal speed",
+		Long: "Start a DHT node and 4 `skyhive peer` processes on loopback, give them slowdowns drawn from\n" +
+			"U[1,2], and train Fashion-MNIST for a minute with wait-avoiding group averaging, groups formed\n" +
+			"through the DHT; then print every peer's test accuracy. The same peers run across machines\n" +
+			"with `skyhive peer --dht ADDR`.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return f.avg.run(cmd, &f) },
 	}
 	f.register(cmd)
 	f.avg.register(cmd)
-	cmd.Flags().StringSliceVar(&f.avg.dhtAddrs, "dht", nil,
-		"join an external DHT at these multiaddrs (ending in /p2p/PEER_ID) and match groups through it")
 	return cmd
 }

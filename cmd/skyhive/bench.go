@@ -53,12 +53,16 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per line")
 	cmd.Flags().BoolVar(&opts.Quick, "quick", false, "smaller cases, under 30 s per suite")
 	cmd.Flags().IntVar(&opts.Reps, "reps", 5, "measured repetitions per case (at least 5)")
+	cmd.Flags().DurationVar(&opts.Duration, "duration", 0, "run length of timed suites (soak; 0: the suite's default)")
 	return cmd
 }
 
 func suiteList() string {
 	var b strings.Builder
 	for _, s := range bench.All() {
+		fmt.Fprintf(&b, "  %-10s %s\n", s.Name, s.Short)
+	}
+	for _, s := range bench.Long() {
 		fmt.Fprintf(&b, "  %-10s %s\n", s.Name, s.Short)
 	}
 	return b.String()

@@ -12,7 +12,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/libp2p/go-libp2p/core/peer"
-	ma "github.com/multiformats/go-multiaddr"
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/dht"
@@ -145,17 +144,9 @@ func printable(b []byte) string {
 }
 
 func parseBootstrap(addrs []string) ([]peer.AddrInfo, error) {
-	var mas []ma.Multiaddr
-	for _, s := range addrs {
-		a, err := ma.NewMultiaddr(s)
-		if err != nil {
-			return nil, fmt.Errorf("bootstrap address %q: %w", s, err)
-		}
-		mas = append(mas, a)
-	}
-	infos, err := peer.AddrInfosFromP2pAddrs(mas...)
+	infos, err := p2p.ParseAddrInfos(addrs)
 	if err != nil {
-		return nil, fmt.Errorf("bootstrap addresses must end in /p2p/PEER_ID: %w", err)
+		return nil, fmt.Errorf("bootstrap %w", err)
 	}
 	return infos, nil
 }

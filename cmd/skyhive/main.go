@@ -51,6 +51,7 @@ func newRootCmd() *cobra.Command {
 		newProfileCmd(),
 		newWorkerCmd(),
 		newServerCmd(),
+		newPeerCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

@@ -15,12 +15,12 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/spf13/cobra"
 
+	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/client"
 	"github.com/skyhive/skyhive/moe/server"
-	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
@@ -101,14 +101,14 @@ type delayTransport struct {
 }
 
 func (d delayTransport) Call(ctx context.Context, to peer.AddrInfo, proto protocol.ID, req []byte) ([]byte, error) {
-	if err := netem.Sleep(ctx, d.half); err != nil {
+	if err := clock.Sleep(ctx, d.half); err != nil {
 		return nil, err
 	}
 	resp, err := d.Transport.Call(ctx, to, proto, req)
 	if err != nil {
 		return nil, err
 	}
-	if err := netem.Sleep(ctx, d.half); err != nil {
+	if err := clock.Sleep(ctx, d.half); err != nil {
 		return nil, err
 	}
 	return resp, nil

@@ -15,10 +15,10 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/server"
-	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/memnet"
 )
@@ -68,7 +68,7 @@ func (l *link) Deliver(ctx context.Context, from, to peer.ID, _ int) error {
 	if fast {
 		return ctx.Err()
 	}
-	return netem.Sleep(ctx, l.half)
+	return clock.Sleep(ctx, l.half)
 }
 
 // New starts the swarm and declares every expert once before returning.

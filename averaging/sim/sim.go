@@ -1,4 +1,10 @@
-package averaging
+// Package sim runs a simulated swarm of group-averaging peers in one
+// process: goroutine peers on p2p/memnet with emulated interfaces (NICLink)
+// or on real libp2p hosts on loopback, each training its replica with its
+// own loop and an optimizer.Optimizer, with device speed emulated by
+// sleeping. Benchmarks and experiments use it; real swarms run one
+// `skyhive peer` per process instead.
+package sim
 
 import (
 	"context"
@@ -11,8 +17,11 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/skyhive/skyhive/averaging"
+	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
@@ -29,7 +38,7 @@ import (
 // local step (sleeping whatever its real compute did not take), so the
 // imbalance is the same however busy the host's cores are.
 type SimConfig struct {
-	Algo          Algo
+	Algo          optimizer.Algo
 	Peers         int
 	GroupSize     int
 	Tau           int
@@ -64,7 +73,7 @@ type SimConfig struct {
 	// WAGMA finds groups (see WorkerConfig). With MatchDHT every peer runs
 	// a DHT node; they bootstrap from DHTSeeds if given (an external DHT,
 	// libp2p only) and from the first peer otherwise.
-	Matchmaking   Matchmaking
+	Matchmaking   averaging.Matchmaking
 	RoundInterval time.Duration
 	MatchWindow   time.Duration
 	GridDims      int
@@ -81,23 +90,12 @@ type SimConfig struct {
 	// Seed seeds the model, the shuffles and the data split.
 	Seed uint64
 	// OnStep, if set, is called after every local step of every peer.
-	OnStep func(StepInfo)
+	OnStep func(rank int, s optimizer.StepInfo, loss float64)
 	// Final, if set, receives every peer's model at the end.
 	Final func(rank int, model []float32)
 	// Kill, if set, is called once the swarm is running with a function
 	// that kills a peer by rank (for failure experiments).
 	Kill func(ctx context.Context, kill func(rank int) error)
-}
-
-// BuildModel returns a Fashion-MNIST classifier by name: the train
-// package's models, or "mlp-small" (784-128-10, about 100k parameters), which
-// keeps simulations of many peers on a few cores communication-light.
-func BuildModel(name string, seed uint64) (*nn.Sequential, error) {
-	if name == "mlp-small" {
-		rng := rand.New(rand.NewPCG(seed, 0x5eed))
-		return nn.MLP([]int{data.ImageSize, 128, data.NumClasses}, 0, rng), nil
-	}
-	return train.BuildModel(name, seed)
 }
 
 // EvalPoint is one evaluation of the swarm's mean model.
@@ -110,15 +108,15 @@ type EvalPoint struct {
 
 // SimResult is the outcome of Simulate.
 type SimResult struct {
-	Algo  Algo        `json:"algo"`
-	Peers int         `json:"peers"`
-	Curve []EvalPoint `json:"curve"`
+	Algo  optimizer.Algo `json:"algo"`
+	Peers int            `json:"peers"`
+	Curve []EvalPoint    `json:"curve"`
 	// StepsPerSecond is the local steps per second per peer, averaged over
 	// the peers (the swarm processes Peers×Batch×StepsPerSecond examples/s).
-	StepsPerSecond float64 `json:"steps_per_second"`
-	Seconds        float64 `json:"seconds"`
-	FinalAccuracy  float64 `json:"final_accuracy"`
-	Workers        []Stats `json:"workers"`
+	StepsPerSecond float64           `json:"steps_per_second"`
+	Seconds        float64           `json:"seconds"`
+	FinalAccuracy  float64           `json:"final_accuracy"`
+	Workers        []optimizer.Stats `json:"workers"`
 	// Joined counts peers that started from a model fetched from a peer
 	// of the run found in an external DHT (late joining).
 	Joined int `json:"joined,omitempty"`
@@ -154,11 +152,11 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 	if timeout <= 0 {
 		timeout = 20 * time.Second
 	}
-	mm, err := ParseMatchmaking(string(cfg.Matchmaking))
+	mm, err := averaging.ParseMatchmaking(string(cfg.Matchmaking))
 	if err != nil {
 		return res, err
 	}
-	if mm == MatchDHT && cfg.RoundInterval > 0 && cfg.Timeout <= 0 {
+	if mm == averaging.MatchDHT && cfg.RoundInterval > 0 && cfg.Timeout <= 0 {
 		timeout = cfg.RoundInterval
 	}
 	nw, err := newSimNetwork(ctx, cfg)
@@ -168,28 +166,29 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 	defer nw.close()
 
 	type peerState struct {
-		peer   p2p.Transport
-		avg    *Averager
-		node   *dht.Node
-		model  *nn.Sequential
-		worker *Worker
+		peer    p2p.Transport
+		avg     *averaging.Averager
+		node    *dht.Node
+		model   *nn.Sequential
+		opt     *optimizer.Optimizer
+		compute computeFunc
 	}
 	ps := make([]*peerState, cfg.Peers)
-	roster := make([]Member, cfg.Peers)
+	roster := make([]averaging.Member, cfg.Peers)
 	for i := range ps {
 		p, err := nw.newPeer(ctx)
 		if err != nil {
 			return res, err
 		}
-		a := New(p, Config{Codec: cfg.Codec, Timeout: timeout})
+		a := averaging.New(p, averaging.Config{Codec: cfg.Codec, Timeout: timeout})
 		defer a.Close()
-		model, err := BuildModel(cfg.Model, cfg.Seed)
+		model, err := train.BuildModel(cfg.Model, cfg.Seed)
 		if err != nil {
 			return res, err
 		}
 		ps[i] = &peerState{peer: p, avg: a, model: model}
-		roster[i] = Member{Peer: p.AddrInfo(), Weight: 1}
-		if mm == MatchDHT {
+		roster[i] = averaging.Member{Peer: p.AddrInfo(), Weight: 1}
+		if mm == averaging.MatchDHT {
 			node, err := dht.New(p, dht.Config{RPCTimeout: timeout})
 			if err != nil {
 				return res, err
@@ -230,28 +229,26 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		if cfg.Slowdowns != nil {
 			slow = max(cfg.Slowdowns[i], 1)
 		}
-		opt := optim.NewSGD(st.model.Params(), optim.SGDConfig{LR: cfg.LR, Momentum: cfg.Momentum})
-		compute := newCompute(st.model, shard, loader, cfg.Batch, time.Duration(slow*float64(cfg.BaseStep)))
-		w, err := NewWorker(st.avg, st.model.Params(), opt, compute, WorkerConfig{
+		inner := optim.NewSGD(st.model.Params(), optim.SGDConfig{LR: cfg.LR, Momentum: cfg.Momentum})
+		st.compute = newCompute(st.model, shard, loader, cfg.Batch, time.Duration(slow*float64(cfg.BaseStep)))
+		o, err := optimizer.New(st.avg, inner, optimizer.Config{
 			Algo: cfg.Algo, Rank: i, Roster: roster, GroupSize: cfg.GroupSize, Tau: cfg.Tau,
-			Period: cfg.Period, AverageModels: cfg.AverageModels, Steps: cfg.Steps, RunID: cfg.RunID,
+			Period: cfg.Period, AverageModels: cfg.AverageModels, RunID: cfg.RunID,
 			Matchmaking: mm, DHT: st.node, RoundInterval: cfg.RoundInterval, MatchWindow: cfg.MatchWindow,
 			GridDims: cfg.GridDims,
 		})
 		if err != nil {
 			return res, err
 		}
-		if cfg.OnStep != nil {
-			w.OnStep(cfg.OnStep)
-		}
-		st.worker = w
+		defer o.Close()
+		st.opt = o
 		if st.node != nil && len(cfg.DHTSeeds) > 0 {
 			// Joining an external DHT: if peers of this run are already
-			// training, start from one's model instead of from scratch.
+			// training, start from their state instead of from scratch.
 			jctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			vec, round, err := JoinState(jctx, st.node, st.peer, w.cfg.RunID, w.n)
+			_, err := o.Join(jctx, st.node, optimizer.DownloadConfig{})
 			cancel()
-			if err == nil && w.LoadState(vec, round) == nil {
+			if err == nil {
 				res.Joined++
 			}
 		}
@@ -264,16 +261,19 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 	defer cancel()
 	start := time.Now()
 	var wg sync.WaitGroup
-	stats := make([]Stats, cfg.Peers)
+	stats := make([]optimizer.Stats, cfg.Peers)
 	errs := make([]error, cfg.Peers)
 	for i, st := range ps {
-		wg.Go(func() { stats[i], errs[i] = st.worker.Run(runCtx) })
+		wg.Go(func() {
+			errs[i] = runPeer(runCtx, i, st.opt, st.compute, cfg.Steps, cfg.OnStep)
+			stats[i] = st.opt.Stats()
+		})
 	}
 	finished := make(chan struct{})
 	go func() { wg.Wait(); close(finished) }()
 	var evalModel *nn.Sequential
 	if cfg.Test != nil {
-		if evalModel, err = BuildModel(cfg.Model, cfg.Seed); err != nil {
+		if evalModel, err = train.BuildModel(cfg.Model, cfg.Seed); err != nil {
 			cancel()
 			<-finished
 			return res, err
@@ -283,14 +283,14 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		if evalModel == nil {
 			return
 		}
-		mean := make([]float32, ps[0].worker.n)
+		mean := make([]float32, ps[0].opt.Layout().Params)
 		steps := 0
 		for _, st := range ps {
 			if !nw.alive(st.peer.ID()) {
 				continue
 			}
-			tensor.Axpy(1, st.worker.Snapshot(), mean)
-			steps += st.worker.Stats().Steps
+			tensor.Axpy(1, st.opt.Snapshot(), mean)
+			steps += st.opt.Stats().Steps
 		}
 		alive := 0
 		for _, st := range ps {
@@ -299,7 +299,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 			}
 		}
 		tensor.Scale(1/float32(max(alive, 1)), mean)
-		unflattenValues(evalModel.Params(), mean)
+		nn.SetFlatValues(evalModel.Params(), mean)
 		loss, acc := train.Evaluate(evalModel, cfg.Test, 500)
 		res.Curve = append(res.Curve, EvalPoint{Seconds: time.Since(start).Seconds(), Steps: steps, Accuracy: acc, Loss: loss})
 	}
@@ -337,14 +337,12 @@ loop:
 	res.Workers = stats
 	if cfg.Final != nil {
 		for i, st := range ps {
-			cfg.Final(i, st.worker.Snapshot())
+			cfg.Final(i, st.opt.Snapshot())
 		}
 	}
 	var rate float64
 	for _, s := range stats {
-		if s.Seconds > 0 {
-			rate += float64(s.Steps) / res.Seconds
-		}
+		rate += float64(s.Steps) / res.Seconds
 	}
 	res.StepsPerSecond = rate / float64(cfg.Peers)
 	return res, errors.Join(errs...)
@@ -371,7 +369,7 @@ func newSimNetwork(ctx context.Context, cfg SimConfig) (*simNetwork, error) {
 		if len(cfg.DHTSeeds) > 0 {
 			return nil, errors.New("averaging: external DHT seeds need the libp2p transport")
 		}
-		link := NewNICLink(cfg.Bandwidth, cfg.Latency)
+		link := netem.NewNICLink(cfg.Bandwidth, cfg.Latency)
 		nw.mem = memnet.NewNetwork(memnet.WithLink(link), memnet.WithMaxInbound(256))
 	case TransportLibp2p:
 	default:
@@ -428,12 +426,38 @@ func (nw *simNetwork) close() {
 	}
 }
 
-// newCompute returns a ComputeFunc that trains on the loader's batches and
+// computeFunc computes the gradients of a peer's parameters for its next
+// batch (they are zeroed before) and returns the loss.
+type computeFunc func(ctx context.Context) (loss float64, err error)
+
+// runPeer is one simulated peer's training loop: compute, then Step, until
+// ctx ends or steps (if positive) are done. It returns nil when ctx ends.
+func runPeer(ctx context.Context, rank int, o *optimizer.Optimizer, compute computeFunc, steps int, onStep func(int, optimizer.StepInfo, float64)) error {
+	for i := 0; steps <= 0 || i < steps; i++ {
+		o.ZeroGrad()
+		loss, err := compute(ctx)
+		if err == nil {
+			err = o.Step(ctx, 1)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("peer %d: step %d: %w", rank, i, err)
+		}
+		if onStep != nil {
+			onStep(rank, optimizer.StepInfo{Step: i + 1, Round: o.Round()}, loss)
+		}
+	}
+	return nil
+}
+
+// newCompute returns a computeFunc that trains on the loader's batches and
 // takes at least stepTime per call.
-func newCompute(model *nn.Sequential, shard *data.Dataset, loader *data.Loader, batch int, stepTime time.Duration) ComputeFunc {
+func newCompute(model *nn.Sequential, shard *data.Dataset, loader *data.Loader, batch int, stepTime time.Duration) computeFunc {
 	var order []int
 	epoch := 0
-	return func(ctx context.Context, step int) (float64, error) {
+	return func(ctx context.Context) (float64, error) {
 		t0 := time.Now()
 		if len(order) < batch {
 			order = loader.Order(epoch)

@@ -1,4 +1,4 @@
-package averaging
+package netem
 
 import (
 	"context"

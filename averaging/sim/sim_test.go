@@ -1,4 +1,4 @@
-package averaging
+package sim
 
 import (
 	"context"
@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skyhive/skyhive/averaging"
+	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/data"
+	"go.uber.org/goleak"
 )
 
 func blobs(t testing.TB) (*data.Dataset, *data.Dataset) {
@@ -28,9 +31,9 @@ func TestWAGMATau1FullGroupEqualsSyncAveraging(t *testing.T) {
 		Slowdowns: []float64{1, 2, 1.5, 3}, BaseStep: 2 * time.Millisecond, Timeout: 10 * time.Second}
 	ctx := context.Background()
 	w := base
-	w.Algo, w.Tau, w.GroupSize = WAGMA, 1, 4
+	w.Algo, w.Tau, w.GroupSize = optimizer.WAGMA, 1, 4
 	s := base
-	s.Algo, s.AverageModels = AllReduce, true
+	s.Algo, s.AverageModels = optimizer.AllReduce, true
 	models := make([][]float32, 2)
 	for i, cfg := range []SimConfig{w, s} {
 		snaps := make([][]float32, cfg.Peers)
@@ -65,7 +68,7 @@ func TestWAGMATau1FullGroupEqualsSyncAveraging(t *testing.T) {
 
 func TestWAGMALearnsAndSurvivesAKill(t *testing.T) {
 	tr, test := blobs(t)
-	cfg := SimConfig{Algo: WAGMA, Peers: 8, Tau: 5, Model: "mlp-small", Train: tr, Test: test, Batch: 16, LR: 0.02, Momentum: 0.9,
+	cfg := SimConfig{Algo: optimizer.WAGMA, Peers: 8, Tau: 5, Model: "mlp-small", Train: tr, Test: test, Batch: 16, LR: 0.02, Momentum: 0.9,
 		Slowdowns: DrawSlowdowns(8, 1, 4, 1), BaseStep: 5 * time.Millisecond, Bandwidth: 1e9,
 		Duration: 3 * time.Second, Timeout: time.Second, Seed: 2, EvalEvery: time.Second,
 		Kill: func(ctx context.Context, kill func(int) error) {
@@ -102,8 +105,8 @@ func TestWAGMAOutpacesAllReduceUnderImbalance(t *testing.T) {
 		t.Skip("timing test")
 	}
 	tr, _ := blobs(t)
-	rate := map[Algo]float64{}
-	for _, algo := range []Algo{WAGMA, AllReduce} {
+	rate := map[optimizer.Algo]float64{}
+	for _, algo := range []optimizer.Algo{optimizer.WAGMA, optimizer.AllReduce} {
 		cfg := SimConfig{Algo: algo, Peers: 16, Model: "mlp-small", Tau: 10, Train: tr, Batch: 16, LR: 0.02, Momentum: 0.9,
 			Slowdowns: DrawSlowdowns(16, 1, 4, 1), BaseStep: 100 * time.Millisecond, Bandwidth: 1e9, Latency: time.Millisecond,
 			Duration: 4 * time.Second, Seed: 2}
@@ -115,36 +118,40 @@ func TestWAGMAOutpacesAllReduceUnderImbalance(t *testing.T) {
 		rate[algo] = res.StepsPerSecond
 	}
 	// Expected about 1.6-1.9x (docs/averaging.md); 1.3 leaves room for noise.
-	if rate[WAGMA] < 1.3*rate[AllReduce] {
-		t.Fatalf("WAGMA %.2f steps/s vs all-reduce SGD %.2f", rate[WAGMA], rate[AllReduce])
+	if rate[optimizer.WAGMA] < 1.3*rate[optimizer.AllReduce] {
+		t.Fatalf("WAGMA %.2f steps/s vs all-reduce SGD %.2f", rate[optimizer.WAGMA], rate[optimizer.AllReduce])
 	}
 }
 
-func TestFetchStateForLateJoin(t *testing.T) {
-	s := newTestSwarm(t, 2, Config{})
-	model, err := BuildModel("mlp-small", 1)
+func TestSimulateLibp2pWithDHTMatchmaking(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts libp2p hosts and trains for seconds")
+	}
+	tr, test := blobs(t)
+	cfg := SimConfig{Algo: optimizer.WAGMA, Peers: 4, Model: "mlp-small", Train: tr, Test: test, Batch: 16, LR: 0.02, Momentum: 0.9,
+		BaseStep: 20 * time.Millisecond, Duration: 4 * time.Second, Seed: 3, Transport: TransportLibp2p,
+		Matchmaking: averaging.MatchDHT, RoundInterval: 500 * time.Millisecond, GroupSize: 2, GridDims: 2}
+	res, err := Simulate(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	roster := []Member{{Peer: s.peers[0].AddrInfo(), Weight: 1}, {Peer: s.peers[1].AddrInfo(), Weight: 1}}
-	w, err := NewWorker(s.avg[0], model.Params(), nil, nil, WorkerConfig{Rank: 0, Roster: roster})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := w.Snapshot()
-	if err := w.LoadState(want, 42); err != nil {
-		t.Fatal(err)
-	}
-	got, round, err := FetchState(context.Background(), s.peers[1], s.peers[0].AddrInfo(), len(want))
-	if err != nil || round != 42 {
-		t.Fatalf("round %d err %v", round, err)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("element %d differs", i)
+	for r, st := range res.Workers {
+		if st.Groups < 2 || st.Steps < 20 {
+			t.Errorf("peer %d: %+v", r, st)
 		}
 	}
-	if _, _, err := FetchState(context.Background(), s.peers[1], s.peers[0].AddrInfo(), len(want)+1); err == nil {
-		t.Fatal("length mismatch accepted")
+	if res.FinalAccuracy < 0.8 {
+		t.Errorf("accuracy %.3f, curve %+v", res.FinalAccuracy, res.Curve)
 	}
+	t.Logf("accuracy %.3f, %.1f steps/s per peer, workers %+v", res.FinalAccuracy, res.StepsPerSecond, res.Workers)
 }
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
+		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
+	)
+}
+
+// raceEnabled is set under the race detector, which makes timing tests meaningless.
+var raceEnabled bool

@@ -1,0 +1,741 @@
+// Package optimizer is the training integration of group averaging, in the
+// spirit of hivemind.Optimizer: it wraps any optim.Optimizer, and the
+// caller's own training loop calls Step after computing its gradients. The
+// wrapper decides when and with whom to average, over an averaging.Averager:
+//
+//   - WAGMA: wait-avoiding butterfly groups that change every round, the
+//     first peer to arrive triggers its group, and a synchronous global
+//     average every Tau rounds bounds staleness (fixed ranks), or
+//     Moshpit-style groups formed through the DHT every wall-clock round
+//     (no ranks; peers may join and leave);
+//   - all-reduce SGD: every step, gradients (or models) averaged with all;
+//   - local SGD: models averaged with all every Period steps.
+//
+// It also serves its model and optimizer state to peers that join late
+// (Join downloads it from several donors and cross-checks them), and
+// publishes the swarm's progress in the DHT (Progress).
+package optimizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skyhive/skyhive/averaging"
+	"github.com/skyhive/skyhive/clock"
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/tensor"
+)
+
+// Algo names a training algorithm that averages over the network.
+type Algo string
+
+// Algorithms an Optimizer runs.
+const (
+	// WAGMA is wait-avoiding group model averaging.
+	WAGMA Algo = "wagma"
+	// AllReduce is synchronous all-reduce SGD: every step, every peer
+	// averages its gradients (or, with AverageModels, its model) with all
+	// others and waits for them.
+	AllReduce Algo = "allreduce"
+	// Local is local SGD: peers step alone and average their models with
+	// all others every Period steps.
+	Local Algo = "local"
+)
+
+// ParseAlgo returns the algorithm named s.
+func ParseAlgo(s string) (Algo, error) {
+	switch a := Algo(s); a {
+	case WAGMA, AllReduce, Local:
+		return a, nil
+	}
+	return "", fmt.Errorf("unknown averaging algorithm %q (want wagma, allreduce or local)", s)
+}
+
+// Defaults of Config.
+const (
+	DefaultTau          = 10
+	DefaultPeriod       = 10
+	DefaultMaxInflight  = 4
+	DefaultMaxDownloads = 2
+)
+
+// Config configures an Optimizer.
+type Config struct {
+	// Algo is the algorithm (WAGMA by default).
+	Algo Algo
+	// Rank is this peer's index in Roster (MatchRanks).
+	Rank int
+	// Roster lists every peer by rank; Weight is its bandwidth share.
+	Roster []averaging.Member
+	// GroupSize is WAGMA's group size S (averaging.DefaultGroupSize of the
+	// roster; at least 3 with MatchDHT).
+	GroupSize int
+	// Tau is WAGMA's staleness bound: a synchronous global average every
+	// Tau rounds (DefaultTau). MatchRanks only.
+	Tau int
+	// Period is local SGD's averaging period in steps (DefaultPeriod).
+	Period int
+	// AverageModels makes AllReduce average models after the optimizer
+	// step instead of gradients before it.
+	AverageModels bool
+	// RunID prefixes session IDs and DHT keys so that runs sharing peers
+	// do not mix ("run").
+	RunID string
+	// MaxInflight bounds the background group all-reduces at once
+	// (DefaultMaxInflight); activations beyond it are declined, and the
+	// group drops this peer after ReduceWait.
+	MaxInflight int
+
+	// Matchmaking is how WAGMA finds its groups: averaging.MatchRanks
+	// (butterfly groups over Roster, the default) or averaging.MatchDHT
+	// (groups through DHT every RoundInterval, no ranks: Roster may be
+	// empty and there is no global τ barrier; the grid rounds mix the
+	// models instead).
+	Matchmaking averaging.Matchmaking
+	// DHT is the node MatchDHT declares in, and where progress is
+	// published (nil: no progress records).
+	DHT *dht.Node
+	// RoundInterval, MatchWindow and GridDims configure MatchDHT (see
+	// averaging.MatchConfig).
+	RoundInterval time.Duration
+	MatchWindow   time.Duration
+	GridDims      int
+	// Model is the signature of the model trained ("" derives one from the
+	// parameters' names and shapes); peers with another are not averaged
+	// with and do not serve or receive state.
+	Model string
+
+	// MaxDownloads bounds the state downloads this peer serves at once
+	// (DefaultMaxDownloads); more are told the donor is busy.
+	MaxDownloads int
+	// TargetBatchSize is the number of samples, summed over the swarm, that
+	// makes an epoch of the swarm's progress (0: epochs do not advance).
+	TargetBatchSize int64
+	// ProgressEvery is how often progress is published and read
+	// (RoundInterval, or 2 s).
+	ProgressEvery time.Duration
+}
+
+// StepInfo describes one finished local step, for progress reporting.
+type StepInfo struct {
+	Step  int // local steps done
+	Round int // the round counter (WAGMA may jump it forward)
+}
+
+// Stats summarises an optimizer's averaging.
+type Stats struct {
+	Rank          int     `json:"rank"`
+	Steps         int     `json:"steps"`
+	Round         int     `json:"round"`
+	Samples       int64   `json:"samples"`
+	WaitSeconds   float64 `json:"wait_seconds"` // blocked in synchronous averaging
+	GroupActive   int     `json:"group_active"` // group rounds this peer activated
+	GroupPassive  int     `json:"group_passive"`
+	GroupDeclined int     `json:"group_declined"`
+	GlobalSyncs   int     `json:"global_syncs"`
+	Groups        int     `json:"groups,omitempty"`        // MatchDHT groups averaged in
+	GroupMembers  int     `json:"group_members,omitempty"` // their sizes summed
+	Alone         int     `json:"alone,omitempty"`         // MatchDHT rounds without a partner
+	MatchErrors   int     `json:"match_errors,omitempty"`  // MatchDHT rounds lost to DHT errors
+	Mismatched    int     `json:"mismatched,omitempty"`    // declarations of peers with another model, ignored
+	Failures      int     `json:"failures"`                // collectives with failed or missing members
+	Dead          int     `json:"dead"`                    // peers given up on (MatchRanks)
+	BytesSent     int64   `json:"bytes_sent"`
+	BytesReceived int64   `json:"bytes_received"`
+	StatesServed  int     `json:"states_served"`
+}
+
+// Optimizer wraps an optim.Optimizer and averages its parameters with other
+// peers as its algorithm says. The caller computes gradients and calls Step;
+// the Optimizer owns the parameters' values only inside Step (background
+// averaging results are applied at the next Step). Close stops it.
+type Optimizer struct {
+	cfg    Config
+	avg    *averaging.Averager
+	inner  optim.Optimizer
+	params []*nn.Param
+	n      int
+	layout Layout
+	mm     *averaging.Matchmaker // MatchDHT only
+
+	onGroup func(GroupInfo)
+
+	bgCtx    context.Context
+	cancelBG context.CancelFunc
+	start    sync.Once
+	inflight chan struct{}
+	bg       sync.WaitGroup
+	global   atomic.Int64 // highest global round announced to us
+	flat     []float32
+	// lastGlobal is the last global round joined (Step's goroutine only).
+	lastGlobal int
+
+	mu        sync.Mutex
+	closed    bool
+	started   bool
+	published []float32 // the model after the last Step
+	delta     []float32 // averaging results not yet applied
+	round     int       // round counter of the published model
+	joined    map[string]int
+	dead      map[peer.ID]bool
+	stats     Stats
+	progress  progressTracker
+	serving   map[peer.ID]*download
+}
+
+// New returns an optimizer over avg's transport that steps inner; it
+// registers the activation and state handlers there. Nothing runs in the
+// background until the first Step.
+func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer, error) {
+	if cfg.Algo == "" {
+		cfg.Algo = WAGMA
+	}
+	if _, err := ParseAlgo(string(cfg.Algo)); err != nil {
+		return nil, err
+	}
+	mm, err := averaging.ParseMatchmaking(string(cfg.Matchmaking))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Matchmaking = mm
+	p := len(cfg.Roster)
+	if mm == averaging.MatchDHT {
+		if cfg.Algo != WAGMA || cfg.DHT == nil {
+			return nil, errors.New("averaging: DHT matchmaking needs the wagma algorithm and a DHT node")
+		}
+		if cfg.RoundInterval <= 0 {
+			cfg.RoundInterval = averaging.DefaultRoundInterval
+		}
+		if cfg.GroupSize == 0 {
+			cfg.GroupSize = max(averaging.DefaultGroupSize(p), 3)
+		}
+	} else {
+		if p == 0 || cfg.Rank < 0 || cfg.Rank >= p {
+			return nil, fmt.Errorf("averaging: rank %d of %d peers", cfg.Rank, p)
+		}
+		if cfg.Roster[cfg.Rank].Peer.ID != avg.Transport().ID() {
+			return nil, fmt.Errorf("averaging: roster rank %d is %s, not this peer", cfg.Rank, cfg.Roster[cfg.Rank].Peer.ID)
+		}
+	}
+	if cfg.GroupSize == 0 {
+		cfg.GroupSize = averaging.DefaultGroupSize(p)
+	}
+	if cfg.GroupSize < 2 {
+		return nil, fmt.Errorf("averaging: group size %d, want at least 2", cfg.GroupSize)
+	}
+	if cfg.Tau <= 0 {
+		cfg.Tau = DefaultTau
+	}
+	if cfg.Period <= 0 {
+		cfg.Period = DefaultPeriod
+	}
+	if cfg.RunID == "" {
+		cfg.RunID = "run"
+	}
+	if cfg.MaxInflight <= 0 {
+		cfg.MaxInflight = DefaultMaxInflight
+	}
+	if cfg.MaxDownloads <= 0 {
+		cfg.MaxDownloads = DefaultMaxDownloads
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = cmp(cfg.RoundInterval, 2*time.Second)
+	}
+	params := inner.Params()
+	n := 0
+	for _, q := range params {
+		n += q.Value.Len()
+	}
+	if n == 0 || n > avg.Config().MaxElements {
+		return nil, fmt.Errorf("averaging: model of %d parameters", n)
+	}
+	layout := NewLayout(params, inner.State())
+	if cfg.Model == "" {
+		cfg.Model = fmt.Sprintf("%d-params-%x", n, layout.Hash)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	o := &Optimizer{
+		cfg: cfg, avg: avg, inner: inner, params: params, n: n, layout: layout,
+		bgCtx: ctx, cancelBG: cancel,
+		inflight: make(chan struct{}, cfg.MaxInflight), flat: make([]float32, n), lastGlobal: -1,
+		joined: map[string]int{}, dead: map[peer.ID]bool{},
+		published: make([]float32, n), delta: make([]float32, n),
+		serving: map[peer.ID]*download{},
+	}
+	nn.FlatValues(params, o.published)
+	o.stats.Rank = cfg.Rank
+	o.progress.target = cfg.TargetBatchSize
+	if mm == averaging.MatchDHT {
+		o.mm = averaging.NewMatchmaker(cfg.DHT, avg.Transport(), averaging.MatchConfig{
+			Run: cfg.RunID, Interval: cfg.RoundInterval, Window: cfg.MatchWindow,
+			GroupSize: cfg.GroupSize, Dims: cfg.GridDims, Model: cfg.Model,
+		})
+	}
+	avg.Transport().SetHandler(ActivateProtocol, o.handleActivate)
+	avg.Transport().SetHandler(StateProtocol, o.handleState)
+	return o, nil
+}
+
+func cmp(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// Inner returns the wrapped optimizer.
+func (o *Optimizer) Inner() optim.Optimizer { return o.inner }
+
+// ModelSignature is the signature peers of one run must share.
+func (o *Optimizer) ModelSignature() string { return o.cfg.Model }
+
+// Layout describes the state this optimizer serves and loads.
+func (o *Optimizer) Layout() Layout { return o.layout }
+
+// ZeroGrad clears the gradients of the wrapped optimizer's parameters.
+func (o *Optimizer) ZeroGrad() { o.inner.ZeroGrad() }
+
+// OnGroup sets a callback run after every MatchDHT group all-reduce (from
+// the matchmaking goroutine). Set it before the first Step.
+func (o *Optimizer) OnGroup(f func(GroupInfo)) { o.onGroup = f }
+
+// GroupInfo describes one MatchDHT group all-reduce this peer took part in.
+type GroupInfo struct {
+	Round   int // the wall-clock matchmaking round
+	Key     string
+	Members []peer.ID
+	Result  averaging.Result
+	Err     error
+	// Mismatched lists peers of the run whose model signature differs.
+	Mismatched []averaging.PeerInfo
+}
+
+// Snapshot returns a copy of the model after the last Step, with averaging
+// results that arrived since applied.
+func (o *Optimizer) Snapshot() []float32 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.snapshotLocked()
+}
+
+func (o *Optimizer) snapshotLocked() []float32 {
+	out := make([]float32, o.n)
+	copy(out, o.published)
+	tensor.Axpy(1, o.delta, out)
+	return out
+}
+
+// Stats returns the statistics so far.
+func (o *Optimizer) Stats() Stats {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := o.stats
+	s.Dead = len(o.dead)
+	return s
+}
+
+// Round returns the round counter of the model after the last Step.
+func (o *Optimizer) Round() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.round
+}
+
+// Close stops the background averaging and waits for it; later Steps fail.
+func (o *Optimizer) Close() error {
+	o.mu.Lock()
+	o.closed = true
+	o.mu.Unlock()
+	o.cancelBG()
+	o.bg.Wait()
+	return nil
+}
+
+// goLocked runs f in the background unless the optimizer is closed; o.mu
+// must be held, so that Close cannot start waiting between the check and
+// the Add.
+func (o *Optimizer) goLocked(f func()) bool {
+	if o.closed {
+		return false
+	}
+	o.bg.Add(1)
+	go func() {
+		defer o.bg.Done()
+		f()
+	}()
+	return true
+}
+
+// startBackground starts the matchmaking and progress loops, once.
+func (o *Optimizer) startBackground() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.started = true
+	if o.mm != nil {
+		o.goLocked(func() { o.matchLoop(o.bgCtx) })
+	}
+	if o.cfg.DHT != nil {
+		o.goLocked(func() { o.progressLoop(o.bgCtx) })
+	}
+}
+
+// ErrClosed is returned by Step after Close.
+var ErrClosed = errors.New("averaging: optimizer closed")
+
+// Step applies the wrapped optimizer's step with the gradients the caller
+// computed on samples examples, and averages as the algorithm says: for
+// all-reduce SGD it first averages the gradients with every peer; for
+// WAGMA it applies the group averages that arrived and joins (or
+// activates) this round's group in the background, or the global average
+// every Tau rounds; for local SGD it averages with every peer every Period
+// steps. It returns ctx's error if ctx ended while it waited.
+func (o *Optimizer) Step(ctx context.Context, samples int) error {
+	o.start.Do(o.startBackground)
+	o.mu.Lock()
+	closed, round := o.closed, o.round
+	o.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	t0 := time.Now()
+	if o.cfg.Algo == AllReduce && !o.cfg.AverageModels {
+		nn.FlatGrads(o.params, o.flat)
+		if err := o.syncAverage(ctx, fmt.Sprintf("%s/grad/%d", o.cfg.RunID, round), o.flat); err != nil {
+			return err
+		}
+		nn.SetFlatGrads(o.params, o.flat)
+	}
+	round++
+	// Step, apply averages that arrived meanwhile and publish the model in
+	// one critical section: a snapshot taken in between would miss the
+	// applied delta and count it twice, and state served to a joiner must
+	// match the optimizer's buffers.
+	o.mu.Lock()
+	o.inner.Step()
+	o.applyDeltaLocked()
+	nn.FlatValues(o.params, o.published)
+	o.round = round
+	o.stats.Steps++
+	o.stats.Round = round
+	o.stats.Samples += int64(samples)
+	o.progress.add(int64(samples), t0)
+	o.mu.Unlock()
+
+	target := -1
+	switch o.cfg.Algo {
+	case AllReduce:
+		if o.cfg.AverageModels {
+			target = round
+		}
+	case Local:
+		if round%o.cfg.Period == 0 {
+			target = round
+		}
+	case WAGMA:
+		if o.mm != nil {
+			break // the matchmaking loop averages in the background
+		}
+		if k := int(o.global.Load()); k > o.lastGlobal && k >= round {
+			target = k // another peer started a global round: join it now
+		} else if round%o.cfg.Tau == 0 {
+			target = round
+		}
+	}
+	if target >= 0 {
+		if o.cfg.Algo == WAGMA {
+			o.activateAll(ctx, target)
+		}
+		nn.FlatValues(o.params, o.flat)
+		if err := o.syncAverage(ctx, fmt.Sprintf("%s/g/%d", o.cfg.RunID, target), o.flat); err != nil {
+			return err
+		}
+		nn.SetFlatValues(o.params, o.flat)
+		round, o.lastGlobal = target, target
+		o.mu.Lock()
+		nn.FlatValues(o.params, o.published)
+		o.round, o.stats.Round = round, round
+		o.mu.Unlock()
+	}
+	if o.cfg.Algo == WAGMA && target < 0 && o.mm == nil {
+		o.startGroup(round, true)
+	}
+	return nil
+}
+
+// applyDeltaLocked adds the pending averaging results to the parameters.
+func (o *Optimizer) applyDeltaLocked() {
+	off := 0
+	for _, p := range o.params {
+		tensor.Axpy(1, o.delta[off:off+p.Value.Len()], p.Value.Data)
+		off += p.Value.Len()
+	}
+	clear(o.delta)
+}
+
+// alive returns the members at the given ranks that are not given up on.
+func (o *Optimizer) alive(ranks []int) []averaging.Member {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var ms []averaging.Member
+	for _, r := range ranks {
+		m := o.cfg.Roster[r]
+		if r == o.cfg.Rank || !o.dead[m.Peer.ID] {
+			ms = append(ms, m)
+		}
+	}
+	return ms
+}
+
+func (o *Optimizer) allRanks() []int {
+	r := make([]int, len(o.cfg.Roster))
+	for i := range r {
+		r[i] = i
+	}
+	return r
+}
+
+// note records the outcome of a collective, giving up on members that
+// failed or did not contribute (MatchRanks).
+func (o *Optimizer) note(ctx context.Context, res averaging.Result, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.stats.BytesSent += res.Sent
+	o.stats.BytesReceived += res.Received
+	if ctx.Err() != nil {
+		return // we stopped, not they
+	}
+	if err != nil || len(res.Failed) > 0 || len(res.Missing) > 0 {
+		o.stats.Failures++
+	}
+	if o.mm == nil {
+		for _, id := range append(res.Failed, res.Missing...) {
+			o.dead[id] = true
+		}
+	}
+}
+
+// syncAverage averages vec with every live peer, blocking. It returns
+// ctx's error if ctx ended.
+func (o *Optimizer) syncAverage(ctx context.Context, id string, vec []float32) error {
+	t0 := time.Now()
+	ms := o.alive(o.allRanks())
+	if len(ms) > 1 {
+		res, err := o.avg.AllReduce(ctx, averaging.Session{ID: id, Members: ms}, vec)
+		o.note(ctx, res, err)
+	}
+	o.mu.Lock()
+	o.stats.GlobalSyncs++
+	o.stats.WaitSeconds += time.Since(t0).Seconds()
+	o.mu.Unlock()
+	return ctx.Err()
+}
+
+// activateAll tells every live peer that global round k has started.
+func (o *Optimizer) activateAll(ctx context.Context, k int) {
+	msg := activation{Kind: activateGlobal, Round: uint64(k)}.marshal()
+	var wg sync.WaitGroup
+	for _, m := range o.alive(o.allRanks()) {
+		if m.Peer.ID == o.avg.Transport().ID() {
+			continue
+		}
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, o.avg.Config().ReduceWait)
+			defer cancel()
+			_, _ = o.avg.Transport().Call(cctx, m.Peer, ActivateProtocol, msg)
+		})
+	}
+	// Activations are small; waiting for them keeps goroutines bounded and
+	// makes sure the others learn of the round before we block in it.
+	wg.Wait()
+}
+
+// startGroup joins WAGMA's group round in the background unless this peer
+// already has; active says whether this peer is the activator.
+func (o *Optimizer) startGroup(round int, active bool) {
+	ranks, index, err := averaging.ButterflyGroup(o.cfg.Rank, len(o.cfg.Roster), o.cfg.GroupSize, round)
+	if err != nil {
+		return
+	}
+	ms := o.alive(ranks)
+	if len(ms) < 2 {
+		return
+	}
+	id := fmt.Sprintf("%s/w/%d/%d", o.cfg.RunID, round, index)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.joined[id]; ok || o.closed || !o.started {
+		return
+	}
+	select {
+	case o.inflight <- struct{}{}:
+	default:
+		o.stats.GroupDeclined++
+		return
+	}
+	o.joined[id] = round
+	for k, r := range o.joined { // forget rounds long past
+		if r < round-64 {
+			delete(o.joined, k)
+		}
+	}
+	if active {
+		o.stats.GroupActive++
+	} else {
+		o.stats.GroupPassive++
+	}
+	snap := o.snapshotLocked()
+	ctx := o.bgCtx
+	o.goLocked(func() {
+		defer func() { <-o.inflight }()
+		if active {
+			msg := activation{Kind: activateGroup, Round: uint64(round)}.marshal()
+			var wg sync.WaitGroup
+			for _, m := range ms {
+				if m.Peer.ID == o.avg.Transport().ID() {
+					continue
+				}
+				wg.Go(func() {
+					cctx, cancel := context.WithTimeout(ctx, o.avg.Config().ReduceWait)
+					defer cancel()
+					_, _ = o.avg.Transport().Call(cctx, m.Peer, ActivateProtocol, msg)
+				})
+			}
+			defer wg.Wait()
+		}
+		o.averageInto(ctx, averaging.Session{ID: id, Members: ms}, snap)
+	})
+}
+
+// averageInto all-reduces snap with the session and leaves the difference
+// between the group's mean and snap as a correction for the next Step, so
+// that local progress made meanwhile is kept.
+func (o *Optimizer) averageInto(ctx context.Context, s averaging.Session, snap []float32) (averaging.Result, error) {
+	avg := slices.Clone(snap)
+	res, err := o.avg.AllReduce(ctx, s, avg)
+	o.note(ctx, res, err)
+	if err != nil && ctx.Err() != nil {
+		return res, err
+	}
+	tensor.Axpy(-1, snap, avg)
+	o.mu.Lock()
+	tensor.Axpy(1, avg, o.delta)
+	o.mu.Unlock()
+	return res, err
+}
+
+func (o *Optimizer) handleActivate(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
+	a, err := unmarshalActivation(req)
+	if err != nil {
+		return nil, err
+	}
+	if o.mm != nil {
+		return nil, errors.New("averaging: this peer matches groups through the DHT")
+	}
+	switch a.Kind {
+	case activateGlobal:
+		for {
+			cur := o.global.Load()
+			if int64(a.Round) <= cur || o.global.CompareAndSwap(cur, int64(a.Round)) {
+				break
+			}
+		}
+	case activateGroup:
+		ranks, _, err := averaging.ButterflyGroup(o.cfg.Rank, len(o.cfg.Roster), o.cfg.GroupSize, int(a.Round))
+		if err != nil {
+			return nil, err
+		}
+		member := false
+		for _, r := range ranks {
+			member = member || o.cfg.Roster[r].Peer.ID == from
+		}
+		if !member {
+			return nil, fmt.Errorf("averaging: %s is not in our group of round %d", from.ShortString(), a.Round)
+		}
+		o.startGroup(int(a.Round), false)
+	}
+	return nil, nil
+}
+
+// matchLoop runs MatchDHT: at every round boundary it forms a group
+// through the DHT, averages the current model with it and leaves the
+// result as a correction for the next Step, as a WAGMA group round does.
+// Rounds are skipped while one is still running.
+func (o *Optimizer) matchLoop(ctx context.Context) {
+	mm := o.mm
+	for ctx.Err() == nil {
+		r := mm.RoundAt(time.Now()) + 1
+		if err := clock.SleepUntil(ctx, mm.Start(r)); err != nil {
+			return
+		}
+		o.mu.Lock()
+		stepRound := o.round
+		o.mu.Unlock()
+		// Cancel a round that overruns into the next one's window.
+		rctx, cancel := context.WithDeadline(ctx, mm.Start(r+2))
+		info := o.matchRound(rctx, r, stepRound)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		// List this peer for late joiners (off the round's critical path).
+		actx, cancel := context.WithTimeout(ctx, mm.Interval())
+		err := mm.Announce(actx, stepRound)
+		cancel()
+		o.mu.Lock()
+		switch {
+		case info.Err != nil && info.Members == nil, err != nil:
+			o.stats.MatchErrors++
+		case len(info.Members) < 2:
+			o.stats.Alone++
+		default:
+			o.stats.Groups++
+			o.stats.GroupMembers += len(info.Members)
+		}
+		o.stats.Mismatched += len(info.Mismatched)
+		o.mu.Unlock()
+		if o.onGroup != nil && (len(info.Members) > 0 || len(info.Mismatched) > 0) {
+			o.onGroup(info)
+		}
+	}
+}
+
+// matchRound forms the group of round r and averages with it.
+func (o *Optimizer) matchRound(ctx context.Context, r, stepRound int) GroupInfo {
+	info := GroupInfo{Round: r}
+	f, err := o.mm.Form(ctx, r, stepRound)
+	info.Key, info.Mismatched = f.Key, f.Mismatched
+	if err != nil {
+		info.Err = err
+		return info
+	}
+	for _, m := range f.Session.Members {
+		info.Members = append(info.Members, m.Peer.ID)
+	}
+	if len(f.Session.Members) < 2 {
+		return info
+	}
+	info.Result, info.Err = o.averageInto(ctx, f.Session, o.Snapshot())
+	return info
+}
+
+// hashString is FNV-1a of s, for signatures.
+func hashString(h uint64, s string) uint64 {
+	f := fnv.New64a()
+	var b [8]byte
+	for i := range b {
+		b[i] = byte(h >> (8 * i))
+	}
+	f.Write(b[:])
+	f.Write([]byte(s))
+	return f.Sum64()
+}

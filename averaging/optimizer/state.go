@@ -1,0 +1,447 @@
+package optimizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skyhive/skyhive/averaging"
+	"github.com/skyhive/skyhive/clock"
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// Layout is the shape of the state a peer serves: the model's parameters,
+// then the optimizer's buffers sorted by name, as one vector.
+type Layout struct {
+	// Params is the number of model elements.
+	Params int
+	// Buffers names the optimizer buffers in order, with their shapes.
+	Buffers []string
+	Shapes  [][]int
+	// Total is the number of elements of the whole vector.
+	Total int
+	// Hash covers every name and shape, so peers with another model or
+	// optimizer do not exchange state.
+	Hash uint64
+}
+
+// NewLayout returns the layout of params and the optimizer state st.
+func NewLayout(params []*nn.Param, st optim.State) Layout {
+	l := Layout{}
+	h := uint64(0)
+	for _, p := range params {
+		l.Params += p.Value.Len()
+		h = hashString(h, fmt.Sprintf("p %s %v", p.Name, p.Value.Shape))
+	}
+	l.Total = l.Params
+	l.Buffers = slices.Sorted(maps.Keys(st.Tensors))
+	for _, name := range l.Buffers {
+		t := st.Tensors[name]
+		l.Shapes = append(l.Shapes, slices.Clone(t.Shape))
+		l.Total += t.Len()
+		h = hashString(h, fmt.Sprintf("b %s %v", name, t.Shape))
+	}
+	l.Hash = h
+	return l
+}
+
+// State is a peer's training state as served to a joiner.
+type State struct {
+	// Vector is the model, then the optimizer buffers (Layout order).
+	Vector []float32
+	// Round is the averaging round counter, OptStep the optimizer's step
+	// counter and Epoch the swarm epoch the donor was in.
+	Round, OptStep, Epoch int
+}
+
+// Model returns the model part of the state.
+func (s State) Model(l Layout) []float32 { return s.Vector[:l.Params] }
+
+// optimState rebuilds the optimizer state from the vector.
+func (l Layout) optimState(s State) optim.State {
+	st := optim.State{Step: int64(s.OptStep), Tensors: map[string]*tensor.Tensor{}}
+	off := l.Params
+	for i, name := range l.Buffers {
+		t := tensor.New(l.Shapes[i]...)
+		off += copy(t.Data, s.Vector[off:off+t.Len()])
+		st.Tensors[name] = t
+	}
+	return st
+}
+
+// exportLocked flattens the model (with pending averages) and the wrapped
+// optimizer's state; o.mu must be held and no Step may run.
+func (o *Optimizer) exportLocked() State {
+	v := make([]float32, 0, o.layout.Total)
+	v = append(v, o.snapshotLocked()...)
+	st := o.inner.State()
+	for _, name := range o.layout.Buffers {
+		v = append(v, st.Tensors[name].Data...)
+	}
+	return State{Vector: v, Round: o.round, OptStep: int(st.Step), Epoch: o.progress.epoch}
+}
+
+// ExportState returns this peer's state (model with pending averages,
+// optimizer buffers, counters), as served to joiners; for checkpoints.
+func (o *Optimizer) ExportState() State {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.exportLocked()
+}
+
+// LoadState installs a state (from Join, before the first Step): the
+// model, the optimizer's buffers and step counter, the round counter and
+// the swarm epoch.
+func (o *Optimizer) LoadState(s State) error {
+	if len(s.Vector) != o.layout.Total {
+		return fmt.Errorf("averaging: state of %d elements, this model and optimizer have %d", len(s.Vector), o.layout.Total)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.started {
+		return errors.New("averaging: load state before the first Step")
+	}
+	if err := o.inner.LoadState(o.layout.optimState(s)); err != nil {
+		return fmt.Errorf("averaging: %w", err)
+	}
+	nn.SetFlatValues(o.params, s.Vector[:o.n])
+	copy(o.published, s.Vector[:o.n])
+	clear(o.delta)
+	o.round, o.stats.Round = s.Round, s.Round
+	o.progress.epoch = s.Epoch
+	return nil
+}
+
+// download is a snapshot being served to one joiner.
+type download struct {
+	state State
+	last  time.Time
+}
+
+// downloadIdle is how long a served snapshot is kept after its last request.
+const downloadIdle = 10 * time.Second
+
+// ErrBusy is returned (remotely) by a donor that serves as many downloads
+// as it allows.
+var ErrBusy = errors.New("averaging: donor busy")
+
+// handleState serves a chunk of this peer's state to a joining peer. The
+// first request of a download (offset 0) takes a snapshot under the lock,
+// at most MaxDownloads at once.
+func (o *Optimizer) handleState(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
+	r, err := unmarshalStateRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	if r.Count == 0 || r.Count > maxStateChunk || r.Offset > uint64(o.layout.Total) {
+		return nil, fmt.Errorf("%w: state range %d+%d of %d", averaging.ErrMessage, r.Offset, r.Count, o.layout.Total)
+	}
+	now := time.Now()
+	o.mu.Lock()
+	for id, d := range o.serving {
+		if now.Sub(d.last) > downloadIdle {
+			delete(o.serving, id)
+		}
+	}
+	d := o.serving[from]
+	if r.Offset == 0 {
+		if d == nil && len(o.serving) >= o.cfg.MaxDownloads {
+			o.mu.Unlock()
+			return nil, fmt.Errorf("%w: serving %d downloads", ErrBusy, len(o.serving))
+		}
+		d = &download{state: o.exportLocked()}
+		o.serving[from] = d
+		o.stats.StatesServed++
+	}
+	if d == nil {
+		o.mu.Unlock()
+		return nil, fmt.Errorf("%w: state download not started at offset 0", averaging.ErrMessage)
+	}
+	d.last = now
+	end := min(uint64(o.layout.Total), r.Offset+uint64(r.Count))
+	if end == uint64(o.layout.Total) {
+		delete(o.serving, from)
+	}
+	o.mu.Unlock()
+	s := d.state
+	payload, err := wire.Marshal(tensor.FromSlice(s.Vector[r.Offset:end], int(end-r.Offset)), wire.Options{})
+	if err != nil {
+		return nil, err
+	}
+	h := stateHeader{Layout: o.layout.Hash, Total: uint64(o.layout.Total), Round: uint64(s.Round), OptStep: uint64(s.OptStep), Epoch: uint64(s.Epoch)}
+	return marshalStateResponse(h, payload), nil
+}
+
+// maxStateChunk is the most elements a state request asks for (4 MiB).
+const maxStateChunk = 1 << 20
+
+// FetchState downloads one donor's state, chunk by chunk; busy donors are
+// retried a few times.
+func FetchState(ctx context.Context, t p2p.Transport, from peer.AddrInfo, l Layout) (State, error) {
+	if l.Total <= 0 || l.Total > averaging.DefaultMaxElements {
+		return State{}, fmt.Errorf("averaging: state of %d elements", l.Total)
+	}
+	out := make([]float32, 0, l.Total)
+	var h stateHeader
+	for len(out) < l.Total {
+		n := min(l.Total-len(out), maxStateChunk)
+		req := stateRequest{Offset: uint64(len(out)), Count: uint32(n)}.marshal()
+		var resp []byte
+		var err error
+		for try := 0; ; try++ {
+			resp, err = t.Call(ctx, from, StateProtocol, req)
+			var re *p2p.RemoteError
+			if err == nil || try == 4 || !errors.As(err, &re) || !strings.Contains(re.Msg, ErrBusy.Error()) {
+				break
+			}
+			if serr := clock.Sleep(ctx, time.Duration(200<<try)*time.Millisecond); serr != nil {
+				break
+			}
+		}
+		if err != nil {
+			return State{}, fmt.Errorf("fetch state from %s: %w", from.ID.ShortString(), err)
+		}
+		hh, payload, err := unmarshalStateResponse(resp)
+		if err != nil {
+			return State{}, err
+		}
+		switch {
+		case hh.Layout != l.Hash || hh.Total != uint64(l.Total):
+			return State{}, fmt.Errorf("%w: %s has another model or optimizer (%d state elements, want %d)", averaging.ErrMessage, from.ID.ShortString(), hh.Total, l.Total)
+		case len(out) > 0 && hh != h:
+			return State{}, fmt.Errorf("%w: %s changed its snapshot during the download", averaging.ErrMessage, from.ID.ShortString())
+		}
+		h = hh
+		x, err := wire.Unmarshal(payload, wire.Limits{MaxElements: n, MaxDims: 1})
+		if err != nil {
+			return State{}, fmt.Errorf("averaging: state from %s: %w", from.ID.ShortString(), err)
+		}
+		if x.Len() != n {
+			return State{}, fmt.Errorf("%w: state chunk of %d elements, want %d", averaging.ErrMessage, x.Len(), n)
+		}
+		for _, v := range x.Data {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				return State{}, fmt.Errorf("%w: non-finite value in the state from %s", averaging.ErrMessage, from.ID.ShortString())
+			}
+		}
+		out = append(out, x.Data...)
+	}
+	return State{Vector: out, Round: int(h.Round), OptStep: int(h.OptStep), Epoch: int(h.Epoch)}, nil
+}
+
+// DownloadConfig tunes Download.
+type DownloadConfig struct {
+	// Donors is how many donors' states are downloaded and cross-checked
+	// (2); the result is their mean.
+	Donors int
+	// MaxDivergence is the largest relative distance ‖a−b‖/min(‖a‖,‖b‖)
+	// between two donors' models that counts as agreement (1). Replicas
+	// of one run stay far closer; a donor serving garbage does not.
+	MaxDivergence float64
+}
+
+// Downloaded is the outcome of Download.
+type Downloaded struct {
+	State State
+	// From lists the donors whose states were averaged.
+	From []peer.ID
+	// Rejected lists donors whose state disagreed with the others.
+	Rejected []peer.ID
+	// Failed lists donors that did not answer or answered badly, with why.
+	Failed map[peer.ID]error
+}
+
+// Download fetches the state from several of the candidate donors (in
+// order of preference) at once, cross-checks their models, and returns the
+// mean of those that agree. With one donor answering it uses that one; with
+// none it returns an error naming every donor tried and why.
+func Download(ctx context.Context, t p2p.Transport, candidates []peer.AddrInfo, l Layout, cfg DownloadConfig) (Downloaded, error) {
+	if cfg.Donors <= 0 {
+		cfg.Donors = 2
+	}
+	if cfg.MaxDivergence <= 0 {
+		cfg.MaxDivergence = 1
+	}
+	res := Downloaded{Failed: map[peer.ID]error{}}
+	var got []State
+	var from []peer.ID
+	next := 0
+	// Fetch from up to Donors candidates at once until Donors states agree
+	// or the candidates run out.
+	for next < len(candidates) && ctx.Err() == nil {
+		want := cfg.Donors - len(got)
+		if len(got) >= cfg.Donors {
+			if agree(got, l, cfg.MaxDivergence) != nil {
+				break
+			}
+			want = 1 // disagreement: one more donor breaks the tie
+		}
+		batch := candidates[next:min(len(candidates), next+want)]
+		next += len(batch)
+		states := make([]State, len(batch))
+		errs := make([]error, len(batch))
+		var wg sync.WaitGroup
+		for i, c := range batch {
+			wg.Go(func() { states[i], errs[i] = FetchState(ctx, t, c, l) })
+		}
+		wg.Wait()
+		for i, c := range batch {
+			if errs[i] != nil {
+				res.Failed[c.ID] = errs[i]
+				continue
+			}
+			got = append(got, states[i])
+			from = append(from, c.ID)
+		}
+	}
+	if len(got) == 0 {
+		if len(candidates) == 0 {
+			return res, errors.New("averaging: no donors to download the state from")
+		}
+		var errs []error
+		for _, c := range candidates {
+			if err, ok := res.Failed[c.ID]; ok {
+				errs = append(errs, err)
+			}
+		}
+		if ctx.Err() != nil {
+			errs = append(errs, ctx.Err())
+		}
+		return res, fmt.Errorf("averaging: no donor answered (%d tried): %w", len(res.Failed), errors.Join(errs...))
+	}
+	keep := agree(got, l, cfg.MaxDivergence)
+	if keep == nil {
+		return res, fmt.Errorf("averaging: the states of donors %v disagree (relative distance above %.2g)", shortIDs(from), cfg.MaxDivergence)
+	}
+	mean := State{Vector: make([]float32, l.Total)}
+	for i, s := range got {
+		if !slices.Contains(keep, i) {
+			res.Rejected = append(res.Rejected, from[i])
+			continue
+		}
+		tensor.Axpy(1/float32(len(keep)), s.Vector, mean.Vector)
+		mean.Round = max(mean.Round, s.Round)
+		mean.OptStep = max(mean.OptStep, s.OptStep)
+		mean.Epoch = max(mean.Epoch, s.Epoch)
+		res.From = append(res.From, from[i])
+	}
+	res.State = mean
+	return res, nil
+}
+
+// agree returns the indices of the largest set of states whose models are
+// pairwise within maxDiv of each other (the first such set), or nil if no
+// two agree while there are several.
+func agree(states []State, l Layout, maxDiv float64) []int {
+	if len(states) == 1 {
+		return []int{0}
+	}
+	var best []int
+	for i := range states {
+		set := []int{i}
+		for j := range states {
+			if j == i {
+				continue
+			}
+			ok := true
+			for _, k := range set {
+				ok = ok && relDistance(states[k].Model(l), states[j].Model(l)) <= maxDiv
+			}
+			if ok {
+				set = append(set, j)
+			}
+		}
+		if len(set) > len(best) {
+			best = set
+		}
+	}
+	if len(best) < 2 {
+		return nil
+	}
+	slices.Sort(best)
+	return best
+}
+
+// relDistance is ‖a−b‖/min(‖a‖,‖b‖) (0 for two zero vectors, +Inf when
+// only one is zero), so a donor that scales the model up is far too.
+func relDistance(a, b []float32) float64 {
+	var d, na, nb float64
+	for i := range a {
+		x, y := float64(a[i]), float64(b[i])
+		d += (x - y) * (x - y)
+		na += x * x
+		nb += y * y
+	}
+	if d == 0 {
+		return 0
+	}
+	return math.Sqrt(d / min(na, nb))
+}
+
+func shortIDs(ids []peer.ID) []string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = id.ShortString()
+	}
+	return s
+}
+
+// Join finds the peers of the run in the DHT and downloads the state
+// (Download) from those training the same model, the most advanced first,
+// then installs it (LoadState). It fails with a message naming the problem
+// when the run has no listed peers, when they all train another model, or
+// when no donor answers before ctx ends.
+func (o *Optimizer) Join(ctx context.Context, node *dht.Node, cfg DownloadConfig) (Downloaded, error) {
+	infos, err := averaging.FindPeers(ctx, node, o.cfg.RunID)
+	if err != nil {
+		return Downloaded{}, err
+	}
+	var same, other []averaging.PeerInfo
+	for _, p := range infos {
+		switch {
+		case p.Addr.ID == o.avg.Transport().ID():
+		case p.Model == o.cfg.Model:
+			same = append(same, p)
+		default:
+			other = append(other, p)
+		}
+	}
+	if len(same) == 0 {
+		if len(other) > 0 {
+			return Downloaded{}, fmt.Errorf("%w: the %d peers of run %q train model %q; this peer trains %q",
+				ErrModelMismatch, len(other), o.cfg.RunID, other[0].Model, o.cfg.Model)
+		}
+		return Downloaded{}, fmt.Errorf("%w: run %q", ErrNoPeers, o.cfg.RunID)
+	}
+	slices.SortStableFunc(same, func(a, b averaging.PeerInfo) int { return b.Round - a.Round })
+	cands := make([]peer.AddrInfo, len(same))
+	for i, p := range same {
+		cands[i] = p.Addr
+	}
+	d, err := Download(ctx, o.avg.Transport(), cands, o.layout, cfg)
+	if err != nil {
+		return d, err
+	}
+	return d, o.LoadState(d.State)
+}
+
+// Errors of Join.
+var (
+	// ErrNoPeers means no peer of the run is listed in the DHT.
+	ErrNoPeers = errors.New("no peers of the run are listed in the DHT")
+	// ErrModelMismatch means the run's peers train another model.
+	ErrModelMismatch = errors.New("model differs from the run's")
+)

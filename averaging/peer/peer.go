@@ -1,0 +1,722 @@
+// Package peer runs one group-averaging peer: a process of its own with a
+// libp2p host, a DHT node joined to the swarm, its replica of a model, its
+// shard of the data and its real compute speed, training with its own loop
+// and an optimizer.Optimizer that averages with the other peers of the run.
+// `skyhive peer` is a thin shell around Run; `skyhive train --mode
+// averaging` launches several with Launch.
+package peer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	libp2ppeer "github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skyhive/skyhive/averaging"
+	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/checkpoint"
+	"github.com/skyhive/skyhive/clock"
+	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/progress"
+	"github.com/skyhive/skyhive/swarm"
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/train"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// Config configures a peer. Zero fields take the defaults noted.
+type Config struct {
+	// Listen are the multiaddrs to listen on (all interfaces, TCP and
+	// QUIC, on free ports). Announce replaces them in what others see.
+	Listen   []string
+	Announce []string
+	// Identity is a private key file for a stable peer ID ("" = new).
+	Identity string
+	// DHT are the swarm's DHT peers to join (required).
+	DHT []libp2ppeer.AddrInfo
+	// JoinTimeout bounds joining the DHT (30 s).
+	JoinTimeout time.Duration
+	// RunID names the run; peers of one run must agree ("skyhive").
+	RunID string
+
+	// Algo, Matchmaking, GroupSize, Tau, Period and RoundInterval
+	// configure averaging (see optimizer.Config). Matchmaking defaults to
+	// dht for WAGMA and ranks otherwise.
+	Algo          optimizer.Algo
+	Matchmaking   averaging.Matchmaking
+	GroupSize     int
+	Tau           int
+	Period        int
+	RoundInterval time.Duration
+	// Codec compresses averaging traffic; Timeout bounds one all-reduce
+	// (RoundInterval with DHT matchmaking, else 20 s).
+	Codec   wire.Codec
+	Timeout time.Duration
+	// MinPeers is how many peers of the run, this one included, must be
+	// listed in the DHT before training starts (2); with rank
+	// matchmaking the roster is exactly this many. WaitPeers bounds the
+	// wait (1 min).
+	MinPeers  int
+	WaitPeers time.Duration
+	// TargetBatchSize makes a swarm epoch (see optimizer.Progress).
+	TargetBatchSize int64
+
+	// Model names a train.BuildModel model ("mlp-small"); Seed seeds its
+	// initial weights (equal on every peer) and, with the peer ID, the
+	// order of its batches.
+	Model string
+	Seed  uint64
+	// Batch, LR and Momentum configure SGD with momentum (32, 0.05, 0.9).
+	Batch    int
+	LR       float64
+	Momentum float64
+	// DataDir holds Fashion-MNIST ("" = Debian's location); Limit caps the
+	// training examples (0 = all); Shard K of Shards gives this peer
+	// every Shards-th example (Shards 0: the whole set, in its own order).
+	DataDir      string
+	Limit        int
+	Shard        int
+	Shards       int
+	EvalExamples int // test examples per evaluation (0 = all 10000)
+
+	// Steps, Duration: stop after this many local steps or this long
+	// (0 = no limit; one of them, or ctx, must end the run).
+	Steps    int
+	Duration time.Duration
+	// EvalEvery evaluates this peer's model on the test set this often
+	// (0 = only at the end).
+	EvalEvery time.Duration
+	// Slowdown emulates a slower device: each step takes Slowdown times
+	// its real compute time (1 = real speed). Device, if set (a child of
+	// a swarm launcher), is used instead.
+	Slowdown float64
+	Device   *swarm.Device
+
+	// Checkpoint is a file for model, optimizer state and round counter,
+	// written atomically every CheckpointEvery and on exit, and resumed
+	// from when it exists.
+	Checkpoint      string
+	CheckpointEvery time.Duration
+
+	// Progress receives a progress bar (nil: none). Stats receives a JSON
+	// line every StatsEvery (and a final one) with the peer's counters,
+	// accuracy, memory and goroutines (nil: none).
+	Progress   io.Writer
+	Stats      io.Writer
+	StatsEvery time.Duration
+	// Log receives one-line notices (nil: none).
+	Log io.Writer
+}
+
+// Result is the outcome of a peer's run.
+type Result struct {
+	Peer          string  `json:"peer"`
+	Algo          string  `json:"algo"`
+	TestAccuracy  float64 `json:"test_accuracy"`
+	TestLoss      float64 `json:"test_loss"`
+	FirstAccuracy float64 `json:"first_accuracy"` // of the first evaluation (after joining)
+	Steps         int     `json:"steps"`
+	Rounds        int     `json:"rounds"`
+	Samples       int64   `json:"samples"`
+	BytesSent     int64   `json:"bytes_sent"`
+	BytesReceived int64   `json:"bytes_received"`
+	Seconds       float64 `json:"seconds"`
+	Joined        int     `json:"joined_from,omitempty"` // donors the state came from
+	Resumed       bool    `json:"resumed,omitempty"`
+	Groups        int     `json:"groups"`
+	// MaxStepSeconds is the longest a Step of the averaging optimizer
+	// held up training (waiting for others).
+	MaxStepSeconds float64 `json:"max_step_seconds"`
+	Failures       int     `json:"failures"`
+	Epoch          int     `json:"epoch"`
+	SwarmPeers     int     `json:"swarm_peers"`
+	// Curve lists the evaluations.
+	Curve []Eval `json:"curve,omitempty"`
+}
+
+// Eval is one evaluation of the peer's model.
+type Eval struct {
+	Unix     float64 `json:"unix"` // wall-clock time, for comparing peers
+	Seconds  float64 `json:"seconds"`
+	Steps    int     `json:"steps"`
+	Accuracy float64 `json:"accuracy"`
+	Loss     float64 `json:"loss"`
+}
+
+// Snapshot is a line of the stats stream.
+type Snapshot struct {
+	Time       string             `json:"time"`
+	Peer       string             `json:"peer"`
+	Seconds    float64            `json:"seconds"`
+	Stats      optimizer.Stats    `json:"stats"`
+	Progress   optimizer.Progress `json:"progress"`
+	Accuracy   float64            `json:"accuracy,omitempty"`
+	Goroutines int                `json:"goroutines"`
+	RSSBytes   int64              `json:"rss_bytes"`
+	HeapBytes  uint64             `json:"heap_bytes"`
+	Final      *Result            `json:"final,omitempty"`
+}
+
+// Errors that name what to fix.
+var (
+	// ErrConfig wraps an invalid configuration.
+	ErrConfig = errors.New("peer: bad configuration")
+	// ErrDHT means the DHT could not be joined.
+	ErrDHT = errors.New("cannot join the DHT")
+	// ErrNoSwarm means not enough peers of the run appeared.
+	ErrNoSwarm = errors.New("not enough peers of the run")
+)
+
+func (c *Config) defaults() error {
+	if len(c.Listen) == 0 {
+		c.Listen = []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"}
+	}
+	if c.JoinTimeout <= 0 {
+		c.JoinTimeout = 30 * time.Second
+	}
+	if c.RunID == "" {
+		c.RunID = "skyhive"
+	}
+	if c.Algo == "" {
+		c.Algo = optimizer.WAGMA
+	}
+	if _, err := optimizer.ParseAlgo(string(c.Algo)); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if c.Matchmaking == "" {
+		c.Matchmaking = averaging.MatchRanks
+		if c.Algo == optimizer.WAGMA {
+			c.Matchmaking = averaging.MatchDHT
+		}
+	}
+	if c.RoundInterval <= 0 {
+		c.RoundInterval = averaging.DefaultRoundInterval
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 20 * time.Second
+		if c.Matchmaking == averaging.MatchDHT {
+			c.Timeout = c.RoundInterval
+		}
+	}
+	if c.MinPeers == 0 {
+		c.MinPeers = 2
+	}
+	if c.WaitPeers <= 0 {
+		c.WaitPeers = time.Minute
+	}
+	if c.Model == "" {
+		c.Model = "mlp-small"
+	}
+	if c.Batch == 0 {
+		c.Batch = 32
+	}
+	if c.LR == 0 {
+		c.LR = 0.05
+	}
+	if c.Momentum == 0 {
+		c.Momentum = 0.9
+	}
+	if c.Slowdown == 0 {
+		c.Slowdown = 1
+	}
+	if c.StatsEvery <= 0 {
+		c.StatsEvery = 10 * time.Second
+	}
+	if c.CheckpointEvery <= 0 {
+		c.CheckpointEvery = time.Minute
+	}
+	switch {
+	case len(c.DHT) == 0:
+		return fmt.Errorf("%w: no DHT to join: give the multiaddr of a `skyhive dht` node or of another peer (--dht /ip4/.../tcp/.../p2p/ID)", ErrConfig)
+	case c.Matchmaking == averaging.MatchDHT && c.Algo != optimizer.WAGMA:
+		return fmt.Errorf("%w: DHT matchmaking needs the wagma algorithm", ErrConfig)
+	case c.MinPeers < 1 || c.MinPeers > averaging.MaxGroupSize:
+		return fmt.Errorf("%w: min peers %d out of 1..%d", ErrConfig, c.MinPeers, averaging.MaxGroupSize)
+	case c.Batch < 1 || c.LR <= 0 || math.IsInf(c.LR, 0) || c.Momentum < 0 || c.Momentum >= 1:
+		return fmt.Errorf("%w: batch %d, learning rate %v, momentum %v", ErrConfig, c.Batch, c.LR, c.Momentum)
+	case c.Slowdown < 1 || math.IsInf(c.Slowdown, 0):
+		return fmt.Errorf("%w: slowdown %v, want at least 1", ErrConfig, c.Slowdown)
+	case c.Shards < 0 || (c.Shards > 0 && (c.Shard < 0 || c.Shard >= c.Shards)):
+		return fmt.Errorf("%w: shard %d of %d", ErrConfig, c.Shard, c.Shards)
+	case c.Steps < 0 || c.Duration < 0:
+		return fmt.Errorf("%w: negative steps or duration", ErrConfig)
+	}
+	return nil
+}
+
+// Run runs the peer until ctx ends, Steps are done or Duration passes,
+// then evaluates its model, saves its checkpoint and leaves the swarm (its
+// groups are told at once). It returns the result; ctx ending is a normal
+// stop, not an error.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if err := cfg.defaults(); err != nil {
+		return Result{}, err
+	}
+	start := time.Now()
+	res := Result{Algo: string(cfg.Algo)}
+	trainSet, err := data.LoadFashionMNIST(cfg.DataDir, data.Train, data.LoadOptions{Standardize: true, Limit: cfg.Limit})
+	if err != nil {
+		return res, err
+	}
+	testSet, err := data.LoadFashionMNIST(cfg.DataDir, data.Test, data.LoadOptions{Standardize: true, Limit: cfg.EvalExamples})
+	if err != nil {
+		return res, err
+	}
+	if cfg.Shards > 0 {
+		if trainSet, err = trainSet.Shard(cfg.Shard, cfg.Shards); err != nil {
+			return res, err
+		}
+	}
+	model, err := train.BuildModel(cfg.Model, cfg.Seed)
+	if err != nil {
+		return res, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+
+	h, err := p2p.New(ctx, p2p.Config{IdentityFile: cfg.Identity, ListenAddrs: cfg.Listen, AnnounceAddrs: cfg.Announce, MaxMessageBytes: 64 << 20})
+	if err != nil {
+		return res, err
+	}
+	defer h.Close()
+	res.Peer = h.ID().String()
+	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID())})
+	if err != nil {
+		return res, err
+	}
+	defer node.Close()
+	logf(cfg.Log, "peer %s listening on %v", h.ID(), h.AddrInfo().Addrs)
+	jctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
+	err = node.Bootstrap(jctx, cfg.DHT)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+		return res, fmt.Errorf("%w at %s within %v: %v (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)",
+			ErrDHT, addrList(cfg.DHT), cfg.JoinTimeout, err)
+	}
+
+	avg := averaging.New(h, averaging.Config{Codec: cfg.Codec, Timeout: cfg.Timeout})
+	defer avg.Close()
+	inner := optim.NewSGD(model.Params(), optim.SGDConfig{LR: cfg.LR, Momentum: cfg.Momentum})
+	sig := fmt.Sprintf("%s/%d", cfg.Model, nn.NumParams(model.Params()))
+	ocfg := optimizer.Config{
+		Algo: cfg.Algo, GroupSize: cfg.GroupSize, Tau: cfg.Tau, Period: cfg.Period,
+		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: node, RoundInterval: cfg.RoundInterval,
+		Model: sig, TargetBatchSize: cfg.TargetBatchSize,
+	}
+	mm := averaging.NewMatchmaker(node, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})
+	others, err := waitForPeers(ctx, cfg, mm, node, h.ID(), sig)
+	if err != nil {
+		return res, err
+	}
+	if cfg.Matchmaking == averaging.MatchRanks {
+		ocfg.Roster, ocfg.Rank = roster(others, h.AddrInfo())
+	}
+	opt, err := optimizer.New(avg, inner, ocfg)
+	if err != nil {
+		return res, err
+	}
+	defer opt.Close()
+
+	// Start from the checkpoint, or from the swarm's state if it has made
+	// progress, or from the shared initial weights.
+	switch ok, err := resume(cfg.Checkpoint, opt, sig); {
+	case err != nil:
+		return res, err
+	case ok:
+		res.Resumed = true
+		logf(cfg.Log, "resumed from %s at round %d", cfg.Checkpoint, opt.Round())
+	case bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT:
+		dctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
+		d, err := opt.Join(dctx, node, optimizer.DownloadConfig{})
+		cancel()
+		if err != nil {
+			return res, fmt.Errorf("download the swarm's state: %w", err)
+		}
+		res.Joined = len(d.From)
+		logf(cfg.Log, "joined run %q at round %d with the state of %d donors (%d rejected, %d failed)",
+			cfg.RunID, opt.Round(), len(d.From), len(d.Rejected), len(d.Failed))
+	}
+
+	loader, err := data.NewLoader(trainSet, data.BatchOptions{Size: cfg.Batch, Shuffle: true, Seed: cfg.Seed ^ idSeed(h.ID()), DropLast: true})
+	if err != nil {
+		return res, err
+	}
+	if loader.Len() == 0 {
+		return res, fmt.Errorf("%w: %d training examples are fewer than a batch", ErrConfig, trainSet.Len())
+	}
+	dev := cfg.Device
+	if dev == nil {
+		if dev, err = swarm.NewDevice("peer", cfg.Slowdown, 0); err != nil {
+			return res, err
+		}
+	}
+	t := &trainer{cfg: cfg, model: model, opt: opt, loader: loader, train: trainSet, test: testSet, dev: dev, start: start, res: &res}
+	if res.Joined > 0 || res.Resumed {
+		t.evaluate() // how good the state we start from is
+	}
+	runErr := t.loop(ctx)
+	// Leave the swarm first (groups in flight are told at once), then
+	// evaluate and save.
+	opt.Close()
+	t.evaluate()
+	if err := t.save(); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
+	t.fill()
+	t.writeStats(true)
+	return res, runErr
+}
+
+// waitForPeers lists this peer under the run and waits until MinPeers
+// peers of the run (this one included) training the same model are listed.
+// It returns the others.
+func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, node *dht.Node, self libp2ppeer.ID, sig string) ([]averaging.PeerInfo, error) {
+	deadline := time.Now().Add(cfg.WaitPeers)
+	var mismatched []averaging.PeerInfo
+	for {
+		actx, cancel := context.WithTimeout(ctx, cfg.RoundInterval)
+		_ = mm.Announce(actx, 0)
+		infos, _ := averaging.FindPeers(actx, node, cfg.RunID)
+		cancel()
+		var same []averaging.PeerInfo
+		mismatched = mismatched[:0]
+		for _, p := range infos {
+			switch {
+			case p.Addr.ID == self:
+			case p.Model == sig:
+				same = append(same, p)
+			default:
+				mismatched = append(mismatched, p)
+			}
+		}
+		if len(mismatched) > 0 && len(same) == 0 {
+			return nil, fmt.Errorf("%w: the peers of run %q train model %q, this peer %q (every peer of a run must train the same model; check --model or --run-id)",
+				optimizer.ErrModelMismatch, cfg.RunID, mismatched[0].Model, sig)
+		}
+		if len(same)+1 >= cfg.MinPeers {
+			if cfg.Matchmaking == averaging.MatchRanks && len(same)+1 > cfg.MinPeers {
+				return nil, fmt.Errorf("%w: run %q lists %d peers but rank matchmaking wants exactly --min-peers %d; use a new --run-id",
+					ErrConfig, cfg.RunID, len(same)+1, cfg.MinPeers)
+			}
+			return same, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: %d of %d peers of run %q appeared in the DHT within %v; check that every peer uses the same --run-id, or lower --min-peers",
+				ErrNoSwarm, len(same)+1, cfg.MinPeers, cfg.RunID, cfg.WaitPeers)
+		}
+		if err := clock.Sleep(ctx, min(cfg.RoundInterval, time.Second)); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// roster orders the run's peers by ID and returns them with this peer's rank.
+func roster(others []averaging.PeerInfo, self libp2ppeer.AddrInfo) ([]averaging.Member, int) {
+	infos := []libp2ppeer.AddrInfo{self}
+	for _, p := range others {
+		infos = append(infos, p.Addr)
+	}
+	slices.SortFunc(infos, func(a, b libp2ppeer.AddrInfo) int { return strings.Compare(string(a.ID), string(b.ID)) })
+	ms := make([]averaging.Member, len(infos))
+	rank := 0
+	for i, in := range infos {
+		ms[i] = averaging.Member{Peer: in, Weight: 1}
+		if in.ID == self.ID {
+			rank = i
+		}
+	}
+	return ms, rank
+}
+
+func bestRound(ps []averaging.PeerInfo) int {
+	r := 0
+	for _, p := range ps {
+		r = max(r, p.Round)
+	}
+	return r
+}
+
+func idSeed(id libp2ppeer.ID) uint64 {
+	var s uint64
+	for _, b := range []byte(id) {
+		s = s*1099511628211 + uint64(b)
+	}
+	return s
+}
+
+func addrList(infos []libp2ppeer.AddrInfo) string {
+	var s []string
+	for _, in := range infos {
+		for _, a := range in.Addrs {
+			s = append(s, a.String()+"/p2p/"+in.ID.String())
+		}
+	}
+	return strings.Join(s, ", ")
+}
+
+func logf(w io.Writer, format string, args ...any) {
+	if w != nil {
+		fmt.Fprintf(w, format+"\n", args...)
+	}
+}
+
+// trainer is the peer's training loop.
+type trainer struct {
+	cfg    Config
+	model  *nn.Sequential
+	opt    *optimizer.Optimizer
+	loader *data.Loader
+	train  *data.Dataset
+	test   *data.Dataset
+	dev    *swarm.Device
+	start  time.Time
+	res    *Result
+
+	mu       sync.Mutex // guards res.Curve against the stats writer
+	lastStat time.Time
+	lastCkpt time.Time
+}
+
+func (t *trainer) loop(ctx context.Context) error {
+	if t.cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t.cfg.Duration)
+		defer cancel()
+	}
+	total := t.cfg.Steps
+	if total <= 0 && t.cfg.Duration > 0 {
+		total = int(t.cfg.Duration / time.Second)
+	}
+	var bar *progress.Bar
+	if t.cfg.Progress != nil {
+		bar = progress.New(t.cfg.Progress, "peer", max(total, 1))
+		bar.Every = max(total/50, 1)
+	}
+	lastEval, lastBar := time.Now(), time.Now()
+	t.lastStat, t.lastCkpt = time.Now(), time.Now()
+	var order []int
+	epoch, steps := 0, 0
+	var ema float64
+	for t.cfg.Steps <= 0 || steps < t.cfg.Steps {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if len(order) < t.cfg.Batch {
+			order = t.loader.Order(epoch)
+			epoch++
+		}
+		b := t.train.Gather(order[:t.cfg.Batch])
+		order = order[t.cfg.Batch:]
+		t0 := time.Now()
+		t.opt.ZeroGrad()
+		logits, st := t.model.Forward(nn.Ctx{Train: true}, b.X)
+		loss, dlogits := nn.SoftmaxCrossEntropy(logits, b.Y)
+		t.model.Backward(st, dlogits)
+		if err := t.dev.Throttle(ctx, time.Since(t0)); err != nil {
+			return nil
+		}
+		t.opt.Inner().SetLR(t.lr(steps, now0(t.start)))
+		ts := time.Now()
+		if err := t.opt.Step(ctx, t.cfg.Batch); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		t.res.MaxStepSeconds = max(t.res.MaxStepSeconds, time.Since(ts).Seconds())
+		steps++
+		ema = 0.98*ema + 0.02*float64(loss)
+		now := time.Now()
+		if bar != nil && now.Sub(lastBar) >= time.Second {
+			lastBar = now
+			p := t.opt.Progress()
+			done := steps
+			if t.cfg.Steps <= 0 {
+				done = int(now.Sub(t.start) / time.Second)
+			}
+			bar.Update(min(done, max(total, 1)), int64(steps*t.cfg.Batch), progress.F("loss", ema),
+				progress.F("peers", float64(p.Peers)), progress.F("round", float64(t.opt.Round())))
+		}
+		if t.cfg.EvalEvery > 0 && now.Sub(lastEval) >= t.cfg.EvalEvery {
+			lastEval = now
+			t.evaluate()
+		}
+		if now.Sub(t.lastStat) >= t.cfg.StatsEvery {
+			t.lastStat = now
+			t.writeStats(false)
+		}
+		if t.cfg.Checkpoint != "" && now.Sub(t.lastCkpt) >= t.cfg.CheckpointEvery {
+			t.lastCkpt = now
+			if err := t.save(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// lr is the learning rate at this point of the run: cosine decay from LR
+// to LR/10 over Steps or Duration when the run's length is known.
+func (t *trainer) lr(steps int, elapsed time.Duration) float64 {
+	frac := -1.0
+	switch {
+	case t.cfg.Steps > 0:
+		frac = float64(steps) / float64(t.cfg.Steps)
+	case t.cfg.Duration > 0:
+		frac = elapsed.Seconds() / t.cfg.Duration.Seconds()
+	}
+	if frac < 0 {
+		return t.cfg.LR
+	}
+	frac = min(frac, 1)
+	return t.cfg.LR * (0.1 + 0.9*0.5*(1+math.Cos(math.Pi*frac)))
+}
+
+func now0(start time.Time) time.Duration { return time.Since(start) }
+
+// evaluate measures the model (with averages that arrived) on the test set.
+func (t *trainer) evaluate() {
+	nn.SetFlatValues(t.model.Params(), t.opt.Snapshot())
+	loss, acc := train.Evaluate(t.model, t.test, 500)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.res.Curve = append(t.res.Curve, Eval{Unix: float64(time.Now().UnixNano()) / 1e9, Seconds: time.Since(t.start).Seconds(), Steps: t.opt.Stats().Steps, Accuracy: acc, Loss: loss})
+	if len(t.res.Curve) == 1 {
+		t.res.FirstAccuracy = acc
+	}
+}
+
+// fill copies the final counters into the result.
+func (t *trainer) fill() {
+	s := t.opt.Stats()
+	p := t.opt.Progress()
+	r := t.res
+	r.Steps, r.Rounds, r.Samples = s.Steps, s.Round, s.Samples
+	r.BytesSent, r.BytesReceived = s.BytesSent, s.BytesReceived
+	r.Groups, r.Failures = s.Groups+s.GlobalSyncs, s.Failures
+	r.Epoch, r.SwarmPeers = p.Epoch, p.Peers
+	r.Seconds = time.Since(t.start).Seconds()
+	if n := len(r.Curve); n > 0 {
+		r.TestAccuracy, r.TestLoss = r.Curve[n-1].Accuracy, r.Curve[n-1].Loss
+	}
+}
+
+// writeStats writes a stats line.
+func (t *trainer) writeStats(final bool) {
+	if t.cfg.Stats == nil {
+		return
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	t.mu.Lock()
+	snap := Snapshot{
+		Time: time.Now().UTC().Format(time.RFC3339), Peer: t.res.Peer, Seconds: time.Since(t.start).Seconds(),
+		Stats: t.opt.Stats(), Progress: t.opt.Progress(),
+		Goroutines: runtime.NumGoroutine(), RSSBytes: rss(), HeapBytes: ms.HeapInuse,
+	}
+	if n := len(t.res.Curve); n > 0 {
+		snap.Accuracy = t.res.Curve[n-1].Accuracy
+	}
+	if final {
+		r := *t.res
+		r.Curve = slices.Clone(r.Curve)
+		snap.Final = &r
+	}
+	t.mu.Unlock()
+	b, err := json.Marshal(snap)
+	if err == nil {
+		t.cfg.Stats.Write(append(b, '\n'))
+	}
+}
+
+// rss is the process's resident memory from /proc (0 where unavailable).
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
+}
+
+// Checkpoint metadata keys.
+const (
+	metaModel = "skyhive.model"
+	metaRound = "skyhive.round"
+	metaStep  = "skyhive.optim_step"
+	metaEpoch = "skyhive.epoch"
+)
+
+// save writes the peer's state atomically (no-op without a checkpoint).
+func (t *trainer) save() error {
+	if t.cfg.Checkpoint == "" {
+		return nil
+	}
+	st := t.opt.ExportState()
+	tensors := map[string]*tensor.Tensor{"state": tensor.FromSlice(st.Vector, len(st.Vector))}
+	meta := map[string]string{
+		metaModel: t.opt.ModelSignature(),
+		metaRound: strconv.Itoa(st.Round),
+		metaStep:  strconv.Itoa(st.OptStep),
+		metaEpoch: strconv.Itoa(st.Epoch),
+	}
+	if err := checkpoint.Save(t.cfg.Checkpoint, tensors, meta); err != nil {
+		return fmt.Errorf("save checkpoint: %w", err)
+	}
+	return nil
+}
+
+// resume loads the checkpoint if the file exists.
+func resume(path string, opt *optimizer.Optimizer, sig string) (bool, error) {
+	if path == "" {
+		return false, nil
+	}
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	f, err := checkpoint.Load(path)
+	if err != nil {
+		return false, err
+	}
+	if !f.Verified {
+		return false, fmt.Errorf("checkpoint %s has no valid skyhive checksum; refusing to resume from it", path)
+	}
+	if m := f.Meta[metaModel]; m != sig {
+		return false, fmt.Errorf("checkpoint %s holds model %q, not %q", path, m, sig)
+	}
+	v, ok := f.Tensors["state"]
+	if !ok {
+		return false, fmt.Errorf("checkpoint %s has no peer state (was it written by skyhive peer?)", path)
+	}
+	var s optimizer.State
+	s.Vector = v.Data
+	for key, dst := range map[string]*int{metaRound: &s.Round, metaStep: &s.OptStep, metaEpoch: &s.Epoch} {
+		if *dst, err = strconv.Atoi(f.Meta[key]); err != nil || *dst < 0 {
+			return false, fmt.Errorf("checkpoint %s: bad %s %q", path, key, f.Meta[key])
+		}
+	}
+	if err := opt.LoadState(s); err != nil {
+		return false, fmt.Errorf("checkpoint %s: %w", path, err)
+	}
+	return true, nil
+}

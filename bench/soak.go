@@ -1,0 +1,92 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/skyhive/skyhive/averaging/peer"
+)
+
+// soakSuite runs 8 `skyhive peer` processes with WAGMA for Duration (10
+// minutes; 90 s with --quick) and checks that each one's resident memory
+// and goroutine count stay flat after the warm-up (the first fifth of the
+// run, at least 30 s). It is long, so `bench all` leaves it out.
+func soakSuite() Suite {
+	return Suite{Name: "soak", Short: "8 peer processes with WAGMA for 10 minutes: memory and goroutines flat after warm-up (not in 'all')", Run: runSoak}
+}
+
+// SoakPeers is the number of peer processes of the soak.
+const SoakPeers = 8
+
+func runSoak(o Options) ([]Result, error) {
+	d := o.Duration
+	if d <= 0 {
+		d = 10 * time.Minute
+		if o.Quick {
+			d = 90 * time.Second
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "skyhive-soak-")
+	if err != nil {
+		return nil, err
+	}
+	o.Logf("soak: %d peers for %v, logs and stats in %s", SoakPeers, d, dir)
+	args := []string{"--algo", "wagma", "--model", "mlp-small", "--duration", d.String(), "--quiet",
+		"--stats-every", "10s", "--eval-examples", "2000"}
+	res, err := peer.Launch(context.Background(), peer.LaunchConfig{
+		Exe: exe, Peers: SoakPeers, Args: args, Dir: dir, Duration: d, Log: o.Log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return AnalyzeSoak(dir, SoakPeers, d, res)
+}
+
+// AnalyzeSoak reads the peers' stats files of a soak in dir and reports,
+// for the worst peer, the growth of resident memory (largest sample after
+// the warm-up over the first one after it, minus 1) and of goroutines.
+func AnalyzeSoak(dir string, peers int, d time.Duration, res peer.Launched) ([]Result, error) {
+	warm := max(d/5, 30*time.Second)
+	c := fmt.Sprintf("%d peers, %v", peers, d)
+	var worstRSS, worstG, rss0, steps float64
+	for i := range peers {
+		snaps, err := peer.ReadSnapshots(peer.StatsFile(dir, i))
+		if err != nil {
+			return nil, fmt.Errorf("peer %d: %w (logs in %s)", i, err, dir)
+		}
+		var base *peer.Snapshot
+		var maxRSS int64
+		maxG := 0
+		for k := range snaps {
+			s := &snaps[k]
+			if s.Seconds < warm.Seconds() {
+				continue
+			}
+			if base == nil {
+				base = s
+			}
+			maxRSS, maxG = max(maxRSS, s.RSSBytes), max(maxG, s.Goroutines)
+		}
+		if base == nil || base.RSSBytes == 0 {
+			return nil, fmt.Errorf("peer %d: no stats after the %v warm-up (logs in %s)", i, warm, filepath.Clean(dir))
+		}
+		worstRSS = max(worstRSS, float64(maxRSS)/float64(base.RSSBytes)-1)
+		worstG = max(worstG, float64(maxG-base.Goroutines))
+		rss0 += float64(base.RSSBytes) / float64(peers)
+		steps += float64(snaps[len(snaps)-1].Stats.Steps) / float64(peers)
+	}
+	return []Result{
+		{Suite: "soak", Case: c, Metric: "rss_growth_max", Value: worstRSS, Unit: "fraction", Note: fmt.Sprintf("after %v warm-up; target < 0.10", warm)},
+		{Suite: "soak", Case: c, Metric: "rss_after_warmup_mean", Value: rss0 / 1e6, Unit: "MB"},
+		{Suite: "soak", Case: c, Metric: "goroutine_growth_max", Value: worstG, Unit: "goroutines", Note: "target 0"},
+		{Suite: "soak", Case: c, Metric: "steps_per_peer", Value: steps, Unit: "steps"},
+		{Suite: "soak", Case: c, Metric: "test_accuracy_mean", Value: res.MeanAccuracy, Unit: "fraction"},
+	}, nil
+}

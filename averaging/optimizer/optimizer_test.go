@@ -16,6 +16,7 @@ import (
 
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/clock"
+	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/nn"
@@ -537,4 +538,104 @@ func FuzzStateMessages(f *testing.F) {
 			t.Fatalf("round trip differs")
 		}
 	})
+}
+
+// TestAllReduceSGDEqualsLargeBatchSGD: P peers averaging gradients every
+// step take exactly the steps of one process that trains on the union of
+// their batches (mean loss), with the same SGD-with-momentum settings.
+func TestAllReduceSGDEqualsLargeBatchSGD(t *testing.T) {
+	const peers, per, steps = 4, 8, 6
+	ds, err := data.GaussianBlobs(peers*per*steps, 20, 3, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := func() *nn.Sequential { return nn.MLP([]int{20, 16, 3}, 0, rand.New(rand.NewPCG(3, 4))) }
+	sgd := optim.SGDConfig{LR: 0.1, Momentum: 0.9}
+	// batch(step, peer) is that peer's batch; the reference takes all peers'.
+	batch := func(step, p int) []int {
+		idx := make([]int, per)
+		for i := range idx {
+			idx[i] = (step*peers+p)*per + i
+		}
+		return idx
+	}
+	grad := func(m *nn.Sequential, idx []int) {
+		b := ds.Gather(idx)
+		logits, st := m.Forward(nn.Ctx{Train: true}, b.X)
+		_, d := nn.SoftmaxCrossEntropy(logits, b.Y)
+		m.Backward(st, d)
+	}
+
+	ref := build()
+	refOpt := optim.NewSGD(ref.Params(), sgd)
+	for s := range steps {
+		refOpt.ZeroGrad()
+		var all []int
+		for p := range peers {
+			all = append(all, batch(s, p)...)
+		}
+		grad(ref, all)
+		refOpt.Step()
+	}
+	want := make([]float32, nn.NumParams(ref.Params()))
+	nn.FlatValues(ref.Params(), want)
+
+	net := memnet.NewNetwork()
+	defer net.Close()
+	var roster []averaging.Member
+	var ps []*memnet.Peer
+	for range peers {
+		p, err := net.NewPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+		roster = append(roster, averaging.Member{Peer: p.AddrInfo(), Weight: 1})
+	}
+	// Every peer's handlers are registered before any peer steps (a real
+	// peer waits for the others through the DHT).
+	models := make([]*nn.Sequential, peers)
+	opts := make([]*Optimizer, peers)
+	for p := range peers {
+		a := averaging.New(ps[p], averaging.Config{Timeout: 10 * time.Second, ChunkElems: 100})
+		defer a.Close()
+		models[p] = build()
+		o, err := New(a, optim.NewSGD(models[p].Params(), sgd), Config{Algo: AllReduce, Rank: p, Roster: roster})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Close()
+		opts[p] = o
+	}
+	var wg sync.WaitGroup
+	got := make([][]float32, peers)
+	for p, o := range opts {
+		wg.Go(func() {
+			for s := range steps {
+				o.ZeroGrad()
+				grad(models[p], batch(s, p))
+				if err := o.Step(context.Background(), per); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			got[p] = o.Snapshot()
+			if st := o.Stats(); st.Failures > 0 || st.GlobalSyncs != steps {
+				t.Errorf("peer %d: %+v", p, st)
+			}
+		})
+	}
+	wg.Wait()
+	for p := range peers {
+		if got[p] == nil {
+			continue // its error is reported
+		}
+		var worst float64
+		for j := range want {
+			worst = max(worst, math.Abs(float64(got[p][j]-want[j])))
+		}
+		if worst > 1e-5 {
+			t.Fatalf("peer %d differs from large-batch SGD by %v", p, worst)
+		}
+	}
 }

@@ -142,6 +142,10 @@ type session struct {
 	joined  chan struct{} // closed by join
 	expires time.Time     // forgotten after this
 
+	// left records leave notices that arrived before this peer joined
+	// (member → member-list hash); guarded by the Averager's mu.
+	left map[peer.ID]uint64
+
 	// Set before joined is closed, read-only afterwards.
 	hash    uint64
 	members []peer.ID
@@ -289,6 +293,16 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 		time.AfterFunc(a.cfg.ReduceWait, func() { sess.ban(false) }),
 		time.AfterFunc(final, func() { sess.ban(true) }),
 	}
+	for j, id := range sess.members {
+		if h, ok := sess.left[id]; ok && h == sess.hash && j != self {
+			sess.banned[j] = true // it left before we joined
+		}
+	}
+	sess.mu.Lock()
+	for _, c := range sess.chunks {
+		sess.maybeFinalize(c, false)
+	}
+	sess.mu.Unlock()
 	if len(s.Members) == 1 {
 		sess.ban(true)
 	}
@@ -473,17 +487,26 @@ func (a *Averager) handleLeave(_ context.Context, from peer.ID, req []byte) ([]b
 	if err != nil {
 		return nil, err
 	}
-	s, err := a.lookup(l.Session, false)
-	if err != nil || s == nil {
+	s, err := a.lookup(l.Session, true)
+	if err != nil {
 		return nil, err
 	}
 	select {
 	case <-s.joined:
+		if s.hash == l.Hash {
+			s.disagree(from)
+		}
 	default:
-		return nil, nil // not joined here: its contributions will simply not come
-	}
-	if s.hash == l.Hash {
-		s.disagree(from)
+		// Not joined here yet: remember it for the join (bounded by the
+		// session's member count there, and by MaxSessions here).
+		a.mu.Lock()
+		if s.left == nil {
+			s.left = map[peer.ID]uint64{}
+		}
+		if len(s.left) < MaxGroupSize {
+			s.left[from] = l.Hash
+		}
+		a.mu.Unlock()
 	}
 	return nil, nil
 }

@@ -344,3 +344,49 @@ func TestBanStalledMember(t *testing.T) {
 		t.Fatal("chunk 2, which no other member has sent, was finalized")
 	}
 }
+
+// TestLeaveNoticeEndsWaitAtOnce: a member that is stopped mid-session tells
+// the others, who then finish without it at once instead of waiting for
+// ReduceWait, whether they had joined the session yet or not.
+func TestLeaveNoticeEndsWaitAtOnce(t *testing.T) {
+	s := newTestSwarm(t, 3, Config{Timeout: 20 * time.Second, ChunkElems: 50})
+	sess := s.session("leave", nil)
+	vecs := make([][]float32, 3)
+	for i := range vecs {
+		vecs[i] = make([]float32, 300)
+		for j := range vecs[i] {
+			vecs[i][j] = float32(i)
+		}
+	}
+	// Member 2 joins, then is stopped before the others arrive.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { _, err := s.avg[2].AllReduce(ctx, sess, vecs[2]); done <- err }()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the stopped member's all-reduce succeeded")
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	res := make([]Result, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			var err error
+			res[i], err = s.avg[i].AllReduce(context.Background(), sess, vecs[i])
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("the others took %v (ReduceWait is %v): the leave notice was not honoured", el, s.avg[0].Config().ReduceWait)
+	}
+	// Parts 0 and 1 are the mean of members 0 and 1; member 2's part stays local.
+	for i := range 2 {
+		if vecs[i][0] != 0.5 || vecs[i][150] != 0.5 {
+			t.Fatalf("member %d: %v %v, want 0.5", i, vecs[i][0], vecs[i][150])
+		}
+	}
+}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -59,7 +60,8 @@ func AnalyzeSoak(dir string, peers int, d time.Duration, res peer.Launched) ([]R
 	warm := max(d/5, 30*time.Second).Seconds()
 	win := max(d/10, 30*time.Second).Seconds()
 	c := fmt.Sprintf("%d peers, %v", peers, d)
-	var worstRSS, worstG, peakG, rss0, steps float64
+	worstRSS, worstG := math.Inf(-1), math.Inf(-1) // signed: a peer may shrink
+	var peakG, rss0, steps float64
 	for i := range peers {
 		snaps, err := peer.ReadSnapshots(peer.StatsFile(dir, i))
 		if err != nil {

@@ -254,28 +254,10 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		}
 	}
 
-	runCtx, cancel := context.WithCancel(ctx)
-	if cfg.Duration > 0 {
-		runCtx, cancel = context.WithTimeout(ctx, cfg.Duration)
-	}
-	defer cancel()
-	start := time.Now()
-	var wg sync.WaitGroup
-	stats := make([]optimizer.Stats, cfg.Peers)
-	errs := make([]error, cfg.Peers)
-	for i, st := range ps {
-		wg.Go(func() {
-			errs[i] = runPeer(runCtx, i, st.opt, st.compute, cfg.Steps, cfg.OnStep)
-			stats[i] = st.opt.Stats()
-		})
-	}
-	finished := make(chan struct{})
-	go func() { wg.Wait(); close(finished) }()
+	var start time.Time
 	var evalModel *nn.Sequential
 	if cfg.Test != nil {
 		if evalModel, err = train.BuildModel(cfg.Model, cfg.Seed); err != nil {
-			cancel()
-			<-finished
 			return res, err
 		}
 	}
@@ -303,6 +285,25 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		loss, acc := train.Evaluate(evalModel, cfg.Test, 500)
 		res.Curve = append(res.Curve, EvalPoint{Seconds: time.Since(start).Seconds(), Steps: steps, Accuracy: acc, Loss: loss})
 	}
+	// The first point is the initial model, before any peer steps.
+	start = time.Now()
+	evaluate()
+	runCtx, cancel := context.WithCancel(ctx)
+	if cfg.Duration > 0 {
+		runCtx, cancel = context.WithTimeout(ctx, cfg.Duration)
+	}
+	defer cancel()
+	var wg sync.WaitGroup
+	stats := make([]optimizer.Stats, cfg.Peers)
+	errs := make([]error, cfg.Peers)
+	for i, st := range ps {
+		wg.Go(func() {
+			errs[i] = runPeer(runCtx, i, st.opt, st.compute, cfg.Steps, cfg.OnStep)
+			stats[i] = st.opt.Stats()
+		})
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
 	if cfg.Kill != nil {
 		wg.Go(func() {
 			cfg.Kill(runCtx, func(rank int) error {
@@ -319,7 +320,6 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 	}
 	tick := time.NewTicker(evalEvery)
 	defer tick.Stop()
-	evaluate()
 loop:
 	for {
 		select {

@@ -23,10 +23,11 @@ import (
 // AVX-512 machine, OpenBLAS (with the foreign call, about 0.7 µs) was faster
 // than the Go kernel at every size from 4×4×4 up, by about 2× below
 // 100×100×100 (OpenBLAS runs small products on one thread), so no size
-// threshold sends work to Go. Setting the environment variable
-// SKYHIVE_BLAS=go before the first GEMM forces the pure-Go kernel. The choice is made once,
-// lazily, at the first call (see defaultBackends); it is the package's only
-// state besides the packing-buffer pool of the Go kernel.
+// threshold sends work to Go. SelectBackend("go") before the first GEMM (or
+// the environment variable SKYHIVE_BLAS=go) forces the pure-Go kernel. The
+// choice is made once, lazily, at the first call (see defaultBackends); it
+// is the package's only state besides the packing-buffer pool of the Go
+// kernel.
 
 // Engine is one GEMM implementation. The zero value is not usable; get one
 // from GoEngine, BLASEngine or DefaultEngine. Engines are safe for
@@ -70,11 +71,54 @@ type backends struct {
 	blasErr                         error
 }
 
-// defaultBackends builds the engines once, at the first GEMM, from the
-// SKYHIVE_BLAS environment variable.
-var defaultBackends = sync.OnceValue(func() *backends {
-	return newBackends(os.Getenv("SKYHIVE_BLAS"))
-})
+// choice is the process's GEMM backend: chosen by SelectBackend (or the
+// SKYHIVE_BLAS environment variable) before the first GEMM, built once at
+// the first GEMM.
+var choice struct {
+	mu    sync.Mutex
+	name  string // "", "auto" or "go"
+	built *backends
+	ready atomic.Pointer[backends] // built, for the lock-free fast path
+}
+
+// SelectBackend chooses the GEMM backend of the whole process: "auto"
+// (OpenBLAS when installed, with the Go kernel for products issued while
+// OpenBLAS is busy; see DefaultEngine) or "go" (the pure-Go kernel only).
+// It must be called before the first GEMM; choosing another backend after
+// that is an error. Without a call, SKYHIVE_BLAS=go selects "go".
+func SelectBackend(name string) error {
+	if name != "auto" && name != "go" {
+		return fmt.Errorf("tensor: unknown GEMM backend %q (want auto or go)", name)
+	}
+	choice.mu.Lock()
+	defer choice.mu.Unlock()
+	if choice.built != nil && choice.name != name {
+		return fmt.Errorf("tensor: GEMM backend already in use (%s); select %q before the first product", choice.built.defEngine.name, name)
+	}
+	choice.name = name
+	return nil
+}
+
+// defaultBackends builds the engines once, at the first GEMM, as
+// SelectBackend or the SKYHIVE_BLAS environment variable say.
+func defaultBackends() *backends {
+	if bs := choice.ready.Load(); bs != nil {
+		return bs
+	}
+	choice.mu.Lock()
+	defer choice.mu.Unlock()
+	if choice.built == nil {
+		if choice.name == "" {
+			choice.name = "auto"
+			if os.Getenv("SKYHIVE_BLAS") == "go" {
+				choice.name = "go"
+			}
+		}
+		choice.built = newBackends(choice.name)
+		choice.ready.Store(choice.built)
+	}
+	return choice.built
+}
 
 // newBackends picks the best Go micro-kernel for this CPU and tries to load
 // OpenBLAS unless blasEnv is "go", then logs the choice at debug level.
@@ -83,7 +127,7 @@ func newBackends(blasEnv string) *backends {
 	g := newGoGemm()
 	bs.goEngine = &Engine{name: g.name, goK: g}
 	var lib *blasLib
-	err := errors.New("tensor: OpenBLAS disabled by SKYHIVE_BLAS=go")
+	err := errors.New("tensor: OpenBLAS disabled (GEMM backend go)")
 	if blasEnv != "go" {
 		lib, err = loadBLAS()
 	}

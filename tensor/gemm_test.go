@@ -327,3 +327,21 @@ func TestDefaultEngineSharesBLAS(t *testing.T) {
 		}
 	}
 }
+
+func TestSelectBackendAfterFirstProduct(t *testing.T) {
+	c := make([]float32, 1)
+	Gemm(false, false, 1, 1, 1, 1, []float32{2}, 1, []float32{3}, 1, 0, c, 1)
+	other := "go"
+	if Backend() == GoEngine().Name() {
+		other = "auto"
+		if _, err := BLASEngine(); err != nil {
+			t.Skip("no OpenBLAS: both choices give the Go kernel")
+		}
+	}
+	if err := SelectBackend(other); err == nil {
+		t.Fatalf("switching to %q after the first product accepted", other)
+	}
+	if err := SelectBackend("fast"); err == nil {
+		t.Fatal("unknown backend accepted")
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"runtime/pprof"
 	"syscall"
 
+	"github.com/skyhive/skyhive/tensor"
 	"github.com/spf13/cobra"
 )
 
@@ -88,13 +89,10 @@ func startCPUProfile(path string) (func() error, error) {
 }
 
 // selectGEMM configures the process's GEMM backend before any product is
-// computed; package tensor reads SKYHIVE_BLAS once, at the first GEMM.
+// computed.
 func selectGEMM(name string) error {
-	switch name {
-	case "auto":
-		return nil
-	case "go":
-		return os.Setenv("SKYHIVE_BLAS", "go")
+	if err := tensor.SelectBackend(name); err != nil {
+		return fmt.Errorf("--gemm: %w", err)
 	}
-	return fmt.Errorf("--gemm must be auto or go, not %q", name)
+	return nil
 }

@@ -8,9 +8,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
 	"text/tabwriter"
 	"time"
+
+	"github.com/skyhive/skyhive/stats"
 )
 
 // Result is one measured number, optionally with the reference it is
@@ -60,21 +61,10 @@ func (o Options) Logf(format string, args ...any) {
 }
 
 // Stats summarises repeated measurements.
-type Stats struct{ Median, Min, Max float64 }
+type Stats = stats.Summary[float64]
 
 // Summarize returns the median, min and max of xs.
-func Summarize(xs []float64) Stats {
-	if len(xs) == 0 {
-		return Stats{}
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	med := s[len(s)/2]
-	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return Stats{Median: med, Min: s[0], Max: s[len(s)-1]}
-}
+func Summarize(xs []float64) Stats { return stats.Summarize(xs) }
 
 // TimeAlternating runs warm-up calls of a and b, then reps alternating
 // measurements A B A B…, and returns the durations of each in seconds.

@@ -23,10 +23,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/skyhive/skyhive/stats"
 
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/tensor"
@@ -327,14 +328,7 @@ func ReadMemAvailable(path string) (int64, error) {
 }
 
 // medianMinMax returns the median, minimum and maximum of xs (not empty).
-// The median of an even count is the mean of the two middle values.
 func medianMinMax(xs []float64) (med, lo, hi float64) {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	med = s[n/2]
-	if n%2 == 0 {
-		med = (s[n/2-1] + s[n/2]) / 2
-	}
-	return med, s[0], s[n-1]
+	s := stats.Summarize(xs)
+	return s.Median, s.Min, s.Max
 }

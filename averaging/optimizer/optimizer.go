@@ -542,9 +542,17 @@ func (o *Optimizer) syncAverage(ctx context.Context, id string, vec []float32) e
 
 // activateAll tells every live peer that global round k has started.
 func (o *Optimizer) activateAll(ctx context.Context, k int) {
-	msg := activation{Kind: activateGlobal, Round: uint64(k)}.marshal()
+	o.activate(ctx, o.alive(o.allRanks()), activation{Kind: activateGlobal, Round: uint64(k)})
+}
+
+// activate sends the activation to every member but this peer and waits
+// for the calls: activations are small, and waiting keeps goroutines
+// bounded and makes sure the others learn of the round before we block in
+// it. Failures are ignored (the all-reduce drops silent members).
+func (o *Optimizer) activate(ctx context.Context, ms []averaging.Member, a activation) {
+	msg := a.marshal()
 	var wg sync.WaitGroup
-	for _, m := range o.alive(o.allRanks()) {
+	for _, m := range ms {
 		if m.Peer.ID == o.avg.Transport().ID() {
 			continue
 		}
@@ -554,8 +562,6 @@ func (o *Optimizer) activateAll(ctx context.Context, k int) {
 			_, _ = o.avg.Transport().Call(cctx, m.Peer, ActivateProtocol, msg)
 		})
 	}
-	// Activations are small; waiting for them keeps goroutines bounded and
-	// makes sure the others learn of the round before we block in it.
 	wg.Wait()
 }
 
@@ -598,19 +604,14 @@ func (o *Optimizer) startGroup(round int, active bool) {
 	o.goLocked(func() {
 		defer func() { <-o.inflight }()
 		if active {
-			msg := activation{Kind: activateGroup, Round: uint64(round)}.marshal()
-			var wg sync.WaitGroup
-			for _, m := range ms {
-				if m.Peer.ID == o.avg.Transport().ID() {
-					continue
-				}
-				wg.Go(func() {
-					cctx, cancel := context.WithTimeout(ctx, o.avg.Config().ReduceWait)
-					defer cancel()
-					_, _ = o.avg.Transport().Call(cctx, m.Peer, ActivateProtocol, msg)
-				})
-			}
-			defer wg.Wait()
+			// Activate the group while averaging: the members join on
+			// receipt.
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				o.activate(ctx, ms, activation{Kind: activateGroup, Round: uint64(round)})
+			}()
+			defer func() { <-done }()
 		}
 		o.averageInto(ctx, averaging.Session{ID: id, Members: ms}, snap)
 	})

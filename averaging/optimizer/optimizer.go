@@ -407,7 +407,6 @@ func (o *Optimizer) Step(ctx context.Context, samples int) error {
 	if closed {
 		return ErrClosed
 	}
-	t0 := time.Now()
 	if o.cfg.Algo == AllReduce && !o.cfg.AverageModels {
 		nn.FlatGrads(o.params, o.flat)
 		if err := o.syncAverage(ctx, fmt.Sprintf("%s/grad/%d", o.cfg.RunID, round), o.flat); err != nil {
@@ -428,7 +427,7 @@ func (o *Optimizer) Step(ctx context.Context, samples int) error {
 	o.stats.Steps++
 	o.stats.Round = round
 	o.stats.Samples += int64(samples)
-	o.progress.add(int64(samples), t0)
+	o.progress.add(int64(samples))
 	o.mu.Unlock()
 
 	target := -1

@@ -500,7 +500,7 @@ func TestAggregateEpochs(t *testing.T) {
 		t.Fatalf("%+v", p)
 	}
 	var tr progressTracker
-	tr.add(100, time.Now())
+	tr.add(100)
 	tr.update(Progress{Epoch: 1})
 	if tr.epoch != 1 || tr.samples != 0 || tr.total != 100 {
 		t.Fatalf("%+v", tr)

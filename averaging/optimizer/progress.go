@@ -100,7 +100,7 @@ type progressTracker struct {
 	hasSwarm bool
 }
 
-func (p *progressTracker) add(samples int64, _ time.Time) {
+func (p *progressTracker) add(samples int64) {
 	p.samples += samples
 	p.total += samples
 }

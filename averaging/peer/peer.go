@@ -531,7 +531,7 @@ func (t *trainer) loop(ctx context.Context) error {
 		if err := t.dev.Throttle(ctx, time.Since(t0)); err != nil {
 			return nil
 		}
-		t.opt.Inner().SetLR(t.lr(steps, now0(t.start)))
+		t.opt.Inner().SetLR(t.lr(steps, time.Since(t.start)))
 		ts := time.Now()
 		if err := t.opt.Step(ctx, t.cfg.Batch); err != nil {
 			if ctx.Err() != nil {
@@ -587,8 +587,6 @@ func (t *trainer) lr(steps int, elapsed time.Duration) float64 {
 	frac = min(frac, 1)
 	return t.cfg.LR * (0.1 + 0.9*0.5*(1+math.Cos(math.Pi*frac)))
 }
-
-func now0(start time.Time) time.Duration { return time.Since(start) }
 
 // evaluate measures the model (with averages that arrived) on the test set.
 func (t *trainer) evaluate() {

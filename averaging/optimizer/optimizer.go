@@ -29,7 +29,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/skyhive/skyhive/averaging"
-	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
@@ -309,17 +308,6 @@ func (o *Optimizer) ZeroGrad() { o.inner.ZeroGrad() }
 // the matchmaking goroutine). Set it before the first Step.
 func (o *Optimizer) OnGroup(f func(GroupInfo)) { o.onGroup = f }
 
-// GroupInfo describes one MatchDHT group all-reduce this peer took part in.
-type GroupInfo struct {
-	Round   int // the wall-clock matchmaking round
-	Key     string
-	Members []peer.ID
-	Result  averaging.Result
-	Err     error
-	// Mismatched lists peers of the run whose model signature differs.
-	Mismatched []averaging.PeerInfo
-}
-
 // Snapshot returns a copy of the model after the last Step, with averaging
 // results that arrived since applied.
 func (o *Optimizer) Snapshot() []float32 {
@@ -481,28 +469,6 @@ func (o *Optimizer) applyDeltaLocked() {
 	clear(o.delta)
 }
 
-// alive returns the members at the given ranks that are not given up on.
-func (o *Optimizer) alive(ranks []int) []averaging.Member {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	var ms []averaging.Member
-	for _, r := range ranks {
-		m := o.cfg.Roster[r]
-		if r == o.cfg.Rank || !o.dead[m.Peer.ID] {
-			ms = append(ms, m)
-		}
-	}
-	return ms
-}
-
-func (o *Optimizer) allRanks() []int {
-	r := make([]int, len(o.cfg.Roster))
-	for i := range r {
-		r[i] = i
-	}
-	return r
-}
-
 // note records the outcome of a collective, giving up on members that
 // failed or did not contribute (MatchRanks).
 func (o *Optimizer) note(ctx context.Context, res averaging.Result, err error) {
@@ -539,83 +505,6 @@ func (o *Optimizer) syncAverage(ctx context.Context, id string, vec []float32) e
 	return ctx.Err()
 }
 
-// activateAll tells every live peer that global round k has started.
-func (o *Optimizer) activateAll(ctx context.Context, k int) {
-	o.activate(ctx, o.alive(o.allRanks()), activation{Kind: activateGlobal, Round: uint64(k)})
-}
-
-// activate sends the activation to every member but this peer and waits
-// for the calls: activations are small, and waiting keeps goroutines
-// bounded and makes sure the others learn of the round before we block in
-// it. Failures are ignored (the all-reduce drops silent members).
-func (o *Optimizer) activate(ctx context.Context, ms []averaging.Member, a activation) {
-	msg := a.marshal()
-	var wg sync.WaitGroup
-	for _, m := range ms {
-		if m.Peer.ID == o.avg.Transport().ID() {
-			continue
-		}
-		wg.Go(func() {
-			cctx, cancel := context.WithTimeout(ctx, o.avg.Config().ReduceWait)
-			defer cancel()
-			_, _ = o.avg.Transport().Call(cctx, m.Peer, ActivateProtocol, msg)
-		})
-	}
-	wg.Wait()
-}
-
-// startGroup joins WAGMA's group round in the background unless this peer
-// already has; active says whether this peer is the activator.
-func (o *Optimizer) startGroup(round int, active bool) {
-	ranks, index, err := averaging.ButterflyGroup(o.cfg.Rank, len(o.cfg.Roster), o.cfg.GroupSize, round)
-	if err != nil {
-		return
-	}
-	ms := o.alive(ranks)
-	if len(ms) < 2 {
-		return
-	}
-	id := fmt.Sprintf("%s/w/%d/%d", o.cfg.RunID, round, index)
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if _, ok := o.joined[id]; ok || o.closed || !o.started {
-		return
-	}
-	select {
-	case o.inflight <- struct{}{}:
-	default:
-		o.stats.GroupDeclined++
-		return
-	}
-	o.joined[id] = round
-	for k, r := range o.joined { // forget rounds long past
-		if r < round-64 {
-			delete(o.joined, k)
-		}
-	}
-	if active {
-		o.stats.GroupActive++
-	} else {
-		o.stats.GroupPassive++
-	}
-	snap := o.snapshotLocked()
-	ctx := o.bgCtx
-	o.goLocked(func() {
-		defer func() { <-o.inflight }()
-		if active {
-			// Activate the group while averaging: the members join on
-			// receipt.
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				o.activate(ctx, ms, activation{Kind: activateGroup, Round: uint64(round)})
-			}()
-			defer func() { <-done }()
-		}
-		o.averageInto(ctx, averaging.Session{ID: id, Members: ms}, snap)
-	})
-}
-
 // averageInto all-reduces snap with the session and leaves the difference
 // between the group's mean and snap as a correction for the next Step, so
 // that local progress made meanwhile is kept.
@@ -631,101 +520,6 @@ func (o *Optimizer) averageInto(ctx context.Context, s averaging.Session, snap [
 	tensor.Axpy(1, avg, o.delta)
 	o.mu.Unlock()
 	return res, err
-}
-
-func (o *Optimizer) handleActivate(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
-	a, err := unmarshalActivation(req)
-	if err != nil {
-		return nil, err
-	}
-	if o.mm != nil {
-		return nil, errors.New("averaging: this peer matches groups through the DHT")
-	}
-	switch a.Kind {
-	case activateGlobal:
-		for {
-			cur := o.global.Load()
-			if int64(a.Round) <= cur || o.global.CompareAndSwap(cur, int64(a.Round)) {
-				break
-			}
-		}
-	case activateGroup:
-		ranks, _, err := averaging.ButterflyGroup(o.cfg.Rank, len(o.cfg.Roster), o.cfg.GroupSize, int(a.Round))
-		if err != nil {
-			return nil, err
-		}
-		member := false
-		for _, r := range ranks {
-			member = member || o.cfg.Roster[r].Peer.ID == from
-		}
-		if !member {
-			return nil, fmt.Errorf("averaging: %s is not in our group of round %d", from.ShortString(), a.Round)
-		}
-		o.startGroup(int(a.Round), false)
-	}
-	return nil, nil
-}
-
-// matchLoop runs MatchDHT: at every round boundary it forms a group
-// through the DHT, averages the current model with it and leaves the
-// result as a correction for the next Step, as a WAGMA group round does.
-// Rounds are skipped while one is still running.
-func (o *Optimizer) matchLoop(ctx context.Context) {
-	mm := o.mm
-	for ctx.Err() == nil {
-		r := mm.RoundAt(time.Now()) + 1
-		if err := clock.SleepUntil(ctx, mm.Start(r)); err != nil {
-			return
-		}
-		o.mu.Lock()
-		stepRound := o.round
-		o.mu.Unlock()
-		// Cancel a round that overruns into the next one's window.
-		rctx, cancel := context.WithDeadline(ctx, mm.Start(r+2))
-		info := o.matchRound(rctx, r, stepRound)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		// List this peer for late joiners (off the round's critical path).
-		actx, cancel := context.WithTimeout(ctx, mm.Interval())
-		err := mm.Announce(actx, stepRound)
-		cancel()
-		o.mu.Lock()
-		switch {
-		case info.Err != nil && info.Members == nil, err != nil:
-			o.stats.MatchErrors++
-		case len(info.Members) < 2:
-			o.stats.Alone++
-		default:
-			o.stats.Groups++
-			o.stats.GroupMembers += len(info.Members)
-		}
-		o.stats.Mismatched += len(info.Mismatched)
-		o.mu.Unlock()
-		if o.onGroup != nil && (len(info.Members) > 0 || len(info.Mismatched) > 0) {
-			o.onGroup(info)
-		}
-	}
-}
-
-// matchRound forms the group of round r and averages with it.
-func (o *Optimizer) matchRound(ctx context.Context, r, stepRound int) GroupInfo {
-	info := GroupInfo{Round: r}
-	f, err := o.mm.Form(ctx, r, stepRound)
-	info.Key, info.Mismatched = f.Key, f.Mismatched
-	if err != nil {
-		info.Err = err
-		return info
-	}
-	for _, m := range f.Session.Members {
-		info.Members = append(info.Members, m.Peer.ID)
-	}
-	if len(f.Session.Members) < 2 {
-		return info
-	}
-	info.Result, info.Err = o.averageInto(ctx, f.Session, o.Snapshot())
-	return info
 }
 
 // hashString is FNV-1a of s, for signatures.

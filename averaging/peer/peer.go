@@ -8,33 +8,25 @@ package peer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"runtime"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	libp2ppeer "github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
-	"github.com/skyhive/skyhive/checkpoint"
 	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
-	"github.com/skyhive/skyhive/progress"
 	"github.com/skyhive/skyhive/swarm"
-	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/train"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -474,247 +466,4 @@ func logf(w io.Writer, format string, args ...any) {
 	if w != nil {
 		fmt.Fprintf(w, format+"\n", args...)
 	}
-}
-
-// trainer is the peer's training loop.
-type trainer struct {
-	cfg    Config
-	model  *nn.Sequential
-	opt    *optimizer.Optimizer
-	loader *data.Loader
-	train  *data.Dataset
-	test   *data.Dataset
-	dev    *swarm.Device
-	start  time.Time
-	res    *Result
-
-	mu       sync.Mutex // guards res.Curve against the stats writer
-	lastStat time.Time
-	lastCkpt time.Time
-}
-
-func (t *trainer) loop(ctx context.Context) error {
-	if t.cfg.Duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, t.cfg.Duration)
-		defer cancel()
-	}
-	total := t.cfg.Steps
-	if total <= 0 && t.cfg.Duration > 0 {
-		total = int(t.cfg.Duration / time.Second)
-	}
-	var bar *progress.Bar
-	if t.cfg.Progress != nil {
-		bar = progress.New(t.cfg.Progress, "peer", max(total, 1))
-		bar.Every = max(total/50, 1)
-	}
-	lastEval, lastBar := time.Now(), time.Now()
-	t.lastStat, t.lastCkpt = time.Now(), time.Now()
-	var order []int
-	epoch, steps := 0, 0
-	var ema float64
-	for t.cfg.Steps <= 0 || steps < t.cfg.Steps {
-		if ctx.Err() != nil {
-			return nil
-		}
-		if len(order) < t.cfg.Batch {
-			order = t.loader.Order(epoch)
-			epoch++
-		}
-		b := t.train.Gather(order[:t.cfg.Batch])
-		order = order[t.cfg.Batch:]
-		t0 := time.Now()
-		t.opt.ZeroGrad()
-		logits, st := t.model.Forward(nn.Ctx{Train: true}, b.X)
-		loss, dlogits := nn.SoftmaxCrossEntropy(logits, b.Y)
-		t.model.Backward(st, dlogits)
-		if err := t.dev.Throttle(ctx, time.Since(t0)); err != nil {
-			return nil
-		}
-		t.opt.Inner().SetLR(t.lr(steps, time.Since(t.start)))
-		ts := time.Now()
-		if err := t.opt.Step(ctx, t.cfg.Batch); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		t.res.MaxStepSeconds = max(t.res.MaxStepSeconds, time.Since(ts).Seconds())
-		steps++
-		ema = 0.98*ema + 0.02*float64(loss)
-		now := time.Now()
-		if bar != nil && now.Sub(lastBar) >= time.Second {
-			lastBar = now
-			p := t.opt.Progress()
-			done := steps
-			if t.cfg.Steps <= 0 {
-				done = int(now.Sub(t.start) / time.Second)
-			}
-			bar.Update(min(done, max(total, 1)), int64(steps*t.cfg.Batch), progress.F("loss", ema),
-				progress.F("peers", float64(p.Peers)), progress.F("round", float64(t.opt.Round())))
-		}
-		if t.cfg.EvalEvery > 0 && now.Sub(lastEval) >= t.cfg.EvalEvery {
-			lastEval = now
-			t.evaluate()
-		}
-		if now.Sub(t.lastStat) >= t.cfg.StatsEvery {
-			t.lastStat = now
-			t.writeStats(false)
-		}
-		if t.cfg.Checkpoint != "" && now.Sub(t.lastCkpt) >= t.cfg.CheckpointEvery {
-			t.lastCkpt = now
-			if err := t.save(); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// lr is the learning rate at this point of the run: cosine decay from LR
-// to LR/10 over Steps or Duration when the run's length is known.
-func (t *trainer) lr(steps int, elapsed time.Duration) float64 {
-	frac := -1.0
-	switch {
-	case t.cfg.Steps > 0:
-		frac = float64(steps) / float64(t.cfg.Steps)
-	case t.cfg.Duration > 0:
-		frac = elapsed.Seconds() / t.cfg.Duration.Seconds()
-	}
-	if frac < 0 {
-		return t.cfg.LR
-	}
-	frac = min(frac, 1)
-	return t.cfg.LR * (0.1 + 0.9*0.5*(1+math.Cos(math.Pi*frac)))
-}
-
-// evaluate measures the model (with averages that arrived) on the test set.
-func (t *trainer) evaluate() {
-	nn.SetFlatValues(t.model.Params(), t.opt.Snapshot())
-	loss, acc := train.Evaluate(t.model, t.test, 500)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.res.Curve = append(t.res.Curve, Eval{Unix: float64(time.Now().UnixNano()) / 1e9, Seconds: time.Since(t.start).Seconds(), Steps: t.opt.Stats().Steps, Accuracy: acc, Loss: loss})
-	if len(t.res.Curve) == 1 {
-		t.res.FirstAccuracy = acc
-	}
-}
-
-// fill copies the final counters into the result.
-func (t *trainer) fill() {
-	s := t.opt.Stats()
-	p := t.opt.Progress()
-	r := t.res
-	r.Steps, r.Rounds, r.Samples = s.Steps, s.Round, s.Samples
-	r.BytesSent, r.BytesReceived = s.BytesSent, s.BytesReceived
-	r.Groups, r.Failures = s.Groups+s.GlobalSyncs, s.Failures
-	r.Epoch, r.SwarmPeers = p.Epoch, p.Peers
-	r.Seconds = time.Since(t.start).Seconds()
-	if n := len(r.Curve); n > 0 {
-		r.TestAccuracy, r.TestLoss = r.Curve[n-1].Accuracy, r.Curve[n-1].Loss
-	}
-}
-
-// writeStats writes a stats line.
-func (t *trainer) writeStats(final bool) {
-	if t.cfg.Stats == nil {
-		return
-	}
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	t.mu.Lock()
-	snap := Snapshot{
-		Time: time.Now().UTC().Format(time.RFC3339), Peer: t.res.Peer, Seconds: time.Since(t.start).Seconds(),
-		Stats: t.opt.Stats(), Progress: t.opt.Progress(),
-		Goroutines: runtime.NumGoroutine(), RSSBytes: rss(), HeapBytes: ms.HeapInuse,
-	}
-	if n := len(t.res.Curve); n > 0 {
-		snap.Accuracy = t.res.Curve[n-1].Accuracy
-	}
-	if final {
-		r := *t.res
-		r.Curve = slices.Clone(r.Curve)
-		snap.Final = &r
-	}
-	t.mu.Unlock()
-	b, err := json.Marshal(snap)
-	if err == nil {
-		t.cfg.Stats.Write(append(b, '\n'))
-	}
-}
-
-// rss is the process's resident memory from /proc (0 where unavailable).
-func rss() int64 {
-	b, err := os.ReadFile("/proc/self/statm")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseInt(f[1], 10, 64)
-	return pages * int64(os.Getpagesize())
-}
-
-// Checkpoint metadata keys.
-const (
-	metaModel = "skyhive.model"
-	metaRound = "skyhive.round"
-	metaStep  = "skyhive.optim_step"
-	metaEpoch = "skyhive.epoch"
-)
-
-// save writes the peer's state atomically (no-op without a checkpoint).
-func (t *trainer) save() error {
-	if t.cfg.Checkpoint == "" {
-		return nil
-	}
-	st := t.opt.ExportState()
-	tensors := map[string]*tensor.Tensor{"state": tensor.FromSlice(st.Vector, len(st.Vector))}
-	meta := map[string]string{
-		metaModel: t.opt.ModelSignature(),
-		metaRound: strconv.Itoa(st.Round),
-		metaStep:  strconv.Itoa(st.OptStep),
-		metaEpoch: strconv.Itoa(st.Epoch),
-	}
-	if err := checkpoint.Save(t.cfg.Checkpoint, tensors, meta); err != nil {
-		return fmt.Errorf("save checkpoint: %w", err)
-	}
-	return nil
-}
-
-// resume loads the checkpoint if the file exists.
-func resume(path string, opt *optimizer.Optimizer, sig string) (bool, error) {
-	if path == "" {
-		return false, nil
-	}
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	f, err := checkpoint.Load(path)
-	if err != nil {
-		return false, err
-	}
-	if !f.Verified {
-		return false, fmt.Errorf("checkpoint %s has no valid skyhive checksum; refusing to resume from it", path)
-	}
-	if m := f.Meta[metaModel]; m != sig {
-		return false, fmt.Errorf("checkpoint %s holds model %q, not %q", path, m, sig)
-	}
-	v, ok := f.Tensors["state"]
-	if !ok {
-		return false, fmt.Errorf("checkpoint %s has no peer state (was it written by skyhive peer?)", path)
-	}
-	var s optimizer.State
-	s.Vector = v.Data
-	for key, dst := range map[string]*int{metaRound: &s.Round, metaStep: &s.OptStep, metaEpoch: &s.Epoch} {
-		if *dst, err = strconv.Atoi(f.Meta[key]); err != nil || *dst < 0 {
-			return false, fmt.Errorf("checkpoint %s: bad %s %q", path, key, f.Meta[key])
-		}
-	}
-	if err := opt.LoadState(s); err != nil {
-		return false, fmt.Errorf("checkpoint %s: %w", path, err)
-	}
-	return true, nil
 }

@@ -1,0 +1,349 @@
+// The reducer side of the all-reduce: the state of a session this peer
+// reduces a part of, the contributions it accumulates, and the rules that
+// stop waiting for members that are silent, stalled, disagreeing or gone.
+
+package averaging
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// session is the reducer-side state of one all-reduce.
+type session struct {
+	id      string
+	joined  chan struct{} // closed by join
+	expires time.Time     // forgotten after this
+
+	// left records leave notices that arrived before this peer joined
+	// (member → member-list hash); guarded by the Averager's mu.
+	left map[peer.ID]uint64
+
+	// Set before joined is closed, read-only afterwards.
+	hash    uint64
+	members []peer.ID
+	self    int
+	lo, hi  int
+	codec   wire.Codec
+	chunks  []*chunk
+	timers  []*time.Timer
+
+	// Guarded by mu, like every chunk's state.
+	mu          sync.Mutex
+	contributed []bool      // sent at least one chunk
+	lastSeen    []time.Time // when each member's latest chunk arrived
+	banned      []bool      // no longer waited for
+	// quiet is how long a member may send nothing before ban counts it as
+	// stalled (ReduceWait/2); set before joined is closed.
+	quiet time.Duration
+}
+
+// chunk accumulates the contributions to one chunk of the reducer's part.
+type chunk struct {
+	sum   []float32 // becomes the mean at finalization
+	from  []bool
+	count int
+	resp  []byte // the response: contributor count and encoded mean, set at finalization
+	done  chan struct{}
+}
+
+// lookup returns the session with the given ID, creating an unjoined one if
+// create is set and there is room.
+func (a *Averager) lookup(id string, create bool) (*session, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, ErrClosed
+	}
+	if s, ok := a.sessions[id]; ok {
+		return s, nil
+	}
+	if !create {
+		return nil, nil
+	}
+	now := time.Now()
+	if len(a.sessions) >= a.cfg.MaxSessions {
+		for k, s := range a.sessions {
+			if now.After(s.expires) {
+				delete(a.sessions, k)
+			}
+		}
+		if len(a.sessions) >= a.cfg.MaxSessions {
+			return nil, fmt.Errorf("averaging: too many sessions (%d)", len(a.sessions))
+		}
+	}
+	s := &session{id: id, joined: make(chan struct{}), expires: now.Add(a.cfg.ReduceWait)}
+	a.sessions[id] = s
+	return s, nil
+}
+
+// join sets up this peer's reducer state and adds its own contribution.
+func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*session, error) {
+	sess, err := a.lookup(s.ID, true)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	select {
+	case <-sess.joined:
+		return nil, fmt.Errorf("%w: %s", ErrJoined, s.ID)
+	default:
+	}
+	now := time.Now()
+	sess.hash = s.hash(a.cfg, len(vec))
+	sess.self = self
+	sess.members = make([]peer.ID, len(s.Members))
+	for i, m := range s.Members {
+		sess.members[i] = m.Peer.ID
+	}
+	sess.lo, sess.hi = bounds[self], bounds[self+1]
+	sess.codec = a.cfg.Codec
+	sess.contributed = make([]bool, len(s.Members))
+	sess.banned = make([]bool, len(s.Members))
+	sess.contributed[self] = true
+	sess.lastSeen = make([]time.Time, len(s.Members))
+	sess.quiet = a.cfg.ReduceWait / 2
+	sess.expires = now.Add(a.cfg.Timeout + a.cfg.ReduceWait)
+	n := sess.hi - sess.lo
+	sess.chunks = make([]*chunk, numChunks(n, a.cfg.ChunkElems))
+	for i := range sess.chunks {
+		lo := sess.lo + i*a.cfg.ChunkElems
+		hi := min(lo+a.cfg.ChunkElems, sess.hi)
+		c := &chunk{sum: append([]float32(nil), vec[lo:hi]...), from: make([]bool, len(s.Members)), count: 1, done: make(chan struct{})}
+		c.from[self] = true
+		sess.chunks[i] = c
+	}
+	// Members that sent nothing within ReduceWait are dropped; the others
+	// are waited for until the final deadline, which leaves time for the
+	// answers to travel before the senders' Timeout.
+	final := (a.cfg.Timeout + a.cfg.ReduceWait) / 2
+	sess.timers = []*time.Timer{
+		time.AfterFunc(a.cfg.ReduceWait, func() { sess.ban(false) }),
+		time.AfterFunc(final, func() { sess.ban(true) }),
+	}
+	for j, id := range sess.members {
+		if h, ok := sess.left[id]; ok && h == sess.hash && j != self {
+			sess.banned[j] = true // it left before we joined
+		}
+	}
+	sess.mu.Lock()
+	for _, c := range sess.chunks {
+		sess.maybeFinalize(c, false)
+	}
+	sess.mu.Unlock()
+	if len(s.Members) == 1 {
+		sess.ban(true)
+	}
+	close(sess.joined)
+	return sess, nil
+}
+
+// ban stops waiting for members that have sent nothing or have stalled (or,
+// if all is set, for every missing contribution) and finalizes the chunks
+// that are then complete. A member has stalled if it has sent nothing for
+// s.quiet and is missing from a chunk that some other member, and every
+// member still sending, has contributed to: it died partway, and without the ban its absence would
+// hold those chunks, and through the senders' windows all later ones,
+// until the final deadline.
+func (s *session) ban(all bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	quiet := make([]bool, len(s.banned))
+	now := time.Now()
+	for j := range s.banned {
+		if all || !s.contributed[j] {
+			s.banned[j] = true
+		}
+		quiet[j] = j != s.self && !s.banned[j] && now.Sub(s.lastSeen[j]) >= s.quiet
+	}
+	for _, c := range s.chunks {
+		if c.resp != nil || c.count < 2 {
+			continue // final, or no other member has sent it yet
+		}
+		waiting := false // for a member that is still sending
+		for k, ok := range c.from {
+			waiting = waiting || (!ok && !s.banned[k] && !quiet[k])
+		}
+		if waiting {
+			continue
+		}
+		for k, ok := range c.from {
+			if !ok && quiet[k] {
+				s.banned[k] = true
+			}
+		}
+	}
+	for _, c := range s.chunks {
+		s.maybeFinalize(c, all)
+	}
+}
+
+// disagree stops waiting for the member id (if listed), which joined the
+// session with another member list or other settings.
+func (s *session) disagree(id peer.ID) {
+	j := slices.Index(s.members, id)
+	if j < 0 || j == s.self {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.banned[j] {
+		return
+	}
+	s.banned[j] = true
+	for _, c := range s.chunks {
+		s.maybeFinalize(c, false)
+	}
+}
+
+// stop releases the session's timers.
+func (s *session) stop() {
+	for _, t := range s.timers {
+		t.Stop()
+	}
+}
+
+// maybeFinalize turns the chunk's sum into the mean and encodes it, once,
+// if every member has contributed or been banned (or force is set).
+// s.mu must be held.
+func (s *session) maybeFinalize(c *chunk, force bool) {
+	if c.resp != nil {
+		return
+	}
+	if !force {
+		for j, ok := range c.from {
+			if !ok && !s.banned[j] {
+				return
+			}
+		}
+	}
+	tensor.Scale(1/float32(c.count), c.sum)
+	b := make([]byte, 2, 2+encodedLen(len(c.sum), s.codec))
+	binary.LittleEndian.PutUint16(b, uint16(c.count))
+	out, err := appendVector(b, c.sum, s.codec)
+	if err != nil {
+		// Only 8-bit codecs fail, on non-finite input, which decodeInto
+		// rejects; fall back to the lossless encoding rather than fail.
+		out, _ = appendVector(b, c.sum, wire.CodecNone)
+	}
+	c.resp = out
+	close(c.done)
+}
+
+// add adds a member's contribution unless the chunk is final or already has it.
+func (s *session) add(c *chunk, sender int, x []float32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.contributed[sender] = true
+	s.lastSeen[sender] = time.Now()
+	if c.resp != nil || c.from[sender] {
+		return
+	}
+	c.from[sender] = true
+	c.count++
+	tensor.Axpy(1, x, c.sum)
+	s.maybeFinalize(c, false)
+}
+
+// wait waits for the chunk to be final; the session's timers guarantee it
+// is by the final deadline.
+func (c *chunk) wait(ctx context.Context, closed <-chan struct{}) error {
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-closed:
+		return ErrClosed
+	}
+}
+
+func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
+	r, err := unmarshalReduceRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	s, err := a.lookup(r.Session, true)
+	if err != nil {
+		return nil, err
+	}
+	t := time.NewTimer(a.cfg.ReduceWait)
+	defer t.Stop()
+	select {
+	case <-s.joined:
+	case <-t.C:
+		return nil, fmt.Errorf("averaging: session %q not joined here within %v", r.Session, a.cfg.ReduceWait)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-a.done:
+		return nil, ErrClosed
+	}
+	switch {
+	case r.Hash != s.hash || int(r.Size) != len(s.members):
+		// Intersect: a listed member that disagrees on the member list
+		// will never contribute to this session; stop waiting for it.
+		s.disagree(from)
+		return nil, fmt.Errorf("averaging: session %q: member list or settings differ", r.Session)
+	case int(r.Part) != s.self:
+		return nil, fmt.Errorf("averaging: session %q: part %d is not reduced here", r.Session, r.Part)
+	case s.members[r.Sender] != from || int(r.Sender) == s.self:
+		return nil, fmt.Errorf("averaging: session %q: sender is not member %d", r.Session, r.Sender)
+	case int(r.Chunk) >= len(s.chunks):
+		return nil, fmt.Errorf("averaging: session %q: chunk %d of %d", r.Session, r.Chunk, len(s.chunks))
+	}
+	c := s.chunks[r.Chunk]
+	want := min(a.cfg.ChunkElems, s.hi-s.lo-int(r.Chunk)*a.cfg.ChunkElems)
+	x := getScratch(want)
+	err = decodeInto(r.Payload, *x)
+	if err == nil {
+		s.add(c, int(r.Sender), *x)
+	}
+	putScratch(x)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.wait(ctx, a.done); err != nil {
+		return nil, err
+	}
+	// c.resp is immutable once done is closed; callers only read it.
+	return c.resp, nil
+}
+
+// handleLeave stops waiting for a member that left a joined session.
+func (a *Averager) handleLeave(_ context.Context, from peer.ID, req []byte) ([]byte, error) {
+	l, err := unmarshalLeave(req)
+	if err != nil {
+		return nil, err
+	}
+	s, err := a.lookup(l.Session, true)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-s.joined:
+		if s.hash == l.Hash {
+			s.disagree(from)
+		}
+	default:
+		// Not joined here yet: remember it for the join (bounded by the
+		// session's member count there, and by MaxSessions here).
+		a.mu.Lock()
+		if s.left == nil {
+			s.left = map[peer.ID]uint64{}
+		}
+		if len(s.left) < MaxGroupSize {
+			s.left[from] = l.Hash
+		}
+		a.mu.Unlock()
+	}
+	return nil, nil
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p/memnet"
 )
 
@@ -31,20 +32,6 @@ func dhtSuite() Suite {
 		Name:  "dht",
 		Short: "Kademlia over memnet: lookup hops vs log2(N)/alpha, get latency at 10 ms RTT vs hops x RTT, get success after killing 20% of nodes",
 		Run:   runDHT,
-	}
-}
-
-// delayLink delays every message by a fixed one-way time.
-type delayLink struct{ d time.Duration }
-
-func (l delayLink) Deliver(ctx context.Context, from, to peer.ID, size int) error {
-	t := time.NewTimer(l.d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 
@@ -184,7 +171,16 @@ func runDHT(o Options) ([]Result, error) {
 	}
 
 	// Lookups with a 10 ms RTT on every link.
-	s.net.SetLink(delayLink{dhtOneWay})
+	link, err := netem.Delay(dhtOneWay)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range s.peers {
+		if err := link.Assign(p.ID(), netem.UniformRegion); err != nil {
+			return nil, err
+		}
+	}
+	s.net.SetLink(link)
 	rtt := 2 * dhtOneWay.Seconds()
 	readers := make([]int, dhtKeys)
 	for i := range readers {

@@ -3,10 +3,7 @@ package experiment
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/skyhive/skyhive/chart"
@@ -19,6 +16,7 @@ import (
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/train"
 )
 
 // moeRun is one configuration of the convergence experiment.
@@ -204,163 +202,63 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	// Timeouts are generous: the 2 cores are oversubscribed by design, and
 	// a step that times out is wasted work. The evaluator waits longer
 	// still so that it measures the model rather than the load.
-	type peerSide struct {
-		tr     p2p.Transport
-		search []*client.BeamSearch
-	}
-	newPeer := func(ctx context.Context) (peerSide, error) {
-		tr, d, err := sw.NewTrainer(ctx)
-		if err != nil {
-			return peerSide{}, err
-		}
-		ps := peerSide{tr: tr}
-		for _, g := range grids {
-			bs, err := client.NewBeamSearch(d, g, su.KBest, time.Minute)
-			if err != nil {
-				return peerSide{}, err
-			}
-			ps.search = append(ps.search, bs)
-		}
-		return ps, nil
-	}
-	newModel := func(p peerSide, eval bool) (*client.Model, error) {
-		timeout, afterK, deadFor := 3*rtt+10*time.Second, rtt+2*time.Second, 5*time.Second
-		if eval {
-			timeout, afterK, deadFor = 3*rtt+60*time.Second, rtt+10*time.Second, -1
-		}
-		var layers []client.Config
-		for _, bs := range p.search {
-			layers = append(layers, client.Config{In: su.Hidden, Search: bs, Transport: p.tr, KBest: su.KBest, KMin: 1,
-				ForwardTimeout: timeout, TimeoutAfterKMin: afterK, BackwardTimeout: timeout, DeadFor: deadFor,
-				// A test sample whose experts all fail counts (as a
-				// likely miss) instead of aborting the evaluation.
-				AllowZeroOutputs: eval})
-		}
-		return client.NewModel(784, su.Hidden, 10, layers, o.Seed)
-	}
-	// The trainer-side layers live in one master copy. Every trainer
-	// works on its own replica; steps are grouped in rounds of su.Round,
-	// whose gradients are averaged into one optimizer step, so that a
-	// gradient is only a few optimizer steps stale.
-	mp, err := newPeer(sctx)
-	if err != nil {
-		return res, err
-	}
-	master, err := newModel(mp, false)
-	if err != nil {
-		return res, err
-	}
-	shared := newRoundShared(master, optim.NewAdamW(master.Params(), optim.AdamWConfig{LR: su.LR}), su.Round)
-	replicas := make([]*client.Model, su.Trainers)
-	for t := range replicas {
-		p, err := newPeer(sctx)
-		if err != nil {
-			return res, err
-		}
-		if replicas[t], err = newModel(p, false); err != nil {
-			return res, err
-		}
-	}
-	ep, err := newPeer(sctx)
-	if err != nil {
-		return res, err
-	}
-	evalModel, err := newModel(ep, true)
+	model := client.ModelConfig{Inputs: 784, Hidden: su.Hidden, Classes: 10, Grids: grids, CacheTTL: time.Minute, Seed: o.Seed,
+		Layer: client.Config{KBest: su.KBest, KMin: 1, ForwardTimeout: 3*rtt + 10*time.Second, TimeoutAfterKMin: rtt + 2*time.Second,
+			BackwardTimeout: 3*rtt + 10*time.Second, DeadFor: 5 * time.Second}}
+	eval := model
+	eval.Layer.ForwardTimeout, eval.Layer.TimeoutAfterKMin, eval.Layer.BackwardTimeout = 3*rtt+60*time.Second, rtt+10*time.Second, 3*rtt+60*time.Second
+	eval.Layer.DeadFor = -1
+	// A test sample whose experts all fail counts (as a likely miss)
+	// instead of aborting the evaluation.
+	eval.Layer.AllowZeroOutputs = true
+	// The trainer-side layers live in one master copy. Every trainer is a
+	// memnet peer with its own replica; steps are grouped in rounds of
+	// su.Round, whose gradients are averaged into one optimizer step, so
+	// that a gradient is only a few optimizer steps stale.
+	trainer, err := client.NewTrainer(sctx, client.TrainerConfig{
+		Model: model, Eval: eval,
+		Connect: func(ctx context.Context) (p2p.Transport, client.Getter, error) {
+			return sw.NewTrainer(ctx)
+		},
+		Trainers: su.Trainers, Round: su.Round, Optimizer: optim.AdamWConfig{LR: su.LR},
+		Train: trainSet, Batch: su.Batch, Seed: o.Seed,
+		EvalBatch: 250, EvalParallel: 8, EvalTimeout: 3 * time.Minute,
+	})
 	if err != nil {
 		return res, err
 	}
 	evalSet := testSet.Slice(0, su.EvalSubset)
-
+	evaluate := func(ds *data.Dataset, at time.Duration, samples int64) (moePoint, error) {
+		_, acc, err := trainer.Evaluate(ctx, ds)
+		return moePoint{Seconds: at.Seconds(), Samples: samples, Accuracy: acc}, err
+	}
 	budget := time.Duration(su.BudgetSec * float64(time.Second))
-	var samples, steps, failed atomic.Int64
-	start := time.Now()
-	tctx, tcancel := context.WithTimeout(ctx, budget)
-	defer tcancel()
-	var wg sync.WaitGroup
-	for i, m := range replicas {
-		shard, err := trainSet.Shard(i, len(replicas))
-		if err != nil {
-			return res, err
-		}
-		loader, err := data.NewLoader(shard, data.BatchOptions{Size: su.Batch, Shuffle: true, Seed: o.Seed + uint64(i), DropLast: true})
-		if err != nil {
-			return res, err
-		}
-		wg.Go(func() {
-			ps := m.Params()
-			// Stagger the start so the trainers do not move in lockstep.
-			rng := rand.New(rand.NewPCG(o.Seed, uint64(i)))
-			select {
-			case <-time.After(time.Duration(rng.Int64N(int64(500*time.Millisecond + 8*rtt)))):
-			case <-tctx.Done():
-				return
-			}
-			for epoch := 0; epoch < 1000 && tctx.Err() == nil; epoch++ {
-				for _, b := range loader.Epoch(epoch) {
-					if tctx.Err() != nil {
-						return
-					}
-					nn.ZeroGrad(ps)
-					d, _, _, err := m.StepDeferred(tctx, b.X, b.Y)
-					steps.Add(1)
-					if err != nil {
-						if tctx.Err() == nil {
-							failed.Add(1)
-						}
-						continue
-					}
-					shared.apply(m, d)
-					samples.Add(int64(b.Len()))
-				}
-			}
-		})
-	}
-	// The local layers' learning rate decays along a cosine over the
-	// budget (after a short warm-up): late updates are the noisiest under
-	// asynchrony.
-	wg.Go(func() {
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-tctx.Done():
-				return
-			case <-t.C:
-				shared.setLR(moeLR(su.LR, time.Since(start), budget))
-			}
-		}
-	})
-	// Evaluate snapshots while the trainers run.
-	evalTicker := time.NewTicker(time.Duration(su.EvalEvery * float64(time.Second)))
-	evaluate := func(ds *data.Dataset) (moePoint, error) {
-		at := time.Since(start).Seconds()
-		n := samples.Load()
-		shared.sync(evalModel)
-		ectx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		defer cancel()
-		_, acc, err := evalModel.Evaluate(ectx, ds, 250, 8)
-		return moePoint{Seconds: at, Samples: n, Accuracy: acc}, err
-	}
-loop:
-	for {
-		select {
-		case <-tctx.Done():
-			break loop
-		case <-evalTicker.C:
-			p, err := evaluate(evalSet)
+	st, err := trainer.RunFor(ctx, client.RunOptions{
+		Budget: budget,
+		// The local layers' learning rate decays along a cosine over the
+		// budget (after a 5% warm-up), in milliseconds: late updates are
+		// the noisiest under asynchrony.
+		LR: optim.Schedule{Peak: su.LR, Min: su.LR / 20, Warmup: budget.Milliseconds() / 20, Total: budget.Milliseconds(), Decay: optim.Cosine},
+		// Stagger the start so the trainers do not move in lockstep.
+		Stagger: 500*time.Millisecond + 8*rtt,
+		// Evaluate snapshots while the trainers run.
+		Every: time.Duration(su.EvalEvery * float64(time.Second)),
+		OnTick: func(at time.Duration, s client.Stats) {
+			p, err := evaluate(evalSet, at, s.Samples)
 			if err != nil {
 				o.Logf("  eval at %.0fs: %v", p.Seconds, err)
-				continue
+				return
 			}
 			o.Logf("  %5.0fs  %7d samples  test accuracy %.2f%% (first %d)", p.Seconds, p.Samples, 100*p.Accuracy, evalSet.Len())
 			res.Points = append(res.Points, p)
-		}
-	}
-	evalTicker.Stop()
-	wg.Wait()
-	res.Seconds = time.Since(start).Seconds()
-	res.Samples, res.Steps, res.FailedSteps = samples.Load(), steps.Load(), failed.Load()
+		},
+	})
+	res.Seconds = st.Elapsed.Seconds()
+	res.Samples, res.Steps, res.FailedSteps = st.Samples, st.Steps, st.Failed
 	res.SamplesPerSec = float64(res.Samples) / res.Seconds
+	if err != nil {
+		return res, err
+	}
 	var fw, bw server.CallStats
 	for _, srv := range sw.Servers {
 		for _, e := range srv.Stats().Experts {
@@ -378,16 +276,12 @@ loop:
 	}
 	o.Logf("  servers: forward %d requests in %d batches (mean %.1f rows, latency %v, compute %.1fs); backward %d requests in %d batches (mean %.1f rows, latency %v, compute %.1fs)",
 		fw.Requests, fw.Batches, fw.MeanBatch(), fw.MeanLatency(), fw.RunSeconds, bw.Requests, bw.Batches, bw.MeanBatch(), bw.MeanLatency(), bw.RunSeconds)
-	p, err := evaluate(testSet)
+	p, err := evaluate(testSet, st.Elapsed, st.Samples)
 	if err != nil {
 		return res, fmt.Errorf("final evaluation: %w", err)
 	}
-	p.Seconds = res.Seconds
 	res.Points = append(res.Points, p)
 	res.FinalAccuracy = p.Accuracy
-	if ctx.Err() != nil {
-		return res, ctx.Err()
-	}
 	return res, nil
 }
 
@@ -417,7 +311,7 @@ func runLargeFFN(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet
 	var evalTime time.Duration
 	eval := func(ds *data.Dataset) moePoint {
 		t := time.Now()
-		_, acc := evaluateLocal(model, ds)
+		_, acc := train.Evaluate(model, ds, 500)
 		evalTime += time.Since(t)
 		return moePoint{Seconds: (time.Since(start) - evalTime).Seconds(), Samples: res.Samples, Accuracy: acc}
 	}
@@ -453,84 +347,4 @@ done:
 	res.Points = append(res.Points, p)
 	res.FinalAccuracy = p.Accuracy
 	return res, nil
-}
-
-func evaluateLocal(m nn.Module, ds *data.Dataset) (float64, float64) {
-	var loss, correct float64
-	for lo := 0; lo < ds.Len(); lo += 500 {
-		b := ds.Slice(lo, min(lo+500, ds.Len()))
-		logits, _ := m.Forward(nn.Ctx{}, b.X)
-		l, _ := nn.SoftmaxCrossEntropy(logits, b.Y)
-		loss += float64(l) * float64(b.Len())
-		correct += nn.Accuracy(logits, b.Y) * float64(b.Len())
-	}
-	return loss / float64(ds.Len()), correct / float64(ds.Len())
-}
-
-// moeLR is the trainers' learning rate at time t of a run of length total:
-// a linear warm-up over the first 5%, then a cosine decay to 5% of peak.
-func moeLR(peak float64, t, total time.Duration) float64 {
-	f := t.Seconds() / total.Seconds()
-	if f < 0.05 {
-		return peak * (0.1 + 0.9*f/0.05)
-	}
-	f = min((f-0.05)/0.95, 1)
-	return peak * (0.05 + 0.95*0.5*(1+math.Cos(math.Pi*f)))
-}
-
-// roundShared holds the trainer-side layers (input layer, gates, classifier)
-// of the simulated trainers. Each step's gradients are added to the master's
-// (the local layers' ones recomputed with the master's current weights, as
-// client.Shared does), and every `every` steps their mean is applied in one
-// optimizer step. The replica then gets the master's current weights.
-type roundShared struct {
-	mu      sync.Mutex
-	master  *client.Model
-	params  []*nn.Param
-	opt     optim.Optimizer
-	every   int
-	pending int
-}
-
-func newRoundShared(master *client.Model, opt optim.Optimizer, every int) *roundShared {
-	s := &roundShared{master: master, params: master.Params(), opt: opt, every: max(every, 1)}
-	nn.ZeroGrad(s.params)
-	return s
-}
-
-func (s *roundShared) apply(replica *client.Model, d client.Deferred) {
-	rp := replica.Params()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, p := range s.params {
-		tensor.Axpy(1, rp[i].Grad.Data, p.Grad.Data)
-	}
-	s.master.ApplyDeferred(d)
-	if s.pending++; s.pending >= s.every {
-		for _, p := range s.params {
-			tensor.Scale(1/float32(s.pending), p.Grad.Data)
-		}
-		s.opt.Step()
-		nn.ZeroGrad(s.params)
-		s.pending = 0
-	}
-	s.copyTo(rp)
-}
-
-func (s *roundShared) sync(replica *client.Model) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.copyTo(replica.Params())
-}
-
-func (s *roundShared) setLR(lr float64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.opt.SetLR(lr)
-}
-
-func (s *roundShared) copyTo(rp []*nn.Param) {
-	for i, p := range s.params {
-		copy(rp[i].Value.Data, p.Value.Data)
-	}
 }

@@ -7,21 +7,17 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/spf13/cobra"
 
-	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/client"
 	"github.com/skyhive/skyhive/moe/server"
-	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/progress"
@@ -94,165 +90,82 @@ func wireLimitsFor(maxBatch, hidden int) wire.Limits {
 	return wire.Limits{MaxElements: min(2*maxBatch*hidden*128, 1<<26), MaxDims: 4, MaxTensors: 4}
 }
 
-// delayTransport adds an emulated round-trip time to every call.
-type delayTransport struct {
-	p2p.Transport
-	half time.Duration
-}
-
-func (d delayTransport) Call(ctx context.Context, to peer.AddrInfo, proto protocol.ID, req []byte) ([]byte, error) {
-	if err := clock.Sleep(ctx, d.half); err != nil {
-		return nil, err
+// emulateRTT wraps tr so that each of its calls takes rtt longer, half on
+// the request and half on the response (netem's link model).
+func emulateRTT(tr p2p.Transport, rtt time.Duration) (p2p.Transport, error) {
+	if rtt <= 0 {
+		return tr, nil
 	}
-	resp, err := d.Transport.Call(ctx, to, proto, req)
+	n, err := netem.Delay(rtt / 2)
 	if err != nil {
 		return nil, err
 	}
-	if err := clock.Sleep(ctx, d.half); err != nil {
-		return nil, err
+	return netem.NewTransport(tr, n, netem.UniformRegion)
+}
+
+// trainMoE trains a DMoE classifier with f.moe.trainers concurrent trainers
+// (client.Trainer) that call experts over tr and find them through node,
+// showing a progress bar and evaluating after every epoch. It returns the
+// last test accuracy.
+func (f *trainFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Grid, tr p2p.Transport, node *dht.Node, trainSet, testSet *data.Dataset) (float64, error) {
+	m := &f.moe
+	var bar *progress.Bar // the current epoch's
+	t, err := client.NewTrainer(ctx, client.TrainerConfig{
+		Model: client.ModelConfig{Inputs: 784, Hidden: m.hidden, Classes: 10, Grids: grids, CacheTTL: m.cacheTTL, Seed: f.cfg.Seed,
+			Layer: client.Config{KBest: m.kBest, KMin: m.kMin, ForwardTimeout: m.forwardTimeout, TimeoutAfterKMin: m.afterKMin,
+				BackwardTimeout: m.backwardTimeout, AllowZeroOutputs: m.allowZeroOutputs}},
+		Connect:   func(context.Context) (p2p.Transport, client.Getter, error) { return tr, node, nil },
+		Trainers:  m.trainers,
+		Optimizer: optim.AdamWConfig{LR: f.cfg.LR},
+		Train:     trainSet, Batch: f.cfg.BatchSize, Seed: f.cfg.Seed,
+		OnStep: func(_ int, s client.Stats) {
+			bar.Update(int(s.Steps), s.Samples, progress.F("loss", s.MeanLoss()), progress.F("failed", float64(s.Failed)))
+		},
+	})
+	if err != nil {
+		return 0, err
 	}
-	return resp, nil
-}
-
-// moeTrainer is a DMoE training run against a live swarm.
-type moeTrainer struct {
-	f       *trainFlags
-	grids   []moe.Grid
-	tr      p2p.Transport
-	node    *dht.Node
-	shared  *client.Shared
-	master  *client.Model
-	opt     *optim.AdamW
-	models  []*client.Model
-	evalM   *client.Model
-	trainDS *data.Dataset
-	testDS  *data.Dataset
-}
-
-func (t *moeTrainer) newModel(allowZero bool) (*client.Model, error) {
-	m := &t.f.moe
-	var layers []client.Config
-	for _, g := range t.grids {
-		bs, err := client.NewBeamSearch(t.node, g, m.kBest, m.cacheTTL)
-		if err != nil {
-			return nil, err
+	if t.EpochLen() == 0 {
+		return 0, fmt.Errorf("%d training examples hold no batch of --batch %d", trainSet.Len(), f.cfg.BatchSize)
+	}
+	if m.evalLimit > 0 && m.evalLimit < testSet.Len() {
+		testSet = testSet.Slice(0, m.evalLimit)
+	}
+	totalSteps := int64(f.cfg.Epochs * t.EpochLen())
+	if m.steps > 0 {
+		totalSteps = min(totalSteps, int64(m.steps))
+	}
+	newBar := func(epoch int) *progress.Bar {
+		return progress.New(out, fmt.Sprintf("epoch %d/%d", epoch+1, f.cfg.Epochs), t.EpochLen())
+	}
+	bar = newBar(0)
+	reportFailures := func(s client.Stats) {
+		if s.Failed > 0 {
+			fmt.Fprintf(out, "\n%d of %d steps failed; first error: %v\n", s.Failed, s.Steps, s.Err)
 		}
-		layers = append(layers, client.Config{In: m.hidden, Search: bs, Transport: t.tr, KBest: m.kBest, KMin: m.kMin,
-			ForwardTimeout: m.forwardTimeout, TimeoutAfterKMin: m.afterKMin, BackwardTimeout: m.backwardTimeout,
-			AllowZeroOutputs: allowZero})
 	}
-	return client.NewModel(784, m.hidden, 10, layers, t.f.cfg.Seed)
-}
-
-// run trains with f.moe.trainers concurrent trainers that share the local
-// layers, showing a progress bar, and evaluates after every epoch.
-func (t *moeTrainer) run(ctx context.Context, out io.Writer) (float64, error) {
-	f := t.f
-	var err error
-	t.master, err = t.newModel(false)
-	if err != nil {
-		return 0, err
-	}
-	t.opt = optim.NewAdamW(t.master.Params(), optim.AdamWConfig{LR: f.cfg.LR})
-	t.shared = client.NewShared(t.master, t.opt)
-	n := max(f.moe.trainers, 1)
-	for range n {
-		m, err := t.newModel(f.moe.allowZeroOutputs)
-		if err != nil {
-			return 0, err
-		}
-		t.models = append(t.models, m)
-	}
-	if t.evalM, err = t.newModel(true); err != nil {
-		return 0, err
-	}
-	loader, err := data.NewLoader(t.trainDS, data.BatchOptions{Size: f.cfg.BatchSize, Shuffle: true, Seed: f.cfg.Seed, DropLast: true})
-	if err != nil {
-		return 0, err
-	}
-	testDS := t.testDS
-	if f.moe.evalLimit > 0 && f.moe.evalLimit < testDS.Len() {
-		testDS = testDS.Slice(0, f.moe.evalLimit)
-	}
-	totalSteps := int64(f.cfg.Epochs * loader.Len())
-	if f.moe.steps > 0 {
-		totalSteps = min(totalSteps, int64(f.moe.steps))
-	}
-	sched := optim.Schedule{Peak: f.cfg.LR, Min: f.cfg.LR / 20, Warmup: min(f.cfg.Warmup, totalSteps/10), Total: totalSteps, Decay: optim.Cosine}
 	var acc float64
-	var total atomic.Int64
-	for epoch := range f.cfg.Epochs {
-		bar := progress.New(out, fmt.Sprintf("epoch %d/%d", epoch+1, f.cfg.Epochs), loader.Len())
-		batches := make(chan data.Batch)
-		var (
-			mu                 sync.Mutex
-			done, failed, seen int
-			lossSum            float64
-			firstErr           error
-		)
-		ectx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		for _, m := range t.models {
-			wg.Go(func() {
-				ps := m.Params()
-				for b := range batches {
-					nn.ZeroGrad(ps)
-					d, loss, _, err := m.StepDeferred(ectx, b.X, b.Y)
-					mu.Lock()
-					done++
-					if err != nil {
-						failed++
-						if firstErr == nil {
-							firstErr = err
-						}
-					} else {
-						seen += b.Len()
-						lossSum += float64(loss)
-					}
-					bar.Update(done, int64(seen), progress.F("loss", lossSum/float64(max(done-failed, 1))), progress.F("failed", float64(failed)))
-					mu.Unlock()
-					if err == nil {
-						t.shared.SetLR(sched.LR(t.shared.Steps()))
-						t.shared.Apply(m, d)
-					}
-				}
-			})
-		}
-	feed:
-		for _, b := range loader.Epoch(epoch) {
-			if f.moe.steps > 0 && total.Load() >= int64(f.moe.steps) {
-				break
+	err = t.TrainEpochs(ctx, client.EpochOptions{
+		Epochs:   f.cfg.Epochs,
+		MaxSteps: int64(m.steps),
+		LR:       optim.Schedule{Peak: f.cfg.LR, Min: f.cfg.LR / 20, Warmup: min(f.cfg.Warmup, totalSteps/10), Total: totalSteps, Decay: optim.Cosine},
+		OnEpoch: func(ctx context.Context, epoch int, s client.Stats) error {
+			reportFailures(s)
+			var err error
+			if _, acc, err = t.Evaluate(ctx, testSet); err != nil {
+				return err
 			}
-			select {
-			case batches <- b:
-				total.Add(1)
-			case <-ctx.Done():
-				break feed
-			}
-		}
-		close(batches)
-		wg.Wait()
-		cancel()
-		if ctx.Err() != nil {
-			return acc, ctx.Err()
-		}
-		if failed > 0 {
-			fmt.Fprintf(out, "\n%d of %d steps failed; first error: %v\n", failed, done, firstErr)
-		}
-		if failed == done && done > 0 {
-			return acc, fmt.Errorf("every step failed: %w", firstErr)
-		}
-		t.shared.Sync(t.evalM)
-		_, acc, err = t.evalM.Evaluate(ctx, testDS, 500, 4)
-		if err != nil {
-			return acc, fmt.Errorf("evaluate: %w", err)
-		}
-		fmt.Fprintf(out, "\nepoch %d: test accuracy %.2f%% (%d examples)\n", epoch+1, 100*acc, testDS.Len())
-		if f.moe.steps > 0 && total.Load() >= int64(f.moe.steps) {
-			break
+			fmt.Fprintf(out, "\nepoch %d: test accuracy %.2f%% (%d examples)\n", epoch+1, 100*acc, testSet.Len())
+			bar = newBar(epoch + 1)
+			return nil
+		},
+	})
+	if err != nil && ctx.Err() == nil {
+		if s := t.Stats(); s.Failed == s.Steps {
+			reportFailures(s)
 		}
 	}
-	return acc, nil
+	return acc, err
 }
 
 // runMoE trains the local layers of a DMoE model against a live swarm.
@@ -274,9 +187,9 @@ func (f *trainFlags) runMoE(cmd *cobra.Command) error {
 		return err
 	}
 	defer h.Close()
-	var tr p2p.Transport = h
-	if f.moe.delay > 0 {
-		tr = delayTransport{Transport: h, half: f.moe.delay / 2}
+	tr, err := emulateRTT(h, f.moe.delay)
+	if err != nil {
+		return err
 	}
 	node, err := dht.New(tr, dht.Config{ClientMode: true})
 	if err != nil {
@@ -293,8 +206,7 @@ func (f *trainFlags) runMoE(cmd *cobra.Command) error {
 	out := cmd.ErrOrStderr()
 	fmt.Fprintf(out, "training a DMoE classifier (%d layers, k=%d, hidden %d) with %d trainer(s) against the swarm\n",
 		len(grids), f.moe.kBest, f.moe.hidden, f.moe.trainers)
-	t := &moeTrainer{f: f, grids: grids, tr: tr, node: node, trainDS: trainSet, testDS: testSet}
-	acc, err := t.run(ctx, out)
+	acc, err := f.trainMoE(ctx, out, grids, tr, node, trainSet, testSet)
 	if err != nil {
 		return err
 	}
@@ -418,9 +330,9 @@ func runDemoMoE(cmd *cobra.Command, f *trainFlags, servers int, rtt time.Duratio
 	if err := tn.Bootstrap(ctx, seeds); err != nil {
 		return err
 	}
-	var tr p2p.Transport = th
-	if rtt > 0 {
-		tr = delayTransport{Transport: th, half: rtt / 2}
+	tr, err := emulateRTT(th, rtt)
+	if err != nil {
+		return err
 	}
 	trainSet, testSet, err := loadFashion(f)
 	if err != nil {
@@ -428,9 +340,8 @@ func runDemoMoE(cmd *cobra.Command, f *trainFlags, servers int, rtt time.Duratio
 	}
 	fmt.Fprintf(out, "%d trainers, %d DMoE layers of %v experts (top %d), emulated RTT %v\n",
 		f.moe.trainers, len(grids), grids[0].Size, f.moe.kBest, rtt)
-	t := &moeTrainer{f: f, grids: grids, tr: tr, node: tn, trainDS: trainSet, testDS: testSet}
 	start := time.Now()
-	acc, err := t.run(ctx, out)
+	acc, err := f.trainMoE(ctx, out, grids, tr, tn, trainSet, testSet)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/server"
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
@@ -51,6 +52,7 @@ func maxDiff(a, b []float32) float64 {
 // one trainer peer with its own DHT node.
 type swarm struct {
 	net     *memnet.Network
+	bootP   *memnet.Peer
 	boot    *dht.Node
 	servers []*server.Server
 	peers   []*memnet.Peer
@@ -66,6 +68,7 @@ func newSwarm(t *testing.T, opts []memnet.Option, cfgs ...server.Config) *swarm 
 	t.Cleanup(func() { s.net.Close() })
 	dcfg := dht.Config{RefreshInterval: -1, RepublishInterval: -1}
 	bp, _ := s.net.NewPeer()
+	s.bootP = bp
 	var err error
 	s.boot, err = dht.New(bp, dcfg)
 	if err != nil {
@@ -305,16 +308,18 @@ func dotLoss(t *testing.T, m *MixtureOfExperts, x, dy *tensor.Tensor) float64 {
 	return l
 }
 
-// delayLink delays every message.
-type delayLink struct{ d time.Duration }
-
-func (l delayLink) Deliver(ctx context.Context, _, _ peer.ID, _ int) error {
-	select {
-	case <-time.After(l.d):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+// delayAll makes every message of the swarm take d.
+func (s *swarm) delayAll(t *testing.T, d time.Duration) {
+	link, err := netem.Delay(d)
+	if err != nil {
+		t.Fatal(err)
 	}
+	for _, p := range append([]*memnet.Peer{s.bootP, s.trainer}, s.peers...) {
+		if err := link.Assign(p.ID(), netem.UniformRegion); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.net.SetLink(link)
 }
 
 // A server killed in the middle of a forward call: the step completes with
@@ -337,7 +342,7 @@ func TestServerKilledMidRequest(t *testing.T) {
 	if _, _, err := m.ForwardCtx(ctx, x); err != nil {
 		t.Fatal(err)
 	}
-	sw.net.SetLink(delayLink{100 * time.Millisecond})
+	sw.delayAll(t, 100*time.Millisecond)
 	time.AfterFunc(50*time.Millisecond, func() { sw.net.Kill(sw.peers[1].ID()) })
 	t0 := time.Now()
 	y, st, err := m.ForwardCtx(ctx, x)

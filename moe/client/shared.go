@@ -15,24 +15,37 @@ import (
 // adds the gate gradients, recomputes the local layers' gradients with the
 // master's current weights, takes an optimizer step and refreshes the
 // replica. It is safe for concurrent use.
+//
+// With rounds (NewSharedRound), Apply only accumulates the gradients of a
+// step, and every round-th call steps the optimizer once on their mean:
+// with many trainers in flight a gradient is then fewer optimizer steps
+// stale, and each step averages more samples.
 type Shared struct {
-	mu     sync.Mutex
-	master *Model
-	params []*nn.Param
-	opt    optim.Optimizer
-	steps  int64
+	mu      sync.Mutex
+	master  *Model
+	params  []*nn.Param
+	opt     optim.Optimizer
+	round   int
+	pending int
+	steps   int64
 }
 
 // NewShared wraps master, whose parameters opt (built over master.Params())
-// updates.
+// updates, with one optimizer step per Apply.
 func NewShared(master *Model, opt optim.Optimizer) *Shared {
-	s := &Shared{master: master, params: master.Params(), opt: opt}
+	return NewSharedRound(master, opt, 1)
+}
+
+// NewSharedRound is NewShared with one optimizer step per round of Apply
+// calls (at least 1), on the mean of their gradients.
+func NewSharedRound(master *Model, opt optim.Optimizer, round int) *Shared {
+	s := &Shared{master: master, params: master.Params(), opt: opt, round: max(round, 1)}
 	nn.ZeroGrad(s.params)
 	return s
 }
 
-// Apply takes the replica's gate gradients and d, steps the optimizer and
-// copies the master's weights into the replica.
+// Apply takes the replica's gate gradients and d, steps the optimizer if
+// a round is complete, and copies the master's weights into the replica.
 func (s *Shared) Apply(replica *Model, d Deferred) {
 	rp := replica.Params()
 	s.mu.Lock()
@@ -41,9 +54,17 @@ func (s *Shared) Apply(replica *Model, d Deferred) {
 		tensor.Axpy(1, rp[i].Grad.Data, p.Grad.Data)
 	}
 	s.master.ApplyDeferred(d)
-	s.opt.Step()
-	nn.ZeroGrad(s.params)
-	s.steps++
+	if s.pending++; s.pending >= s.round {
+		if s.pending > 1 {
+			for _, p := range s.params {
+				tensor.Scale(1/float32(s.pending), p.Grad.Data)
+			}
+		}
+		s.opt.Step()
+		nn.ZeroGrad(s.params)
+		s.pending = 0
+		s.steps++
+	}
 	s.copyTo(rp)
 }
 

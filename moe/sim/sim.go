@@ -1,7 +1,7 @@
 // Package sim runs a decentralized mixture-of-experts swarm inside one
 // process over p2p/memnet: a bootstrap DHT node, expert servers that host
 // and declare the experts of one or more grids, and trainer peers whose
-// traffic crosses an emulated link. Experiments and benchmarks use it to
+// traffic crosses an emulated link (a netem.Network). Experiments and benchmarks use it to
 // simulate many peers on one machine with the real server, client and DHT
 // code.
 package sim
@@ -15,10 +15,10 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/server"
+	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/memnet"
 )
@@ -45,30 +45,30 @@ type Config struct {
 type Swarm struct {
 	Net     *memnet.Network
 	Servers []*server.Server
-	boot    *memnet.Peer
-	link    *link
-	dhtCfg  dht.Config
+	// Link is the emulated network the peers' messages cross.
+	Link   *netem.Network
+	boot   *memnet.Peer
+	dhtCfg dht.Config
 
 	mu    sync.Mutex
 	nodes []*dht.Node
 }
 
-// link delays messages that involve a peer outside the infrastructure set.
-type link struct {
-	half  time.Duration
-	mu    sync.RWMutex
-	infra map[peer.ID]bool
-}
+// Regions of the swarm's emulated network.
+const (
+	regionInfra   = "infra"
+	regionTrainer = "trainer"
+)
 
-// Deliver implements memnet.Link.
-func (l *link) Deliver(ctx context.Context, from, to peer.ID, _ int) error {
-	l.mu.RLock()
-	fast := l.infra[from] && l.infra[to]
-	l.mu.RUnlock()
-	if fast {
-		return ctx.Err()
-	}
-	return clock.Sleep(ctx, l.half)
+// newLink returns the swarm's link model: messages between two
+// infrastructure peers (bootstrap node, servers) are instant, and messages
+// to or from a trainer take half the round-trip time each way.
+func newLink(rtt time.Duration) (*netem.Network, error) {
+	edge := netem.LinkParams{Latency: rtt / 2}
+	return netem.New(&netem.Profile{
+		Regions: []string{regionInfra, regionTrainer},
+		Inter:   [][]netem.LinkParams{{{}, edge}, {edge, {}}},
+	}, 0)
 }
 
 // New starts the swarm and declares every expert once before returning.
@@ -88,8 +88,11 @@ func New(ctx context.Context, cfg Config) (*Swarm, error) {
 	if cfg.DHT.RepublishInterval == 0 {
 		cfg.DHT.RepublishInterval = -1
 	}
-	l := &link{half: cfg.RTT / 2, infra: map[peer.ID]bool{}}
-	s := &Swarm{Net: memnet.NewNetwork(memnet.WithLink(l), memnet.WithMaxInbound(4096)), link: l, dhtCfg: cfg.DHT}
+	l, err := newLink(cfg.RTT)
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	s := &Swarm{Net: memnet.NewNetwork(memnet.WithLink(l), memnet.WithMaxInbound(4096)), Link: l, dhtCfg: cfg.DHT}
 	ok := false
 	defer func() {
 		if !ok {
@@ -101,7 +104,9 @@ func New(ctx context.Context, cfg Config) (*Swarm, error) {
 		return nil, err
 	}
 	s.boot = boot
-	l.infra[boot.ID()] = true
+	if err := l.Assign(boot.ID(), regionInfra); err != nil {
+		return nil, err
+	}
 	if _, err := s.node(boot, false); err != nil {
 		return nil, err
 	}
@@ -120,9 +125,9 @@ func New(ctx context.Context, cfg Config) (*Swarm, error) {
 		if err != nil {
 			return nil, err
 		}
-		l.mu.Lock()
-		l.infra[p.ID()] = true
-		l.mu.Unlock()
+		if err := l.Assign(p.ID(), regionInfra); err != nil {
+			return nil, err
+		}
 		d, err := s.node(p, false)
 		if err != nil {
 			return nil, err
@@ -177,6 +182,9 @@ func (s *Swarm) node(p *memnet.Peer, client bool) (*dht.Node, error) {
 func (s *Swarm) NewTrainer(ctx context.Context) (p2p.Transport, *dht.Node, error) {
 	p, err := s.Net.NewPeer()
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.Link.Assign(p.ID(), regionTrainer); err != nil {
 		return nil, nil, err
 	}
 	d, err := s.node(p, true)

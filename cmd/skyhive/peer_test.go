@@ -140,7 +140,8 @@ func TestPeerProcessesTrainTogether(t *testing.T) {
 	_, dhtAddr := startDHTProcess(t)
 	const timeout = 2 * time.Second
 	common := []string{"peer", "--dht", dhtAddr, "--listen", "/ip4/127.0.0.1/tcp/0", "--round-interval", "1s",
-		"--timeout", timeout.String(), "--eval-every", "4s", "--batch", "64", "--json", "--quiet", "--run-id", "e2e"}
+		"--timeout", timeout.String(), "--eval-every", "4s", "--batch", "64", "--json", "--quiet", "--run-id", "e2e",
+		"--target-batch-size", "100000"}
 	start := time.Now()
 	const total = 55 * time.Second
 	peers := map[string]*proc{}
@@ -198,8 +199,8 @@ func TestPeerProcessesTrainTogether(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		results[name] = r
-		t.Logf("%s: accuracy %.4f (first %.4f), %d steps, %d groups, %d failures, longest step %.3fs, %.1f MB sent, joined from %d",
-			name, r.TestAccuracy, r.FirstAccuracy, r.Steps, r.Groups, r.Failures, r.MaxStepSeconds, float64(r.BytesSent)/1e6, r.Joined)
+		t.Logf("%s: accuracy %.4f (first %.4f), %d steps, %d groups, %d failures, longest step %.3fs, %.1f MB sent, joined from %d, swarm epoch %d of %d peers",
+			name, r.TestAccuracy, r.FirstAccuracy, r.Steps, r.Groups, r.Failures, r.MaxStepSeconds, float64(r.BytesSent)/1e6, r.Joined, r.Epoch, r.SwarmPeers)
 	}
 	t.Logf("killed at %v", killedAt)
 	for name, r := range results {
@@ -211,6 +212,12 @@ func TestPeerProcessesTrainTogether(t *testing.T) {
 		}
 		if r.Groups < 5 {
 			t.Errorf("%s: averaged in only %d groups", name, r.Groups)
+		}
+		// Swarm progress through the DHT: the others are seen, and the
+		// samples of all (about 4 x 7000 steps x 64) make several epochs
+		// of 100000.
+		if r.SwarmPeers < 3 || r.Epoch < 2 {
+			t.Errorf("%s: swarm progress shows %d peers, epoch %d", name, r.SwarmPeers, r.Epoch)
 		}
 	}
 	// The late peer started from the swarm's state: its first evaluation,

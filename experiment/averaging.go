@@ -90,7 +90,7 @@ func runAveragingConvergence(ctx context.Context, o Options) error {
 		series = append(series, s)
 	}
 	if len(runs) == 0 {
-		return fmt.Errorf("averaging-convergence: --only %v matches none of the runs", o.Only)
+		return fmt.Errorf("averaging-convergence: no run is named %v", o.Only)
 	}
 	c := chart.Chart{Title: "Fashion-MNIST, 16 peers, speeds U[1,4]", XLabel: "wall-clock time (s)", YLabel: "test accuracy (%)", Series: series}
 	jp, pp, err := WriteResults(o, "averaging-convergence", map[string]any{"runs": runs}, c)

@@ -113,7 +113,7 @@ func runMoEConvergence(ctx context.Context, o Options) error {
 		}
 	}
 	if len(sel) == 0 {
-		return fmt.Errorf("moe-convergence: --only %v matches none of the runs", o.Only)
+		return fmt.Errorf("moe-convergence: no run is named %v", o.Only)
 	}
 	runs = sel
 	dir := o.DataDir

@@ -146,7 +146,7 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Dataset, out i
 			logits, st := model.Forward(nn.Ctx{Train: true}, b.X)
 			loss, dlogits := nn.SoftmaxCrossEntropy(logits, b.Y)
 			if math.IsNaN(float64(loss)) {
-				return res, fmt.Errorf("epoch %d step %d: loss is NaN (try a lower --lr)", epoch+1, i+1)
+				return res, fmt.Errorf("epoch %d step %d: loss is NaN (try a lower learning rate)", epoch+1, i+1)
 			}
 			model.Backward(st, dlogits)
 			if cfg.ClipNorm > 0 {
@@ -236,7 +236,7 @@ func interrupted(cfg Config, model *nn.Sequential, opt optim.Optimizer, pos posi
 	if err := save(cfg, model, opt, pos); err != nil {
 		return errors.Join(cause, err)
 	}
-	return fmt.Errorf("%w (checkpoint saved to %s; continue with --resume)", cause, cfg.Checkpoint)
+	return fmt.Errorf("%w (checkpoint saved to %s; resume from it to continue)", cause, cfg.Checkpoint)
 }
 
 func resume(cfg Config, params []*nn.Param, opt optim.Optimizer) (position, error) {

@@ -234,7 +234,7 @@ func (c *Config) defaults() error {
 	}
 	switch {
 	case len(c.DHT) == 0:
-		return fmt.Errorf("%w: no DHT to join: give the multiaddr of a `skyhive dht` node or of another peer (--dht /ip4/.../tcp/.../p2p/ID)", ErrConfig)
+		return fmt.Errorf("%w: no DHT to join: give the multiaddr of a `skyhive dht` node or of another peer (/ip4/.../tcp/.../p2p/ID)", ErrConfig)
 	case c.Matchmaking == averaging.MatchDHT && c.Algo != optimizer.WAGMA:
 		return fmt.Errorf("%w: DHT matchmaking needs the wagma algorithm", ErrConfig)
 	case c.MinPeers < 1 || c.MinPeers > averaging.MaxGroupSize:
@@ -398,18 +398,18 @@ func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, nod
 			}
 		}
 		if len(mismatched) > 0 && len(same) == 0 {
-			return nil, fmt.Errorf("%w: the peers of run %q train model %q, this peer %q (every peer of a run must train the same model; check --model or --run-id)",
+			return nil, fmt.Errorf("%w: the peers of run %q train model %q, this peer %q (every peer of a run must train the same model; check the model and the run ID)",
 				optimizer.ErrModelMismatch, cfg.RunID, mismatched[0].Model, sig)
 		}
 		if len(same)+1 >= cfg.MinPeers {
 			if cfg.Matchmaking == averaging.MatchRanks && len(same)+1 > cfg.MinPeers {
-				return nil, fmt.Errorf("%w: run %q lists %d peers but rank matchmaking wants exactly --min-peers %d; use a new --run-id",
+				return nil, fmt.Errorf("%w: run %q lists %d peers but rank matchmaking wants exactly the minimum of %d; use a new run ID",
 					ErrConfig, cfg.RunID, len(same)+1, cfg.MinPeers)
 			}
 			return same, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: %d of %d peers of run %q appeared in the DHT within %v; check that every peer uses the same --run-id, or lower --min-peers",
+			return nil, fmt.Errorf("%w: %d of %d peers of run %q appeared in the DHT within %v; check that every peer uses the same run ID, or lower the minimum of peers",
 				ErrNoSwarm, len(same)+1, cfg.MinPeers, cfg.RunID, cfg.WaitPeers)
 		}
 		if err := clock.Sleep(ctx, min(cfg.RoundInterval, time.Second)); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -139,9 +140,22 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 		fmt.Fprintln(c.Progress)
 	}
 	if err != nil {
-		return err
+		return peerFlagHint(err)
 	}
 	return reportPeer(cmd.OutOrStdout(), res, f.asJSON)
+}
+
+// peerFlagHint names the flags behind the peer's configuration errors.
+func peerFlagHint(err error) error {
+	switch {
+	case errors.Is(err, peer.ErrNoSwarm):
+		return fmt.Errorf("%w (flags --run-id, --min-peers, --wait-peers)", err)
+	case errors.Is(err, optimizer.ErrModelMismatch):
+		return fmt.Errorf("%w (flags --model, --run-id)", err)
+	case errors.Is(err, peer.ErrDHT):
+		return fmt.Errorf("%w (flags --dht, --join-timeout)", err)
+	}
+	return err
 }
 
 // reportPeer prints a peer's result: one JSON line in the benchmark

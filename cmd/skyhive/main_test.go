@@ -53,6 +53,14 @@ func TestBadInputIsAClearError(t *testing.T) {
 		{"experiment", "averaging-convergence", "--only", "no-such-run", "--quick"},
 		{"--cpuprofile", "/nonexistent/dir/cpu.prof", "experiment", "moe-convergence"},
 		{"--gemm", "blas", "plan"},
+		{"peer"},
+		{"peer", "--dht", "not-a-multiaddr"},
+		{"peer", "--dht", "/ip4/127.0.0.1/tcp/4001"},
+		{"peer", "--dht", "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd", "--algo", "sgd"},
+		{"peer", "--dht", "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd", "--shard", "3/2"},
+		{"peer", "--dht", "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd", "--matchmaking", "dht", "--algo", "local"},
+		{"train", "--mode", "averaging", "--peers", "0"},
+		{"train", "--mode", "averaging", "--algo", "gossip"},
 	}
 	for _, args := range cases {
 		var out syncBuffer

@@ -92,6 +92,9 @@ func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 		f.cfg.Model, trainSet.Len(), testSet.Len(), tensor.Backend())
 	res, err := train.Run(cmd.Context(), f.cfg, trainSet, testSet, out)
 	if err != nil {
+		if f.cfg.Checkpoint != "" && cmd.Context().Err() != nil {
+			return fmt.Errorf("%w (continue with --resume)", err)
+		}
 		return err
 	}
 	if f.asJSON {

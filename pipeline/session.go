@@ -160,10 +160,6 @@ func (s IterStats) WriteTable(w io.Writer) {
 type assignment struct {
 	worker      int // index into the coordinator's workers
 	first, last int
-	planned     float64 // the worker's speed the plan assumed
-	ema         float64 // smoothed measured speed of the stage
-	baseline    float64 // ema early in the plan; 0 until known
-	drift       int     // consecutive iterations off by more than the threshold
 }
 
 // Session is a pipeline training run on a coordinator's workers. It is not
@@ -181,10 +177,10 @@ type Session struct {
 	coordLinks map[string]alloc.Link
 	tmpDir     string
 
-	gen       uint64
-	iter      int
-	stages    []assignment
-	sincePlan int
+	gen    uint64
+	iter   int
+	stages []assignment
+	drift  driftDetector // of the running plan
 }
 
 // Start profiles the live workers, plans the pipeline, snapshots the
@@ -691,13 +687,11 @@ func (s *Session) SetPlan(ctx context.Context, p alloc.Plan) error {
 func (s *Session) apply(ctx context.Context, plan alloc.Plan, snap Snapshot) error {
 	s.gen++
 	stages := make([]assignment, len(plan.Stages))
+	planned := make([]float64, len(plan.Stages))
 	used := map[int]bool{}
 	for k, st := range plan.Stages {
-		w := s.c.worker(st.Device)
-		s.c.mu.Lock()
-		speed := w.Speed
-		s.c.mu.Unlock()
-		stages[k] = assignment{worker: st.Device, first: st.First, last: st.Last, planned: speed}
+		planned[k] = s.c.worker(st.Device).speed(s.c)
+		stages[k] = assignment{worker: st.Device, first: st.First, last: st.Last}
 		used[st.Device] = true
 	}
 	errs := make([]error, len(stages))
@@ -742,7 +736,7 @@ func (s *Session) apply(ctx context.Context, plan alloc.Plan, snap Snapshot) err
 	}
 	wg.Wait()
 	s.stages = stages
-	s.sincePlan = 0
+	s.drift = newDriftDetector(s.cfg.ReplanThreshold, s.cfg.ReplanPatience, planned)
 	for k, err := range errs {
 		if err != nil {
 			return &stageError{worker: stages[k].worker, err: fmt.Errorf("pipeline: setting up stage %d: %w", k, err)}
@@ -871,7 +865,6 @@ func (s *Session) Step(ctx context.Context, b data.Batch) (IterStats, error) {
 		st, committed, err := s.tryIter(ctx, b)
 		if committed {
 			s.iter++
-			s.sincePlan++
 		}
 		if err == nil {
 			st.Event = event
@@ -1027,51 +1020,24 @@ func (s *Session) stageFLOPs(a assignment) float64 {
 	return f
 }
 
-// drifted tracks each stage's measured speed and reports why the plan
-// should be redone, or "". A stage's baseline is its smoothed speed in
-// the first iterations of the plan (its layers, its neighbours); drift is
-// a change of the smoothed speed relative to that baseline, which is
-// robust to the different efficiency of different layers. On drift, every
-// worker's planning speed is scaled by its change.
+// drifted feeds the iteration's measured stage speeds to the drift
+// detector and reports why the plan should be redone, or "". On drift,
+// every worker's planning speed is scaled by its stage's change.
 func (s *Session) drifted(st IterStats) string {
-	if s.sincePlan <= 1 || s.cfg.ReplanThreshold <= 0 {
-		return "" // the first iteration after a setup warms up
+	speeds := make([]float64, len(st.Stages))
+	for k, t := range st.Stages {
+		speeds[k] = t.Speed
 	}
-	reason := ""
-	for k := range s.stages {
-		a := &s.stages[k]
-		sp := st.Stages[k].Speed
-		if !(sp > 0) {
-			continue
-		}
-		if a.ema == 0 {
-			a.ema = sp
-		} else {
-			a.ema = 0.5*a.ema + 0.5*sp
-		}
-		if a.baseline == 0 {
-			if s.sincePlan >= 3 {
-				a.baseline = a.ema
-			}
-			continue
-		}
-		if math.Abs(a.ema/a.baseline-1) > s.cfg.ReplanThreshold {
-			a.drift++
-		} else {
-			a.drift = 0
-		}
-		if a.drift >= s.cfg.ReplanPatience && reason == "" {
-			reason = fmt.Sprintf("stage %d (%s) runs at %.0f%% of its speed at planning", k, st.Stages[k].Worker, 100*a.ema/a.baseline)
+	d, ok := s.drift.observe(speeds)
+	if !ok {
+		return ""
+	}
+	for k, a := range s.stages {
+		if d.speeds[k] > 0 {
+			s.c.setSpeed(a.worker, d.speeds[k])
 		}
 	}
-	if reason != "" {
-		for _, a := range s.stages {
-			if a.baseline > 0 {
-				s.c.setSpeed(a.worker, a.planned*a.ema/a.baseline)
-			}
-		}
-	}
-	return reason
+	return fmt.Sprintf("stage %d (%s) runs at %.0f%% of its speed at planning", d.stage, st.Stages[d.stage].Worker, 100*d.ratio)
 }
 
 // recover handles a failed iteration: it stops the others, finds the dead
@@ -1136,11 +1102,11 @@ func (s *Session) replan(ctx context.Context, reason string) (changed bool, err 
 			// Only the speeds changed: keep the layers where they are and
 			// measure new baselines.
 			fmt.Fprintf(s.cfg.Log, "%s plan unchanged at iteration %d (%s)\n", time.Now().Format("15:04:05.000"), s.iter, reason)
-			for k := range s.stages {
-				a := &s.stages[k]
-				a.planned, a.ema, a.baseline, a.drift = s.c.worker(a.worker).speed(s.c), 0, 0, 0
+			planned := make([]float64, len(s.stages))
+			for k, a := range s.stages {
+				planned[k] = s.c.worker(a.worker).speed(s.c)
 			}
-			s.sincePlan = 0
+			s.drift.reset(planned)
 			return false, nil
 		}
 		fmt.Fprintf(s.cfg.Log, "%s re-planned at iteration %d (%s)\n", time.Now().Format("15:04:05.000"), s.iter, reason)

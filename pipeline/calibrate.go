@@ -1,0 +1,203 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// profile measures every live worker that has no speed yet. The first
+// one (the reference) runs alone: it also times the layers without
+// slowdown at the micro-batch sizes of the sequential and pipelined
+// schedules, and the optimizer step; these calibrate the cost model. The
+// others then measure their speed at the same time, as they will run in
+// the pipeline, so the delay with which a sleeping worker's ops end on a
+// loaded machine (the per-op overhead of the cost model, the median over
+// all of them) is measured under that load.
+func (s *Session) profile(ctx context.Context) error {
+	mb := (s.cfg.Batch + s.cfg.Micro - 1) / max(s.cfg.Micro, 1)
+	n := 0
+	var todo []WorkerInfo
+	for _, w := range s.c.Workers() {
+		switch {
+		case !w.Alive:
+		case w.Speed > 0:
+			n++
+		default:
+			todo = append(todo, w)
+		}
+	}
+	one := func(w WorkerInfo, calibrate bool) (profileReq, profileResp, bool) {
+		req := profileReq{Model: s.cfg.Model, Seed: s.cfg.Seed, Batch: mb, Reps: s.cfg.ProfileReps}
+		if calibrate {
+			req.Calibrate = []int{mb}
+			if s.cfg.Batch != mb {
+				req.Calibrate = append(req.Calibrate, s.cfg.Batch)
+			}
+			req.Optim = s.cfg.Optim
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		var resp profileResp
+		_, err := s.c.call(cctx, w.Index, ProtoProfile, req, nil, &resp, wire.Limits{})
+		if err != nil || !(resp.FLOPS > 0) || math.IsInf(resp.FLOPS, 0) || !(resp.Overshoot >= 0) {
+			if ctx.Err() == nil {
+				fmt.Fprintf(s.cfg.Log, "profiling %s failed: %v\n", w.Name, err)
+				s.c.markDead(w.Index)
+			}
+			return req, resp, false
+		}
+		return req, resp, true
+	}
+	var overs []float64
+	done := func(w WorkerInfo, resp profileResp) {
+		s.c.setSpeed(w.Index, resp.FLOPS)
+		overs = append(overs, resp.Overshoot)
+		fmt.Fprintf(s.cfg.Log, "worker %-8s slowdown %5.2f  region %-8s %6.2f GFLOP/s  (emulated %.1f ms for %.1f ms CPU at batch %d, %.2f ms late)\n",
+			w.Name, w.Slowdown, regionOf(w), resp.FLOPS/1e9, 1e3*resp.Seconds, 1e3*resp.CPU, mb, 1e3*resp.Overshoot)
+		n++
+	}
+	fresh := s.cm == nil
+	for s.cm == nil && len(todo) > 0 {
+		w := todo[0]
+		todo = todo[1:]
+		req, resp, ok := one(w, true)
+		if !ok {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			continue
+		}
+		if err := s.calibrate(req, resp); err != nil {
+			return err
+		}
+		done(w, resp)
+	}
+	resps := make([]profileResp, len(todo))
+	oks := make([]bool, len(todo))
+	var wg sync.WaitGroup
+	for i, w := range todo {
+		wg.Go(func() { _, resps[i], oks[i] = one(w, false) })
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for i, w := range todo {
+		if oks[i] {
+			done(w, resps[i])
+		}
+	}
+	if fresh && s.cm != nil && len(overs) > 0 {
+		s.cm.opOverhead = median(overs)
+	}
+	if n == 0 {
+		return errors.New("pipeline: no live worker")
+	}
+	return nil
+}
+
+// calibrate builds the cost model from the reference worker's profile.
+func (s *Session) calibrate(req profileReq, r profileResp) error {
+	L := len(s.base.Layers)
+	if len(r.Fwd) != len(req.Calibrate) || len(r.Bwd) != len(req.Calibrate) {
+		return fmt.Errorf("pipeline: profile has %d calibrations, asked %d", len(r.Fwd), len(req.Calibrate))
+	}
+	cm := &costModel{profBatch: req.Batch, fwd: map[int][]float64{}, bwd: map[int][]float64{}, optimPerParam: r.OptimPerParam, opOverhead: r.Overshoot}
+	for i, n := range req.Calibrate {
+		if len(r.Fwd[i]) != L || len(r.Bwd[i]) != L {
+			return fmt.Errorf("pipeline: profile has %d layer times for %d layers", len(r.Fwd[i]), L)
+		}
+		for l := range L {
+			if !(r.Fwd[i][l] >= 0) || !(r.Bwd[i][l] >= 0) || math.IsInf(r.Fwd[i][l]+r.Bwd[i][l], 0) {
+				return fmt.Errorf("pipeline: bad layer time in profile")
+			}
+		}
+		cm.fwd[n], cm.bwd[n] = r.Fwd[i], r.Bwd[i]
+	}
+	f, b := cm.layerTimes(req.Batch)
+	for l := range L {
+		cm.refTotal += f[l] + b[l]
+	}
+	if !(cm.refTotal > 0) {
+		return errors.New("pipeline: profile measured no time")
+	}
+	cm.modelFLOPs = s.ref.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs()
+	for _, c := range s.ref.LayerCosts([]int{1, InputFeatures}) {
+		cm.params = append(cm.params, c.Params)
+		cm.outFloats = append(cm.outFloats, int64(tensor.NumElements(c.OutShape)))
+	}
+	s.cm = cm
+	s.amodel = cm.allocModel(s.base, s.cfg.Batch, s.cfg.Schedule.Micro(s.cfg.Micro))
+	return nil
+}
+
+// measureLinks measures the links the plan may use: from the coordinator
+// to one worker of every region (its round trips), and between every pair
+// of regions, including a region with itself, by asking a worker of one
+// to probe a worker of the other over the route it would use for
+// activations. Latency is half an empty round trip; bandwidth what a
+// larger request adds to it.
+func (s *Session) measureLinks(ctx context.Context) error {
+	byRegion := map[string][]int{}
+	var regions []string
+	for _, w := range s.c.Workers() {
+		if !w.Alive {
+			continue
+		}
+		r := regionOf(w)
+		if byRegion[r] == nil {
+			regions = append(regions, r)
+		}
+		byRegion[r] = append(byRegion[r], w.Index)
+	}
+	if len(regions) == 0 {
+		return errors.New("pipeline: no live worker")
+	}
+	if s.links == nil {
+		s.links, s.coordLinks = map[[2]string]alloc.Link{}, map[string]alloc.Link{}
+	}
+	for _, r := range regions {
+		if _, ok := s.coordLinks[r]; ok {
+			continue
+		}
+		w := byRegion[r][0]
+		l, err := s.c.probe(ctx, -1, w)
+		if err != nil {
+			return fmt.Errorf("pipeline: measuring the link to %s: %w", s.c.worker(w).Name, err)
+		}
+		s.coordLinks[r] = l
+		fmt.Fprintf(s.cfg.Log, "link coordinator→%s: latency %.3f ms, bandwidth %.1f MB/s\n", r, 1e3*l.Latency, l.Bandwidth/1e6)
+	}
+	for i, a := range regions {
+		for _, b := range regions[i:] {
+			if _, ok := s.links[regionPair(a, b)]; ok {
+				continue
+			}
+			from, to := byRegion[a][0], -1
+			for _, w := range byRegion[b] {
+				if w != from {
+					to = w
+					break
+				}
+			}
+			if to < 0 {
+				continue // a region with one worker never links to itself
+			}
+			l, err := s.c.probe(ctx, from, to)
+			if err != nil {
+				return fmt.Errorf("pipeline: measuring the link %s→%s: %w", s.c.worker(from).Name, s.c.worker(to).Name, err)
+			}
+			s.links[regionPair(a, b)] = l
+			fmt.Fprintf(s.cfg.Log, "link %s↔%s: latency %.3f ms, bandwidth %.1f MB/s\n", a, b, 1e3*l.Latency, l.Bandwidth/1e6)
+		}
+	}
+	return nil
+}

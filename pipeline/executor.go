@@ -1,0 +1,353 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// onActs receives a neighbour's stream of activations or gradients (a
+// sequence of length-prefixed act messages) and queues each in the inbox.
+func (w *Worker) onActs(ctx context.Context, from peer.ID, r io.Reader, _ io.Writer) error {
+	var hdr [4]byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		n := binary.BigEndian.Uint32(hdr[:])
+		if uint64(n) > uint64(w.cfg.MaxMessageBytes) {
+			return fmt.Errorf("%w: activation of %d bytes", errMsg, n)
+		}
+		b := make([]byte, n)
+		if _, err := io.ReadFull(r, b); err != nil {
+			return err
+		}
+		if err := w.onAct(from, b); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// onAct queues one activation or gradient from a neighbour.
+func (w *Worker) onAct(from peer.ID, b []byte) error {
+	var m actMsg
+	ts, err := decodeMsg(b, &m, actLimits)
+	if err != nil {
+		return err
+	}
+	if len(ts) != 1 || ts[0].Name != "t" {
+		return fmt.Errorf("%w: want one tensor \"t\"", errMsg)
+	}
+	w.mu.Lock()
+	gen, box, prev, next := w.gen, w.box, w.prev, w.next
+	w.mu.Unlock()
+	switch {
+	case m.Gen != gen:
+		return fmt.Errorf("pipeline: activation of generation %d, current %d", m.Gen, gen)
+	case !m.Backward && from != prev, m.Backward && from != next:
+		return fmt.Errorf("pipeline: unexpected %v activation from %s", map[bool]string{false: "forward", true: "backward"}[m.Backward], from.ShortString())
+	}
+	return box.put(actKey{iter: m.Iter, micro: m.Micro, backward: m.Backward}, ts[0].Tensor)
+}
+
+// onIter runs one iteration of the current stage.
+func (w *Worker) onIter(ctx context.Context, b []byte) ([]byte, error) {
+	var req iterReq
+	ts, err := decodeMsg(b, &req, bulkLimits)
+	if err != nil {
+		return nil, err
+	}
+	w.runMu.Lock()
+	defer w.runMu.Unlock()
+	st := w.st
+	if st == nil || st.req.Gen != req.Gen {
+		return nil, fmt.Errorf("pipeline: iteration of generation %d, worker has no stage of it", req.Gen)
+	}
+	if req.Iter != st.iter {
+		return nil, fmt.Errorf("pipeline: iteration %d, worker expects %d", req.Iter, st.iter)
+	}
+	total := 0
+	for _, n := range req.Sizes {
+		if n < 1 || n > maxBatch {
+			return nil, fmt.Errorf("pipeline: micro-batch of %d examples", n)
+		}
+		total += n
+	}
+	if len(req.Sizes) < 1 || len(req.Sizes) > maxMicro || total > maxBatch || req.Schedule.Micro(len(req.Sizes)) != len(req.Sizes) {
+		return nil, fmt.Errorf("pipeline: bad micro-batch sizes (%d of them, %d examples, %s)", len(req.Sizes), total, req.Schedule)
+	}
+	in := namedMap(ts)
+	var x *tensor.Tensor
+	var y []int
+	if st.first() {
+		x = in["x"]
+		if x == nil || !slices.Equal(x.Shape, append([]int{total}, st.in...)) {
+			return nil, fmt.Errorf("pipeline: stage 0 needs inputs \"x\" of shape %v", append([]int{total}, st.in...))
+		}
+	}
+	if st.last() {
+		if y, err = labels(in["y"], total, st.out[len(st.out)-1]); err != nil {
+			return nil, err
+		}
+	}
+	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+	if timeout <= 0 || timeout > time.Hour {
+		timeout = time.Hour
+	}
+	ictx, cancel := context.WithCancelCause(ctx)
+	ictx, cancelT := context.WithTimeout(ictx, timeout)
+	defer cancelT()
+	w.mu.Lock()
+	if w.gen != req.Gen || w.aborted == (abortReq{Gen: req.Gen, Iter: req.Iter}) {
+		w.mu.Unlock()
+		cancel(nil)
+		return nil, errors.New("pipeline: iteration aborted or re-planned before it started")
+	}
+	w.cancelIter = cancel
+	box := w.box
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.cancelIter = nil
+		w.mu.Unlock()
+		cancel(nil)
+	}()
+	resp, err := w.runIter(ictx, st, box, req, x, y)
+	box.done(req.Iter)
+	if err != nil {
+		nn.ZeroGrad(st.params)
+		if cause := context.Cause(ictx); cause != nil && !errors.Is(err, cause) {
+			err = fmt.Errorf("%w (%w)", err, cause)
+		}
+		return nil, fmt.Errorf("pipeline: stage %d iteration %d: %w", st.req.Stage, req.Iter, err)
+	}
+	st.ready = req.Iter
+	return encodeMsg(resp, nil)
+}
+
+// labels checks a float32 label tensor and converts it.
+func labels(t *tensor.Tensor, n, classes int) ([]int, error) {
+	if t == nil || !slices.Equal(t.Shape, []int{n}) {
+		return nil, fmt.Errorf("pipeline: last stage needs labels \"y\" of shape [%d]", n)
+	}
+	y := make([]int, n)
+	for i, v := range t.Data {
+		if v != float32(int(v)) || v < 0 || int(v) >= classes {
+			return nil, fmt.Errorf("pipeline: label %v not an integer in [0,%d)", v, classes)
+		}
+		y[i] = int(v)
+	}
+	return y, nil
+}
+
+// runIter executes the schedule's ops for one iteration.
+func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq, x *tensor.Tensor, y []int) (iterResp, error) {
+	start := time.Now()
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	nn.ZeroGrad(st.params) // an uncommitted earlier iteration is discarded
+	m := len(req.Sizes)
+	total := 0
+	offs := make([]int, m+1)
+	for i, n := range req.Sizes {
+		offs[i+1] = offs[i] + n
+		total += n
+	}
+	var fwd, bwd *sender
+	if !st.last() {
+		fwd = w.startSender(ctx, st.next, req, false, m, fail)
+	}
+	if !st.first() {
+		bwd = w.startSender(ctx, st.prev, req, true, m, fail)
+	}
+	var resp iterResp
+	states := make([]nn.State, m)
+	dlogits := make([]*tensor.Tensor, m)
+	var compute, idle, cpu time.Duration
+	var opErr error
+	for _, op := range Ops(req.Schedule, st.req.Stage, st.req.Stages, m) {
+		n := req.Sizes[op.Micro]
+		var in *tensor.Tensor
+		switch {
+		case !op.Backward && st.first():
+			in = rows(x, offs[op.Micro], offs[op.Micro+1])
+		case op.Backward && st.last():
+			in = dlogits[op.Micro]
+		default:
+			t0 := time.Now()
+			t, err := box.get(ctx, actKey{iter: req.Iter, micro: op.Micro, backward: op.Backward})
+			idle += time.Since(t0)
+			if err != nil {
+				opErr = fmt.Errorf("waiting for %v: %w", op, err)
+				break
+			}
+			shape := st.in
+			if op.Backward {
+				shape = st.out
+			}
+			if !slices.Equal(t.Shape, append([]int{n}, shape...)) {
+				opErr = fmt.Errorf("%v: tensor of shape %v, want %v", op, t.Shape, append([]int{n}, shape...))
+				break
+			}
+			in = t
+		}
+		if opErr != nil {
+			break
+		}
+		t0 := time.Now()
+		clk := startOp()
+		var result *tensor.Tensor
+		if !op.Backward {
+			out, s := st.model.Forward(nn.Ctx{Train: true}, in)
+			states[op.Micro] = s
+			if st.last() {
+				loss, dl := nn.SoftmaxCrossEntropy(out, y[offs[op.Micro]:offs[op.Micro+1]])
+				wgt := float32(n) / float32(total)
+				tensor.Scale(wgt, dl.Data)
+				dlogits[op.Micro] = dl
+				resp.Loss += float64(loss) * float64(wgt)
+				for i, p := range nn.Argmax(out) {
+					if p == y[offs[op.Micro]+i] {
+						resp.Correct++
+					}
+				}
+			}
+			result = out
+		} else {
+			result = st.model.Backward(states[op.Micro], in)
+			states[op.Micro], dlogits[op.Micro] = nil, nil
+		}
+		wl, c := clk.stop()
+		cpu += c
+		// The emulated device finishes the op, then its result leaves.
+		w.throttle(ctx, wl, c)
+		compute += time.Since(t0)
+		switch {
+		case !op.Backward && !st.last():
+			fwd.send(op.Micro, result)
+		case op.Backward && !st.first():
+			bwd.send(op.Micro, result)
+		}
+		if err := ctx.Err(); err != nil {
+			opErr = context.Cause(ctx)
+			break
+		}
+	}
+	var comm time.Duration
+	for _, s := range []*sender{fwd, bwd} {
+		if s == nil {
+			continue
+		}
+		d, err := s.finish()
+		comm += d
+		if opErr == nil && err != nil {
+			opErr = err
+		}
+	}
+	if opErr != nil {
+		return iterResp{}, opErr
+	}
+	for _, p := range st.params {
+		for _, g := range p.Grad.Data {
+			resp.GradSq += float64(g) * float64(g)
+		}
+	}
+	resp.Compute, resp.Idle, resp.Comm, resp.CPU = compute.Seconds(), idle.Seconds(), comm.Seconds(), cpu.Seconds()
+	resp.Wall = time.Since(start).Seconds()
+	return resp, nil
+}
+
+// rows returns rows [lo, hi) of x, sharing its memory.
+func rows(x *tensor.Tensor, lo, hi int) *tensor.Tensor {
+	per := x.Len() / x.Shape[0]
+	shape := append([]int{hi - lo}, x.Shape[1:]...)
+	return tensor.FromSlice(x.Data[lo*per:hi*per], shape...)
+}
+
+// sender ships one direction's tensors of an iteration in order over one
+// stream (ProtoActs), on its own goroutine so compute overlaps
+// communication. The stream opens with the first tensor; each tensor is
+// flushed as soon as it is queued, without waiting for an answer.
+type sender struct {
+	ch   chan senderItem
+	done chan struct{}
+	comm time.Duration
+	err  error
+}
+
+type senderItem struct {
+	micro int
+	t     *tensor.Tensor
+}
+
+// flusher is what CallStream's writer offers to push a frame out now.
+type flusher interface{ Flush() error }
+
+func (w *Worker) startSender(ctx context.Context, to peer.AddrInfo, req iterReq, backward bool, m int, fail context.CancelCauseFunc) *sender {
+	s := &sender{ch: make(chan senderItem, m), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		first, ok := <-s.ch
+		if !ok {
+			return
+		}
+		err := w.host.CallStream(ctx, to, ProtoActs, func(wr io.Writer) error {
+			for it := first; ; {
+				b, err := encodeMsg(actMsg{Gen: req.Gen, Iter: req.Iter, Micro: it.micro, Backward: backward}, []wire.Named{{Name: "t", Tensor: it.t}})
+				if err != nil {
+					return err
+				}
+				t0 := time.Now()
+				if _, err := wr.Write(binary.BigEndian.AppendUint32(nil, uint32(len(b)))); err != nil {
+					return err
+				}
+				if _, err := wr.Write(b); err != nil {
+					return err
+				}
+				if f, ok := wr.(flusher); ok {
+					if err := f.Flush(); err != nil {
+						return err
+					}
+				}
+				s.comm += time.Since(t0)
+				if it, ok = <-s.ch; !ok {
+					return nil
+				}
+			}
+		}, nil)
+		if err != nil {
+			s.err = fmt.Errorf("send to %s: %w", to.ID.ShortString(), err)
+			fail(s.err)
+			for range s.ch { // drain what the schedule still queues
+			}
+		}
+	}()
+	return s
+}
+
+// send queues a tensor; it never blocks (the channel holds a whole
+// iteration).
+func (s *sender) send(micro int, t *tensor.Tensor) { s.ch <- senderItem{micro, t} }
+
+// finish waits until everything queued is sent and received.
+func (s *sender) finish() (time.Duration, error) {
+	close(s.ch)
+	<-s.done
+	return s.comm, s.err
+}

@@ -1,0 +1,161 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// onProfile times forward and backward of every layer of the whole model:
+// at req.Batch with the emulated slowdown (the device's speed), and
+// without it at each req.Calibrate size (the layers' relative costs), and
+// one optimizer step. Layer times are CPU times of the worker's thread
+// (medians over the repetitions), so other processes' use of the cores
+// does not leak into them.
+func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
+	var req profileReq
+	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
+		return nil, err
+	}
+	if req.Batch < 1 || req.Batch > maxBatch || req.Reps < 1 || req.Reps > 50 || len(req.Calibrate) > 4 {
+		return nil, fmt.Errorf("pipeline: bad profile request %+v", req)
+	}
+	for _, n := range req.Calibrate {
+		if n < 1 || n > maxBatch {
+			return nil, fmt.Errorf("pipeline: bad profile batch %d", n)
+		}
+	}
+	if req.Optim.Kind != "" || req.Optim.LR != 0 {
+		if err := req.Optim.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	model, err := BuildModel(req.Model, req.Seed)
+	if err != nil {
+		return nil, err
+	}
+	if model.Len() > maxLayers {
+		return nil, fmt.Errorf("pipeline: model of %d layers, at most %d", model.Len(), maxLayers)
+	}
+	w.runMu.Lock()
+	defer w.runMu.Unlock()
+	resp := profileResp{}
+	// The device: whole-model passes at req.Batch, each followed by the
+	// emulated slowdown.
+	var times, cpus, overs []float64
+	_, _, err = w.timeLayers(ctx, model, req.Seed, req.Batch, req.Reps, func(wall, cpu time.Duration) {
+		t0 := time.Now()
+		w.throttle(ctx, wall, cpu)
+		slept := time.Since(t0)
+		times = append(times, (wall + slept).Seconds())
+		cpus = append(cpus, cpu.Seconds())
+		// How late the emulated op ended: timer and scheduling delays.
+		target := max(time.Duration(w.dev.Slowdown()*float64(cpu)), wall)
+		overs = append(overs, max(wall+slept-target, 0).Seconds())
+	})
+	if err != nil {
+		return nil, err
+	}
+	resp.Seconds, resp.CPU, resp.Overshoot = median(times), median(cpus), median(overs)
+	resp.FLOPS = model.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs() / resp.Seconds
+	for _, n := range req.Calibrate {
+		fwd, bwd, err := w.timeLayers(ctx, model, req.Seed, n, req.Reps, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp.Fwd, resp.Bwd = append(resp.Fwd, fwd), append(resp.Bwd, bwd)
+	}
+	if req.Optim.LR > 0 {
+		params := model.Params()
+		opt := req.Optim.NewOptimizer(params)
+		var steps []float64
+		for i := range req.Reps + 1 {
+			c := startOp()
+			opt.Step()
+			_, cpu := c.stop()
+			if i > 0 {
+				steps = append(steps, cpu.Seconds())
+			}
+		}
+		n := 0
+		for _, p := range params {
+			n += p.Value.Len()
+		}
+		resp.OptimPerParam = median(steps) / float64(max(n, 1))
+	}
+	return encodeMsg(resp, nil)
+}
+
+// timeLayers runs forward and backward of model on a batch of n random
+// examples reps+1 times (the first warms up) and returns each layer's
+// median forward and backward CPU seconds. after, if set, is called after
+// every pass with its wall and CPU time.
+func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, seed uint64, n, reps int, after func(wall, cpu time.Duration)) (fwd, bwd []float64, err error) {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	x := tensor.New(n, InputFeatures)
+	tensor.FillNormal(x.Data, rng, 0, 1)
+	y := make([]int, n)
+	for i := range y {
+		y[i] = i % 10
+	}
+	layers := model.Layers()
+	fs := make([][]float64, len(layers))
+	bs := make([][]float64, len(layers))
+	states := make([]nn.State, len(layers))
+	for rep := range reps + 1 {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		var wall, cpu time.Duration
+		h := x
+		for i, l := range layers {
+			c := startOp()
+			h, states[i] = l.Module.Forward(nn.Ctx{Train: true}, h)
+			dw, dc := c.stop()
+			wall, cpu = wall+dw, cpu+dc
+			if rep > 0 {
+				fs[i] = append(fs[i], dc.Seconds())
+			}
+		}
+		c := startOp()
+		_, dy := nn.SoftmaxCrossEntropy(h, y)
+		dw, dc := c.stop()
+		wall, cpu = wall+dw, cpu+dc
+		for i := len(layers) - 1; i >= 0 && dy != nil; i-- {
+			c := startOp()
+			dy = layers[i].Module.Backward(states[i], dy)
+			dw, dc := c.stop()
+			wall, cpu = wall+dw, cpu+dc
+			if rep > 0 {
+				bs[i] = append(bs[i], dc.Seconds())
+			}
+		}
+		if rep > 0 && after != nil {
+			after(wall, cpu)
+		}
+	}
+	fwd, bwd = make([]float64, len(layers)), make([]float64, len(layers))
+	for i := range layers {
+		fwd[i], bwd[i] = median(fs[i]), median(bs[i])
+	}
+	return fwd, bwd, nil
+}
+
+// median returns the median of xs (0 if empty); it sorts xs.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	m := xs[len(xs)/2]
+	if len(xs)%2 == 0 {
+		m = (xs[len(xs)/2-1] + m) / 2
+	}
+	return m
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -96,7 +97,7 @@ func (s *Session) profile(ctx context.Context) error {
 		}
 	}
 	if fresh && s.cm != nil && len(overs) > 0 {
-		s.cm.opOverhead = median(overs)
+		s.cm.opOverhead = stats.Median(overs)
 	}
 	if n == 0 {
 		return errors.New("pipeline: no live worker")

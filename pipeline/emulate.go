@@ -14,6 +14,7 @@ import (
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/wire"
 )
 
@@ -132,7 +133,7 @@ func measurePing(ctx context.Context, h *p2p.Host, to peer.AddrInfo) (alloc.Link
 			rtts = append(rtts, d)
 		}
 	}
-	rtt := median(rtts)
+	rtt := stats.Median(rtts)
 	size := 64 << 10
 	var bws []float64
 	for i := range 4 {
@@ -156,7 +157,7 @@ func measurePing(ctx context.Context, h *p2p.Host, to peer.AddrInfo) (alloc.Link
 	}
 	l := alloc.Link{Latency: rtt / 2}
 	if len(bws) > 0 {
-		l.Bandwidth = median(bws)
+		l.Bandwidth = stats.Median(bws)
 	}
 	return l, nil
 }

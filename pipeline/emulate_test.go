@@ -10,6 +10,7 @@ import (
 
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/netem"
+	"github.com/skyhive/skyhive/stats"
 )
 
 // TestSimulateSchedules checks the simulator against closed forms on a
@@ -141,7 +142,7 @@ func TestEmulatedLinks(t *testing.T) {
 		}
 		times = append(times, st.Seconds)
 	}
-	got := median(times[1:])
+	got := stats.Median(times[1:])
 	t.Logf("a↔b %.1f ms; iteration %.1f ms, predicted %s", 1e3*ab.Latency, 1e3*got, pred)
 	// Forward a→b→a and backward a→b→a cross the link four times, the
 	// commit round trip to b twice more.

@@ -19,6 +19,14 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// One GEMM engine for the whole test process: the default one sends a
+	// product to the Go kernel while another is inside OpenBLAS, so which
+	// engine computes what (and the last bits of the result) would depend
+	// on how the in-process workers interleave, and the comparison with a
+	// single process would vary from run to run.
+	if err := tensor.SelectBackend("go"); err != nil {
+		panic(err)
+	}
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreAnyFunction("github.com/ipfs/go-log/v2/writer.(*MirrorWriter).logRoutine"),
 		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),

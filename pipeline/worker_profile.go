@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -62,7 +62,7 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp.Seconds, resp.CPU, resp.Overshoot = median(times), median(cpus), median(overs)
+	resp.Seconds, resp.CPU, resp.Overshoot = stats.Median(times), stats.Median(cpus), stats.Median(overs)
 	resp.FLOPS = model.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs() / resp.Seconds
 	for _, n := range req.Calibrate {
 		fwd, bwd, err := w.timeLayers(ctx, model, req.Seed, n, req.Reps, nil)
@@ -87,7 +87,7 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 		for _, p := range params {
 			n += p.Value.Len()
 		}
-		resp.OptimPerParam = median(steps) / float64(max(n, 1))
+		resp.OptimPerParam = stats.Median(steps) / float64(max(n, 1))
 	}
 	return encodeMsg(resp, nil)
 }
@@ -142,20 +142,7 @@ func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, seed uint
 	}
 	fwd, bwd = make([]float64, len(layers)), make([]float64, len(layers))
 	for i := range layers {
-		fwd[i], bwd[i] = median(fs[i]), median(bs[i])
+		fwd[i], bwd[i] = stats.Median(fs[i]), stats.Median(bs[i])
 	}
 	return fwd, bwd, nil
-}
-
-// median returns the median of xs (0 if empty); it sorts xs.
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	slices.Sort(xs)
-	m := xs[len(xs)/2]
-	if len(xs)%2 == 0 {
-		m = (xs[len(xs)/2-1] + m) / 2
-	}
-	return m
 }

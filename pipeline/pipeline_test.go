@@ -3,6 +3,7 @@ package pipeline
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -312,11 +313,27 @@ func TestWorkerDeathReplans(t *testing.T) {
 }
 
 // TestDriftReplans slows a worker down during training: the coordinator
-// must notice the measured speed and move layers away from it.
+// must notice the measured speed and move layers away from it. It measures
+// emulated device speeds on a shared machine, so it takes the best of
+// three attempts (the drift rule itself is unit-tested in drift_test.go).
 func TestDriftReplans(t *testing.T) {
 	if testing.Short() {
 		t.Skip("timing-based")
 	}
+	var errs []error
+	for attempt := range 3 {
+		err := driftReplans(t)
+		if err == nil {
+			return
+		}
+		t.Logf("attempt %d: %v", attempt+1, err)
+		errs = append(errs, err)
+	}
+	t.Fatal(errors.Join(errs...))
+}
+
+// driftReplans runs one attempt of TestDriftReplans.
+func driftReplans(t *testing.T) error {
 	cl := newCluster(t, 1, 1, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -327,7 +344,7 @@ func TestDriftReplans(t *testing.T) {
 		ProfileReps: 3, Log: &log,
 	})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer s.Close()
 	layersOf := func(w int) int {
@@ -358,11 +375,11 @@ func TestDriftReplans(t *testing.T) {
 		}
 		st, err := s.Step(ctx, b)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if i >= 4 && st.Event != "" && layersOf(slow) < before {
-			return
+			return nil
 		}
 	}
-	t.Fatalf("no re-plan moved layers off the slowed worker (it holds %d, %d before the slowdown)\n%s", layersOf(slow), before, log.String())
+	return fmt.Errorf("no re-plan moved layers off the slowed worker (it holds %d, %d before the slowdown)\n%s", layersOf(slow), before, log.String())
 }

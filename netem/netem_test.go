@@ -3,6 +3,7 @@ package netem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -484,34 +485,54 @@ func TestAccuracyLoopback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("accuracy measurement takes a few seconds")
 	}
-	m, err := MeasureLoopback(context.Background(), LinkParams{Latency: 50 * time.Millisecond, Bandwidth: 20e6},
-		MeasureOptions{Pings: 10, Warmup: 500 * time.Millisecond, Duration: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("mode 1 (loopback proxy): %v", m)
-	checkAccuracy(t, m)
+	checkAccuracy(t, "mode 1 (loopback proxy)", func() (Measurement, error) {
+		return MeasureLoopback(context.Background(), LinkParams{Latency: 50 * time.Millisecond, Bandwidth: 20e6},
+			MeasureOptions{Pings: 10, Warmup: 500 * time.Millisecond, Duration: 2 * time.Second})
+	})
 }
 
-// checkAccuracy checks a measurement of a 50 ms, 20 Mbit/s link. The
+// accuracyTries bounds the measurements checkAccuracy takes.
+const accuracyTries = 3
+
+// checkAccuracy measures a 50 ms, 20 Mbit/s link with measure. The
 // measurements run real TCP through the kernel on the wall clock, so they
-// cannot use a fake clock. The bounds the emulation itself guarantees stay
-// tight: its delays never end early (one-way at least 45 ms, round trip at
-// least 90 ms) and its shaping never lets more through than the link
-// carries (at most 22 Mbit/s). The other sides measure how promptly this
-// process gets the CPU, so they are generous enough for a loaded 2-core
-// machine (one-way at most 75 ms, round trip 150 ms, at least 14 Mbit/s),
-// and still fail if the emulation were grossly off. Idle, they measure
-// 50.4 ms, 101 ms and 18.4 to 19.8 Mbit/s.
-func checkAccuracy(t *testing.T, m Measurement) {
+// cannot use a fake clock, and they share the machine with whatever else
+// runs. What the emulation itself guarantees is checked on every
+// measurement, tightly: its delays never end early (one-way at least
+// 45 ms, round trip at least 90 ms) and its shaping never lets more through
+// than the link carries (at most 22 Mbit/s). How close it comes from the
+// other side measures how promptly this process gets the CPU: idle, one-way
+// is 50.4 ms, the round trip 101 ms and goodput 18.4 to 19.8 Mbit/s, but on
+// a loaded 2-core machine a measurement now and then drops to 6 Mbit/s.
+// So that side has generous bounds (one-way at most 75 ms, round trip
+// 150 ms, at least 14 Mbit/s), and the test passes if one of accuracyTries
+// measurements meets them; an emulation that cannot reach them fails.
+func checkAccuracy(t *testing.T, mode string, measure func() (Measurement, error)) {
 	t.Helper()
-	if m.OneWay < 45*time.Millisecond || m.OneWay > 75*time.Millisecond {
-		t.Errorf("one-way latency %v, want 50 ms (45 to 75 ms)", m.OneWay)
+	var slow []string
+	for try := 1; try <= accuracyTries; try++ {
+		m, err := measure()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s, try %d: %v", mode, try, m)
+		if m.OneWay < 45*time.Millisecond || m.RTT < 90*time.Millisecond || m.Throughput > 22e6 {
+			t.Fatalf("faster than the emulated link: one-way %v (want >= 45 ms), round trip %v (>= 90 ms), throughput %.2f Mbit/s (<= 22)",
+				m.OneWay, m.RTT, m.Throughput/1e6)
+		}
+		slow = slow[:0]
+		if m.OneWay > 75*time.Millisecond {
+			slow = append(slow, fmt.Sprintf("one-way latency %v, want 50 ms (at most 75)", m.OneWay))
+		}
+		if m.RTT > 150*time.Millisecond {
+			slow = append(slow, fmt.Sprintf("round trip %v, want 100 ms (at most 150)", m.RTT))
+		}
+		if m.Throughput < 14e6 {
+			slow = append(slow, fmt.Sprintf("throughput %.2f Mbit/s, want 20 (at least 14)", m.Throughput/1e6))
+		}
+		if len(slow) == 0 {
+			return
+		}
 	}
-	if m.RTT < 90*time.Millisecond || m.RTT > 150*time.Millisecond {
-		t.Errorf("round trip %v, want 100 ms (90 to 150 ms)", m.RTT)
-	}
-	if m.Throughput < 14e6 || m.Throughput > 22e6 {
-		t.Errorf("throughput %.2f Mbit/s, want 20 (14 to 22)", m.Throughput/1e6)
-	}
+	t.Errorf("%s: slower than the emulated link in all %d measurements; the last: %s", mode, accuracyTries, strings.Join(slow, "; "))
 }

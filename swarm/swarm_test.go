@@ -446,6 +446,11 @@ func TestProcessSwarm(t *testing.T) {
 	states := map[string]string{}
 	for _, p := range r.Peers {
 		states[p.Name] = p.State
+		if p.Name == "w-1" && len(p.Metrics.Counters) == 0 {
+			// Killed at 300 ms: on a loaded machine the child may not have
+			// started ticking by then. Its state is checked below.
+			continue
+		}
 		if p.Metrics.Counters["ticks"] == 0 {
 			t.Errorf("%s reported no ticks", p.Name)
 		}

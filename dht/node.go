@@ -28,6 +28,7 @@ import (
 	pstore "github.com/libp2p/go-libp2p/p2p/host/peerstore"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/p2p"
 )
 
@@ -91,6 +92,11 @@ type Config struct {
 	// ClientMode makes the node query the DHT without serving it: it
 	// answers no requests and asks peers not to add it to their tables.
 	ClientMode bool
+	// Clock is what the node reads the time from: record expiration and
+	// freshness, the refresh, republish and cleanup timers, and when
+	// routing-table peers were last heard from. Nil means the wall clock.
+	// RPCTimeout is a context deadline and stays on the wall clock.
+	Clock clock.Clock
 }
 
 func (c *Config) setDefaults() error {
@@ -117,6 +123,7 @@ func (c *Config) setDefaults() error {
 	defDur(&c.RefreshInterval, 10*time.Minute)
 	defDur(&c.RepublishInterval, 15*time.Minute)
 	defDur(&c.CleanupInterval, time.Minute)
+	c.Clock = clock.Or(c.Clock)
 	switch {
 	case c.BucketSize < 1 || c.BucketSize > MaxPeers:
 		return fmt.Errorf("dht: BucketSize %d not in [1, %d]", c.BucketSize, MaxPeers)
@@ -153,6 +160,7 @@ type Stats struct {
 type Node struct {
 	t    p2p.Transport
 	cfg  Config
+	clk  clock.Clock // cfg.Clock
 	self peer.ID
 	rt   *kb.RoutingTable
 
@@ -193,6 +201,7 @@ func New(t p2p.Transport, cfg Config) (*Node, error) {
 	n := &Node{
 		t:     t,
 		cfg:   cfg,
+		clk:   cfg.Clock,
 		self:  self,
 		rt:    rt,
 		addrs: make(map[peer.ID][]ma.Multiaddr),
@@ -279,7 +288,7 @@ func (n *Node) Ping(ctx context.Context, p peer.AddrInfo) error {
 // near and far peers alike.
 func (n *Node) Refresh(ctx context.Context) error {
 	if n.cfg.RefreshInterval > 0 {
-		n.pingStale(ctx, time.Now().Add(-n.cfg.RefreshInterval))
+		n.pingStale(ctx, n.clk.Now().Add(-n.cfg.RefreshInterval))
 	}
 	self := kb.ConvertPeerID(n.self)
 	if _, err := n.closest(ctx, self); err != nil && !errors.Is(err, ErrNoPeers) {
@@ -328,7 +337,7 @@ func (n *Node) pingStale(ctx context.Context, before time.Time) {
 // republishing is disabled, the node stores the record again every
 // RepublishInterval until it expires.
 func (n *Node) Store(ctx context.Context, key, subkey string, value []byte, expiration time.Time) (int, error) {
-	now := time.Now()
+	now := n.clk.Now()
 	e := &entry{Key: key, Subkey: subkey, Value: bytes.Clone(value), Expiration: expiration.UnixNano()}
 	if e.Value == nil {
 		e.Value = []byte{}
@@ -430,7 +439,7 @@ func (n *Node) storeEntries(ctx context.Context, key string, es []*entry) (int, 
 // putLocal stores entries in the node's storage (or cache) and returns how
 // many were accepted.
 func (n *Node) putLocal(es []*entry, cached bool) int {
-	now := time.Now().UnixNano()
+	now := n.clk.Now().UnixNano()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	s := n.store
@@ -452,7 +461,7 @@ func (n *Node) putLocal(es []*entry, cached bool) int {
 // localItems returns the freshest items this node holds for key, from
 // storage and cache.
 func (n *Node) localItems(key string) []*entry {
-	now := time.Now().UnixNano()
+	now := n.clk.Now().UnixNano()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	es := n.store.get(key, now)
@@ -477,7 +486,7 @@ func (n *Node) GetStats(ctx context.Context, key string) (map[string]Item, Stats
 	if key == "" || len(key) > MaxKeyLen {
 		return nil, Stats{}, fmt.Errorf("dht: bad key length %d", len(key))
 	}
-	now := time.Now()
+	now := n.clk.Now()
 	local := n.localItems(key)
 	req, err := n.request(&request{Type: msgFindValue, Key: key})
 	if err != nil {
@@ -672,7 +681,7 @@ func (n *Node) iterate(ctx context.Context, target kb.ID, req []byte, want msgTy
 			cancel()
 		}
 	}
-	n.rt.ResetCplRefreshedAtForID(target, time.Now())
+	n.rt.ResetCplRefreshedAtForID(target, n.clk.Now())
 	if err := ctx.Err(); err != nil {
 		return l, fmt.Errorf("dht: lookup: %w", err)
 	}
@@ -726,15 +735,17 @@ func (n *Node) addPeer(p peer.AddrInfo, answered bool) {
 	if n.closed {
 		return
 	}
-	_, err := n.rt.TryAddPeer(p.ID, answered, false)
+	added, err := n.rt.TryAddPeer(p.ID, answered, false)
 	if err != nil {
 		return
 	}
 	if len(p.Addrs) > 0 {
 		n.addrs[p.ID] = p.Addrs
 	}
-	if answered {
-		n.rt.UpdateLastSuccessfulOutboundQueryAt(p.ID, time.Now())
+	// The table stamps a new peer with the wall clock; restamp it with the
+	// node's clock, which Refresh compares against.
+	if answered || added {
+		n.rt.UpdateLastSuccessfulOutboundQueryAt(p.ID, n.clk.Now())
 	}
 }
 
@@ -795,7 +806,7 @@ func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, e
 		resp.Items = fitItems(n.localItems(req.Key))
 		resp.Peers = n.nearestInfos(kb.ConvertKey(req.Key), from)
 	case msgStore:
-		now := time.Now()
+		now := n.clk.Now()
 		resp.Accepted = make([]bool, len(req.Entries))
 		for i, e := range req.Entries {
 			if n.check(e, now) != nil || validateSignature(e) != nil {
@@ -837,7 +848,7 @@ func (n *Node) Republish(ctx context.Context) (int, error) {
 	if n.own == nil {
 		return 0, nil
 	}
-	now := time.Now().UnixNano()
+	now := n.clk.Now().UnixNano()
 	n.mu.Lock()
 	n.own.cleanup(now)
 	byKey := make(map[string][]*entry)
@@ -868,7 +879,7 @@ func (n *Node) Republish(ctx context.Context) (int, error) {
 
 // Cleanup drops expired records from storage and cache.
 func (n *Node) Cleanup() {
-	now := time.Now().UnixNano()
+	now := n.clk.Now().UnixNano()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.store.cleanup(now)
@@ -887,8 +898,8 @@ func (n *Node) maintain() {
 		if d <= 0 {
 			return nil, func() {}
 		}
-		t := time.NewTicker(d)
-		return t.C, t.Stop
+		t := n.clk.NewTicker(d)
+		return t.C(), t.Stop
 	}
 	refresh, stop1 := tick(n.cfg.RefreshInterval)
 	defer stop1()

@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"go.uber.org/goleak"
 
+	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/memnet"
 )
@@ -154,11 +155,28 @@ func TestSubkeysMergeAndUpdateByExpiration(t *testing.T) {
 	}
 }
 
+var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// eventually waits until cond holds: for work a fake-clock tick started in
+// the nodes' background goroutines. It asserts no timing; the bound only
+// turns a hang into a failure.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 10 s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func TestRecordsExpireOnTime(t *testing.T) {
-	s := newSwarm(t, 6, Config{BucketSize: 4})
+	clk := clock.NewFake(epoch)
+	s := newSwarm(t, 6, Config{BucketSize: 4, Clock: clk})
 	ctx := ctxT(t)
 	ttl := 300 * time.Millisecond
-	start := time.Now()
+	start := clk.Now()
 	if _, err := s.nodes[0].Store(ctx, "short", "", []byte("v"), start.Add(ttl)); err != nil {
 		t.Fatal(err)
 	}
@@ -168,9 +186,15 @@ func TestRecordsExpireOnTime(t *testing.T) {
 	if _, err := s.nodes[3].Get(ctx, "short"); err != nil {
 		t.Fatalf("before expiry: %v", err)
 	}
-	time.Sleep(time.Until(start.Add(ttl + 50*time.Millisecond)))
-	if got, err := s.nodes[3].Get(ctx, "short"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("after expiry: %v %v", got, err)
+	clk.Advance(ttl - time.Nanosecond)
+	if _, err := s.nodes[2].Get(ctx, "short"); err != nil {
+		t.Fatalf("a nanosecond before expiry: %v", err)
+	}
+	clk.Advance(time.Nanosecond)
+	for i, n := range s.nodes {
+		if got, err := n.Get(ctx, "short"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("node %d at expiry: %v %v", i, got, err)
+		}
 	}
 	if _, err := s.nodes[4].Get(ctx, "long"); err != nil {
 		t.Fatalf("unexpired record: %v", err)
@@ -178,17 +202,84 @@ func TestRecordsExpireOnTime(t *testing.T) {
 	for _, n := range s.nodes {
 		n.Cleanup()
 		n.mu.Lock()
-		if n.store.get("short", time.Now().UnixNano()) != nil || n.store.Len() > 1 {
+		if n.store.get("short", clk.Now().UnixNano()) != nil || n.store.Len() > 1 {
 			t.Errorf("node kept %d items after cleanup", n.store.Len())
 		}
 		n.mu.Unlock()
 	}
-	if _, err := s.nodes[1].Store(ctx, "past", "", []byte("v"), time.Now().Add(-time.Second)); !errors.Is(err, ErrExpired) {
+	if _, err := s.nodes[1].Store(ctx, "past", "", []byte("v"), clk.Now().Add(-time.Second)); !errors.Is(err, ErrExpired) {
 		t.Fatalf("store in the past: %v", err)
 	}
-	if _, err := s.nodes[1].Store(ctx, "big", "", make([]byte, 65<<10), time.Now().Add(time.Second)); !errors.Is(err, ErrTooLarge) {
+	if _, err := s.nodes[1].Store(ctx, "now", "", []byte("v"), clk.Now()); !errors.Is(err, ErrExpired) {
+		t.Fatalf("store expiring now: %v", err)
+	}
+	if _, err := s.nodes[1].Store(ctx, "far", "", []byte("v"), clk.Now().Add(31*24*time.Hour)); err == nil {
+		t.Fatal("store beyond MaxTTL accepted")
+	}
+	if _, err := s.nodes[1].Store(ctx, "big", "", make([]byte, 65<<10), clk.Now().Add(time.Second)); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("oversized value: %v", err)
 	}
+}
+
+// TestCleanupTimer checks that the periodic cleanup runs on the node's
+// clock: expired records stay in storage (never returned) until the
+// cleanup tick, and are dropped at it.
+func TestCleanupTimer(t *testing.T) {
+	clk := clock.NewFake(epoch)
+	s := newSwarm(t, 4, Config{BucketSize: 4, RefreshInterval: -1, RepublishInterval: -1, CleanupInterval: time.Minute, Clock: clk})
+	ctx := ctxT(t)
+	if err := clk.BlockUntil(ctx, len(s.nodes)); err != nil { // the cleanup tickers
+		t.Fatal(err)
+	}
+	if _, err := s.nodes[0].Store(ctx, "brief", "", []byte("v"), clk.Now().Add(30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	stored := func() int {
+		total := 0
+		for _, n := range s.nodes {
+			n.mu.Lock()
+			total += n.store.Len()
+			n.mu.Unlock()
+		}
+		return total
+	}
+	held := stored()
+	if held == 0 {
+		t.Fatal("no node stored the record")
+	}
+	clk.Advance(time.Minute - time.Nanosecond)
+	if _, err := s.nodes[1].Get(ctx, "brief"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("expired record returned: %v", err)
+	}
+	if got := stored(); got != held {
+		t.Fatalf("%d items before the cleanup tick, want %d", got, held)
+	}
+	clk.Advance(time.Nanosecond)
+	eventually(t, "cleanup at the tick", func() bool { return stored() == 0 })
+}
+
+// TestRefreshTimerEvictsDeadPeers checks that the periodic refresh runs
+// on the node's clock and evicts a peer that stopped answering.
+func TestRefreshTimerEvictsDeadPeers(t *testing.T) {
+	clk := clock.NewFake(epoch)
+	s := newSwarm(t, 6, Config{BucketSize: 8, RPCTimeout: time.Second, RefreshInterval: 10 * time.Minute,
+		RepublishInterval: -1, CleanupInterval: -1, Clock: clk})
+	ctx := ctxT(t)
+	if err := clk.BlockUntil(ctx, len(s.nodes)); err != nil { // the refresh tickers
+		t.Fatal(err)
+	}
+	dead := s.peers[5].ID()
+	has := func(n *Node) bool { return slices.Contains(n.Peers(), dead) }
+	if !has(s.nodes[0]) {
+		t.Fatal("node 0 does not know node 5: test is not testing")
+	}
+	_ = s.net.Kill(dead)
+	clk.Advance(10*time.Minute - time.Nanosecond)
+	if !has(s.nodes[0]) {
+		t.Fatal("node 0 dropped node 5 before its refresh")
+	}
+	clk.Advance(time.Nanosecond)
+	eventually(t, "eviction at the refresh tick", func() bool { return !has(s.nodes[0]) })
 }
 
 func TestSignedRecordForgeryRejected(t *testing.T) {
@@ -304,8 +395,14 @@ func TestClientMode(t *testing.T) {
 }
 
 func TestRepublishRestoresLostReplicas(t *testing.T) {
-	s := newSwarm(t, 20, Config{BucketSize: 6, Replicas: 3, Quorum: 1, RPCTimeout: time.Second})
+	clk := clock.NewFake(epoch)
+	const every = 15 * time.Minute
+	s := newSwarm(t, 20, Config{BucketSize: 6, Replicas: 3, Quorum: 1, RPCTimeout: time.Second,
+		RefreshInterval: -1, RepublishInterval: every, CleanupInterval: -1, Clock: clk})
 	ctx := ctxT(t)
+	if err := clk.BlockUntil(ctx, len(s.nodes)); err != nil { // the republish tickers
+		t.Fatal(err)
+	}
 	key := "survivor"
 	// The owner and the reader are the nodes farthest from the key, so
 	// only the nearest replicas hold the record.
@@ -317,13 +414,13 @@ func TestRepublishRestoresLostReplicas(t *testing.T) {
 	}
 	sorted := kb.SortClosestPeers(ids, kb.ConvertKey(key))
 	owner, reader := byID[sorted[len(sorted)-1]], byID[sorted[len(sorted)-2]]
-	if _, err := owner.Store(ctx, key, "", []byte("v"), time.Now().Add(time.Minute)); err != nil {
+	if _, err := owner.Store(ctx, key, "", []byte("v"), clk.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	var holders []int
 	for i, n := range s.nodes {
 		n.mu.Lock()
-		if n.store.get(key, time.Now().UnixNano()) != nil && n != owner {
+		if n.store.get(key, clk.Now().UnixNano()) != nil && n != owner {
 			holders = append(holders, i)
 		}
 		n.mu.Unlock()
@@ -337,11 +434,20 @@ func TestRepublishRestoresLostReplicas(t *testing.T) {
 	if got, err := reader.Get(ctx, key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("record survived without republish (%v %v): test is not testing", got, err)
 	}
+	// Nothing is republished before the interval...
+	clk.Advance(every - time.Nanosecond)
+	if got, err := reader.Get(ctx, key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("record back before the republish tick: %v %v", got, err)
+	}
+	// ...and the owner's timer republishes at it.
+	clk.Advance(time.Nanosecond)
+	eventually(t, "record back after the republish tick", func() bool {
+		_, err := reader.Get(ctx, key)
+		return err == nil
+	})
+	// Republish also works on demand.
 	if k, err := owner.Republish(ctx); err != nil || k != 1 {
 		t.Fatalf("republish: %d %v", k, err)
-	}
-	if _, err := reader.Get(ctx, key); err != nil {
-		t.Fatalf("after republish: %v", err)
 	}
 }
 
@@ -351,7 +457,13 @@ func TestChurn(t *testing.T) {
 		n = 60
 	}
 	s := newSwarm(t, n, Config{RPCTimeout: time.Second})
-	ctx := ctxT(t)
+	// This test runs on the wall clock (its lookups wait out real RPC
+	// timeouts to dead peers) and asserts no timing: the deadline only
+	// guards against a hang. Its hundreds of lookups share one context, so
+	// the guard is longer than ctxT's: under -race on a loaded 2-core
+	// machine they took more than 20 s.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	keys := 40
 	exp := time.Now().Add(time.Hour)
 	for i := 0; i < keys; i++ {

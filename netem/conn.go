@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/clock"
 )
 
 const (
@@ -79,7 +80,9 @@ type shapedConn struct {
 // write: Write returns an error wrapping ErrUnreachable and c is closed.
 //
 // Close delivers the bytes already written (waiting at most the remaining
-// latency plus one second) before closing c. If c has a CloseWrite method,
+// latency plus one second) before closing c. All these times, and the
+// write deadline, are read on the network's clock (see WithClock); the
+// read deadline is the underlying conn's own. If c has a CloseWrite method,
 // the returned conn has one too, with the same draining behaviour.
 func (n *Network) Conn(c net.Conn, from, to peer.ID) net.Conn {
 	sc := &shapedConn{
@@ -130,16 +133,25 @@ func (c *shapedConn) setErr(err error) {
 // its arrival time.
 func (c *shapedConn) line(q <-chan chunk) {
 	defer close(c.lineDone)
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
+	clk := c.n.clk
+	var timer clock.Timer // made on first use, so an idle line arms none
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for ch := range q {
 		if c.lineErr() != nil {
 			continue // discard what is left
 		}
-		if d := time.Until(ch.at); d > 0 {
-			timer.Reset(d)
+		if d := ch.at.Sub(clk.Now()); d > 0 {
+			if timer == nil {
+				timer = clk.NewTimer(d)
+			} else {
+				timer.Reset(d)
+			}
 			select {
-			case <-timer.C:
+			case <-timer.C():
 			case <-c.abort:
 				c.setErr(net.ErrClosed)
 				continue
@@ -197,28 +209,29 @@ func (c *shapedConn) Write(b []byte) (int, error) {
 
 // waitUntil blocks until t, honouring Close and the write deadline.
 func (c *shapedConn) waitUntil(t time.Time) error {
-	if time.Until(t) <= 0 {
+	clk := c.n.clk
+	if t.Sub(clk.Now()) <= 0 {
 		return nil
 	}
-	timer := time.NewTimer(time.Until(t))
+	timer := clk.NewTimer(t.Sub(clk.Now()))
 	defer timer.Stop()
 	for {
 		c.dmu.Lock()
 		dl, changed := c.wdeadline, c.dlChanged
 		c.dmu.Unlock()
 		var deadline <-chan time.Time
-		var dt *time.Timer
+		var dt clock.Timer
 		if !dl.IsZero() {
-			if time.Until(dl) <= 0 {
+			if dl.Sub(clk.Now()) <= 0 {
 				return os.ErrDeadlineExceeded
 			}
-			dt = time.NewTimer(time.Until(dl))
-			deadline = dt.C
+			dt = clk.NewTimer(dl.Sub(clk.Now()))
+			deadline = dt.C()
 		}
 		var err error
 		done := true
 		select {
-		case <-timer.C:
+		case <-timer.C():
 		case <-deadline:
 			err = os.ErrDeadlineExceeded
 		case <-changed:
@@ -264,13 +277,14 @@ func (c *shapedConn) shutdownWrite() error {
 			close(c.q)
 			c.q = nil
 		}
-		wait := time.Until(c.lastAt) + time.Second
+		clk := c.n.clk
+		wait := c.lastAt.Sub(clk.Now()) + time.Second
 		c.wmu.Unlock()
-		timer := time.NewTimer(max(wait, time.Second))
+		timer := clk.NewTimer(max(wait, time.Second))
 		defer timer.Stop()
 		select {
 		case <-c.lineDone:
-		case <-timer.C:
+		case <-timer.C():
 			c.stopLine()
 			c.shutResult = net.ErrClosed
 		}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/clock"
 	"golang.org/x/sys/unix"
 )
 
@@ -410,8 +411,13 @@ func (t *Topology) link(i, j int) chan routedPacket {
 // deliverLoop writes each packet into the destination TUN at its arrival.
 func (t *Topology) deliverLoop(q chan routedPacket, dst *os.File) {
 	defer t.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
+	clk := t.n.clk
+	var timer clock.Timer // made on first use, so an idle link arms none
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		var p routedPacket
 		select {
@@ -419,10 +425,14 @@ func (t *Topology) deliverLoop(q chan routedPacket, dst *os.File) {
 		case <-t.quit:
 			return
 		}
-		if d := time.Until(p.at); d > 0 {
-			timer.Reset(d)
+		if d := p.at.Sub(clk.Now()); d > 0 {
+			if timer == nil {
+				timer = clk.NewTimer(d)
+			} else {
+				timer.Reset(d)
+			}
 			select {
-			case <-timer.C:
+			case <-timer.C():
 			case <-t.quit:
 				return
 			}

@@ -150,11 +150,8 @@ func TestAccuracyNamespaces(t *testing.T) {
 	if testing.Short() {
 		t.Skip("accuracy measurement takes a few seconds")
 	}
-	m, err := MeasureNamespaces(context.Background(), LinkParams{Latency: 50 * time.Millisecond, Bandwidth: 20e6},
-		MeasureOptions{Pings: 10, Warmup: 2 * time.Second, Duration: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("mode 2 (namespaces): %v", m)
-	checkAccuracy(t, m)
+	checkAccuracy(t, "mode 2 (namespaces)", func() (Measurement, error) {
+		return MeasureNamespaces(context.Background(), LinkParams{Latency: 50 * time.Millisecond, Bandwidth: 20e6},
+			MeasureOptions{Pings: 10, Warmup: 2 * time.Second, Duration: 2 * time.Second})
+	})
 }

@@ -37,6 +37,7 @@ var (
 type Network struct {
 	profile *Profile
 	seed    uint64
+	clk     clock.Clock
 
 	mu        sync.Mutex
 	region    map[peer.ID]string
@@ -65,9 +66,33 @@ type Transit struct {
 	Lost bool
 }
 
+// Option configures a Network (New) or a NICLink (NewNICLink).
+type Option func(*options)
+
+type options struct {
+	clock clock.Clock
+}
+
+// WithClock makes the emulation read the time and sleep on c instead of
+// the wall clock: link schedules, Deliver, the delay lines and write
+// deadlines of Conn and Proxy, and Topology's router. Tests pass a
+// clock.Fake to step through transfers deterministically. A nil c means
+// the wall clock.
+func WithClock(c clock.Clock) Option { return func(o *options) { o.clock = c } }
+
+func buildOptions(opts []Option) options {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	o.clock = clock.Or(o.clock)
+	return o
+}
+
 // New returns a network over profile p. Peers must be assigned to regions
-// with Assign before they send or receive.
-func New(p *Profile, seed uint64) (*Network, error) {
+// with Assign before they send or receive. It runs on the wall clock unless
+// WithClock says otherwise.
+func New(p *Profile, seed uint64, opts ...Option) (*Network, error) {
 	if p == nil {
 		return nil, errors.New("netem: nil profile")
 	}
@@ -77,6 +102,7 @@ func New(p *Profile, seed uint64) (*Network, error) {
 	return &Network{
 		profile:   p,
 		seed:      seed,
+		clk:       buildOptions(opts).clock,
 		region:    make(map[peer.ID]string),
 		overrides: make(map[pair]LinkParams),
 		links:     make(map[pair]*linkState),
@@ -85,6 +111,9 @@ func New(p *Profile, seed uint64) (*Network, error) {
 		crashed:   make(map[peer.ID]bool),
 	}, nil
 }
+
+// Clock returns the clock the network runs on.
+func (n *Network) Clock() clock.Clock { return n.clk }
 
 // Profile returns the network's profile.
 func (n *Network) Profile() *Profile { return n.profile }
@@ -240,7 +269,7 @@ func (n *Network) transmit(from, to peer.ID, size int, maxBacklog time.Duration)
 		return Transit{}, err
 	}
 	ls := n.linkLocked(from, to)
-	now := time.Now()
+	now := n.clk.Now()
 	start := now
 	if ls.busyUntil.After(now) {
 		if maxBacklog >= 0 && ls.busyUntil.Sub(now) > maxBacklog {
@@ -294,12 +323,12 @@ func (n *Network) Deliver(ctx context.Context, from, to peer.ID, size int) error
 		return err
 	}
 	if t.Lost {
-		if err := clock.SleepUntil(ctx, t.Sent); err != nil {
+		if err := n.clk.SleepUntil(ctx, t.Sent); err != nil {
 			return err
 		}
 		return fmt.Errorf("%s -> %s (%d bytes): %w", from, to, size, ErrLost)
 	}
-	if err := clock.SleepUntil(ctx, t.Arrive); err != nil {
+	if err := n.clk.SleepUntil(ctx, t.Arrive); err != nil {
 		return err
 	}
 	n.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/clock"
 )
 
 // NICLink emulates every peer's network interface for p2p/memnet: each
@@ -19,6 +20,7 @@ import (
 // concurrent use.
 type NICLink struct {
 	latency time.Duration
+	clk     clock.Clock
 
 	mu         sync.Mutex
 	defaultBW  float64
@@ -29,10 +31,11 @@ type NICLink struct {
 
 // NewNICLink returns a link model in which every peer has bandwidth bits
 // per second in each direction (0 means unlimited) and messages take
-// latency to arrive.
-func NewNICLink(bandwidth float64, latency time.Duration) *NICLink {
+// latency to arrive. It runs on the wall clock unless WithClock says
+// otherwise.
+func NewNICLink(bandwidth float64, latency time.Duration, opts ...Option) *NICLink {
 	return &NICLink{
-		latency: latency, defaultBW: bandwidth,
+		latency: latency, defaultBW: bandwidth, clk: buildOptions(opts).clock,
 		bw: map[peer.ID]float64{}, up: map[peer.ID]time.Time{}, down: map[peer.ID]time.Time{},
 	}
 }
@@ -76,7 +79,7 @@ func serialize(size int, bw float64) time.Duration {
 // sender's uplink and the receiver's downlink and the latency has passed.
 func (l *NICLink) Deliver(ctx context.Context, from, to peer.ID, size int) error {
 	l.mu.Lock()
-	now := time.Now()
+	now := l.clk.Now()
 	upStart := later(now, l.up[from])
 	upEnd := upStart.Add(serialize(size, l.bandwidth(from)))
 	l.up[from] = upEnd
@@ -85,18 +88,14 @@ func (l *NICLink) Deliver(ctx context.Context, from, to peer.ID, size int) error
 	l.down[to] = downEnd
 	l.bytesMoved += int64(size)
 	l.mu.Unlock()
-	d := time.Until(downEnd.Add(l.latency))
+	d := downEnd.Add(l.latency).Sub(l.clk.Now())
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("averaging: link: %w", ctx.Err())
+	if err := l.clk.Sleep(ctx, d); err != nil {
+		return fmt.Errorf("averaging: link: %w", err)
 	}
+	return nil
 }
 
 func later(a, b time.Time) time.Time {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/skyhive/skyhive/clock"
 )
 
 // Device is a peer's emulated machine: a compute slowdown factor, a memory
@@ -20,6 +22,7 @@ import (
 type Device struct {
 	name   string
 	memory int64
+	clk    clock.Clock
 
 	mu       sync.Mutex
 	slowdown float64
@@ -33,9 +36,17 @@ type Device struct {
 
 const controlPoll = 100 * time.Millisecond
 
+// DeviceOption configures NewDevice.
+type DeviceOption func(*Device)
+
+// WithClock makes the device throttle on c instead of the wall clock (nil
+// means the wall clock).
+func WithClock(c clock.Clock) DeviceOption { return func(d *Device) { d.clk = clock.Or(c) } }
+
 // NewDevice returns a running device. slowdown must be at least 1 (1 is
-// full speed); memoryBytes is the memory cap (0 means none).
-func NewDevice(name string, slowdown float64, memoryBytes int64) (*Device, error) {
+// full speed); memoryBytes is the memory cap (0 means none). It runs on the
+// wall clock unless WithClock says otherwise.
+func NewDevice(name string, slowdown float64, memoryBytes int64, opts ...DeviceOption) (*Device, error) {
 	if err := checkSlowdown(slowdown); err != nil {
 		return nil, err
 	}
@@ -44,7 +55,11 @@ func NewDevice(name string, slowdown float64, memoryBytes int64) (*Device, error
 	}
 	g := make(chan struct{})
 	close(g)
-	return &Device{name: name, memory: memoryBytes, slowdown: slowdown, gate: g}, nil
+	d := &Device{name: name, memory: memoryBytes, clk: clock.Real(), slowdown: slowdown, gate: g}
+	for _, o := range opts {
+		o(d)
+	}
+	return d, nil
 }
 
 func checkSlowdown(f float64) error {
@@ -129,20 +144,16 @@ func (d *Device) Checkpoint(ctx context.Context) error {
 }
 
 // Throttle emulates a slower device after compute that took
-// computeDuration on this machine: it sleeps (slowdown-1)×computeDuration,
-// and waits at the pause gate before and after.
+// computeDuration on this machine: it sleeps (slowdown-1)×computeDuration
+// on the device's clock, and waits at the pause gate before and after.
 func (d *Device) Throttle(ctx context.Context, computeDuration time.Duration) error {
 	if err := d.Checkpoint(ctx); err != nil {
 		return err
 	}
 	extra := time.Duration((d.Slowdown() - 1) * float64(computeDuration))
 	if extra > 0 {
-		t := time.NewTimer(extra)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := d.clk.Sleep(ctx, extra); err != nil {
+			return err
 		}
 	}
 	return d.Checkpoint(ctx)
@@ -150,10 +161,10 @@ func (d *Device) Throttle(ctx context.Context, computeDuration time.Duration) er
 
 // refreshLocked re-reads the control file of a child process.
 func (d *Device) refreshLocked() {
-	if d.control == "" || time.Since(d.lastCheck) < controlPoll {
+	if d.control == "" || d.clk.Now().Sub(d.lastCheck) < controlPoll {
 		return
 	}
-	d.lastCheck = time.Now()
+	d.lastCheck = d.clk.Now()
 	data, err := os.ReadFile(d.control)
 	if err != nil {
 		return

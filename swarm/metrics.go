@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/skyhive/skyhive/clock"
 )
 
 // maxSamples bounds the samples kept per metric name; later ones are
@@ -32,13 +34,17 @@ type PeerMetrics struct {
 // report), gauges (last value) and time-stamped samples. It is safe for
 // concurrent use.
 type Recorder struct {
-	mu sync.Mutex
-	m  PeerMetrics
+	clk clock.Clock // stamps samples
+	mu  sync.Mutex
+	m   PeerMetrics
 }
 
-// NewRecorder returns an empty recorder.
-func NewRecorder() *Recorder {
-	return &Recorder{m: PeerMetrics{
+// NewRecorder returns an empty recorder that stamps samples with the wall
+// clock. (The swarm gives its goroutine peers recorders on its own clock.)
+func NewRecorder() *Recorder { return newRecorder(clock.Real()) }
+
+func newRecorder(clk clock.Clock) *Recorder {
+	return &Recorder{clk: clk, m: PeerMetrics{
 		Counters: map[string]float64{},
 		Gauges:   map[string]float64{},
 		Samples:  map[string][]Sample{},
@@ -61,7 +67,7 @@ func (r *Recorder) Set(name string, v float64) {
 
 // Observe records a sample of name taken now.
 func (r *Recorder) Observe(name string, v float64) {
-	now := time.Now()
+	now := r.clk.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.m.Samples[name]) >= maxSamples {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/netem"
 )
 
@@ -38,6 +39,11 @@ type Peer struct {
 	Metrics *Recorder
 	// Network is the swarm's emulated network, nil if the spec has none.
 	Network *netem.Network
+	// Clock is the swarm's clock (Options.Clock, or the wall clock). The
+	// device throttles on it and metrics samples are stamped with it;
+	// goroutine peers should sleep on it too, so that a test can drive
+	// the whole swarm with a fake clock.
+	Clock clock.Clock
 
 	mu      sync.Mutex
 	ids     []peer.ID
@@ -92,8 +98,12 @@ type Options struct {
 	// Network overrides the network built from the spec's profile.
 	Network *netem.Network
 	// StopTimeout is how long Stop waits for a peer before killing it
-	// (default 5 s).
+	// (default 5 s). It is real time: processes run on the wall clock.
 	StopTimeout time.Duration
+	// Clock times the failure schedule, the peers' devices and metrics,
+	// the report and the network built from the spec's profile. Nil means
+	// the wall clock; tests pass a clock.Fake.
+	Clock clock.Clock
 }
 
 // Swarm is a running set of peers.
@@ -104,6 +114,7 @@ type Swarm struct {
 	byName map[string]*Peer
 	start  time.Time
 	opts   Options
+	clk    clock.Clock
 
 	cancel   context.CancelFunc
 	unhook   func() bool
@@ -126,10 +137,11 @@ func Start(ctx context.Context, spec *Spec, l Launcher, opts Options) (*Swarm, e
 	if opts.StopTimeout <= 0 {
 		opts.StopTimeout = 5 * time.Second
 	}
+	clk := clock.Or(opts.Clock)
 	n := opts.Network
 	if n == nil && spec.Profile != nil {
 		var err error
-		if n, err = netem.New(spec.Profile, spec.Seed); err != nil {
+		if n, err = netem.New(spec.Profile, spec.Seed, netem.WithClock(clk)); err != nil {
 			return nil, err
 		}
 	}
@@ -137,18 +149,18 @@ func Start(ctx context.Context, spec *Spec, l Launcher, opts Options) (*Swarm, e
 	ctx, cancel := context.WithCancel(ctx)
 	s := &Swarm{
 		spec: spec, net: n, byName: map[string]*Peer{},
-		opts: opts, cancel: cancel, allDone: make(chan struct{}),
+		opts: opts, clk: clk, cancel: cancel, allDone: make(chan struct{}),
 	}
-	s.start = time.Now()
+	s.start = clk.Now()
 	for _, ps := range spec.Peers() {
-		dev, err := NewDevice(ps.Class, ps.Slowdown, ps.MemoryBytes)
+		dev, err := NewDevice(ps.Class, ps.Slowdown, ps.MemoryBytes, WithClock(clk))
 		if err != nil {
 			s.abort()
 			return nil, err
 		}
 		p := &Peer{
 			Index: ps.Index, Name: ps.Name, Class: ps.Class, Region: ps.Region,
-			Device: dev, Metrics: NewRecorder(), Network: n, state: StateRunning,
+			Device: dev, Metrics: newRecorder(clk), Network: n, Clock: clk, state: StateRunning,
 		}
 		inst, err := l.launch(ctx, p)
 		if err != nil {
@@ -170,7 +182,7 @@ func Start(ctx context.Context, spec *Spec, l Launcher, opts Options) (*Swarm, e
 	go func() {
 		watchers.Wait()
 		s.mu.Lock()
-		s.end = time.Now()
+		s.end = clk.Now()
 		s.mu.Unlock()
 		close(s.allDone)
 	}()
@@ -295,19 +307,28 @@ func (s *Swarm) apply(f Failure) error {
 // runSchedule fires the failure schedule until ctx ends or all peers exit.
 func (s *Swarm) runSchedule(ctx context.Context) {
 	defer s.schedWG.Done()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
+	var timer clock.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for _, f := range s.spec.schedule() {
-		timer.Reset(time.Until(s.start.Add(f.At)))
+		d := s.start.Add(f.At).Sub(s.clk.Now())
+		if timer == nil {
+			timer = s.clk.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
 		select {
-		case <-timer.C:
+		case <-timer.C():
 		case <-ctx.Done():
 			return
 		case <-s.allDone:
 			return
 		}
 		err := s.apply(f)
-		ev := Event{At: f.At, Fired: time.Since(s.start), Action: f.Action, Peer: f.Peer, Factor: f.Factor}
+		ev := Event{At: f.At, Fired: s.clk.Now().Sub(s.start), Action: f.Action, Peer: f.Peer, Factor: f.Factor}
 		if err != nil {
 			ev.Error = err.Error()
 		}
@@ -388,7 +409,7 @@ func (s *Swarm) Report() Report {
 	r := Report{Start: s.start, End: s.end, Events: append([]Event(nil), s.events...), Totals: map[string]float64{}}
 	s.mu.Unlock()
 	if r.End.IsZero() {
-		r.End = time.Now()
+		r.End = s.clk.Now()
 	}
 	for _, p := range s.peers {
 		st, err := p.State()

@@ -7,11 +7,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/netem"
 	"go.uber.org/goleak"
 )
@@ -104,41 +104,103 @@ func TestParseSpecErrors(t *testing.T) {
 	}
 }
 
+var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// ctxT bounds a test's waits, so that a bug fails the test instead of
+// hanging it; the bound is never reached when the code works.
+func ctxT(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// async runs f in a goroutine and returns its result channel.
+func async(f func() error) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	return ch
+}
+
+// eventually waits until cond holds, polling every 5 ms. It asserts no
+// timing; the bound only turns a hang into a failure.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 20 s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func TestDevicePauseGateAndThrottle(t *testing.T) {
-	d, err := NewDevice("x", 3, 0)
+	clk := clock.NewFake(epoch)
+	d, err := NewDevice("x", 3, 0, WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	t0 := time.Now()
-	if err := d.Throttle(ctx, 20*time.Millisecond); err != nil {
+	ctx := ctxT(t)
+	// Throttle(20ms) at slowdown 3 sleeps 40 ms on the device's clock.
+	done := async(func() error { return d.Throttle(ctx, 20*time.Millisecond) })
+	if err := clk.BlockUntil(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if el := time.Since(t0); el < 40*time.Millisecond || el > 200*time.Millisecond {
-		t.Errorf("Throttle(20ms) at slowdown 3 slept %v, want 40ms", el)
+	clk.Advance(40*time.Millisecond - time.Nanosecond)
+	if clk.Waiters() != 1 {
+		t.Fatal("Throttle(20ms) at slowdown 3 stopped sleeping before 40 ms")
 	}
+	clk.Advance(time.Nanosecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// At slowdown 1 Throttle does not sleep at all.
+	if err := d.SetSlowdown(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Throttle(ctx, time.Hour); err != nil || clk.Waiters() != 0 {
+		t.Fatalf("Throttle at slowdown 1: %v, %d timers", err, clk.Waiters())
+	}
+	d.SetSlowdown(3)
+
 	d.Pause()
-	released := make(chan time.Time, 1)
+	released := make(chan struct{})
 	go func() {
 		d.Checkpoint(ctx)
-		released <- time.Now()
+		close(released)
 	}()
-	time.Sleep(50 * time.Millisecond)
+	throttled := async(func() error { return d.Throttle(ctx, time.Millisecond) })
+	// No amount of time passes a closed gate. (The real sleep only gives
+	// a broken gate the chance to show; it cannot fail a working one.)
+	clk.Advance(time.Hour)
+	time.Sleep(20 * time.Millisecond)
 	select {
 	case <-released:
 		t.Fatal("Checkpoint passed a closed gate")
+	case err := <-throttled:
+		t.Fatalf("Throttle passed a closed gate: %v", err)
 	default:
 	}
-	resumed := time.Now()
+	if clk.Waiters() != 0 {
+		t.Fatal("a paused Throttle is sleeping instead of waiting at the gate")
+	}
 	d.Resume()
-	if r := <-released; r.Before(resumed) {
-		t.Error("released before Resume")
+	<-released
+	// Past the gate, the throttle sleeps its 2 ms.
+	if err := clk.BlockUntil(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Millisecond)
+	if err := <-throttled; err != nil {
+		t.Fatal(err)
 	}
 	d.Pause()
-	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-	defer cancel()
-	if err := d.Throttle(cctx, time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("paused Throttle with deadline: %v", err)
+	cctx, cancel := context.WithCancel(ctx)
+	throttled = async(func() error { return d.Throttle(cctx, time.Millisecond) })
+	cancel()
+	if err := <-throttled; !errors.Is(err, context.Canceled) {
+		t.Errorf("paused Throttle with a cancelled context: %v", err)
 	}
 	d.Resume()
 	if err := d.SetSlowdown(0.5); err == nil {
@@ -153,15 +215,11 @@ func goroutineSpec() *Spec {
 	}}
 }
 
-// stepper is a peer that "computes" for 2 ms per step.
+// stepper is a peer that "computes" for 2 ms per step on the swarm's clock.
 func stepper(ctx context.Context, p *Peer) error {
 	for i := 0; i < 100000; i++ {
-		t := time.NewTimer(2 * time.Millisecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := p.Clock.Sleep(ctx, 2*time.Millisecond); err != nil {
+			return err
 		}
 		if err := p.Device.Throttle(ctx, 2*time.Millisecond); err != nil {
 			return err
@@ -173,11 +231,29 @@ func stepper(ctx context.Context, p *Peer) error {
 }
 
 func TestGoroutineSwarm(t *testing.T) {
-	s, err := Start(context.Background(), goroutineSpec(), Goroutines(stepper), Options{})
+	clk := clock.NewFake(epoch)
+	ctx := ctxT(t)
+	spec := goroutineSpec()
+	s, err := Start(context.Background(), spec, Goroutines(stepper), Options{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond)
+	defer s.Stop()
+	// Run 400 ms, one millisecond at a time: each peer always has exactly
+	// one timer armed (its step or its throttle) when it is waiting.
+	peers := 0
+	for _, c := range spec.Devices {
+		peers += c.Count
+	}
+	for range 400 {
+		if err := clk.BlockUntil(ctx, peers); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(time.Millisecond)
+	}
+	if err := clk.BlockUntil(ctx, peers); err != nil { // the last steps are counted
+		t.Fatal(err)
+	}
 	if err := s.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -185,23 +261,32 @@ func TestGoroutineSwarm(t *testing.T) {
 	if len(r.Peers) != 20 {
 		t.Fatalf("%d peers in report", len(r.Peers))
 	}
+	if !r.Start.Equal(epoch) || !r.End.Equal(epoch.Add(400*time.Millisecond)) {
+		t.Errorf("report from %v to %v, want the fake clock's 400 ms", r.Start, r.End)
+	}
+	// Fast steps take 2 ms, slow ones 2 + 4 ms: in 400 ms exactly 200 and
+	// 66 steps, the last ones done at 400 and 396 ms.
 	var fast, slow float64
 	for _, p := range r.Peers {
 		if p.State != StateStopped {
 			t.Errorf("%s: state %s", p.Name, p.State)
 		}
+		steps, last := 200.0, 400*time.Millisecond
 		if p.Class == "fast" {
 			fast += p.Metrics.Counters["steps"]
 		} else {
+			steps, last = 66, 396*time.Millisecond
 			slow += p.Metrics.Counters["steps"]
 		}
+		smp := p.Metrics.Samples["step"]
+		if p.Metrics.Counters["steps"] != steps || len(smp) != int(steps) || !smp[len(smp)-1].Time.Equal(epoch.Add(last)) {
+			t.Errorf("%s: %v steps and %d samples, want %v, the last at %v",
+				p.Name, p.Metrics.Counters["steps"], len(smp), steps, last)
+			continue
+		}
 	}
-	if r.Totals["steps"] != fast+slow || fast == 0 || slow == 0 {
+	if r.Totals["steps"] != fast+slow || fast != 2000 || slow != 660 {
 		t.Fatalf("totals %v, fast %v, slow %v", r.Totals, fast, slow)
-	}
-	// Fast steps take 2 ms, slow ones 2 + 4 ms.
-	if ratio := fast / slow; ratio < 1.8 || ratio > 4 {
-		t.Errorf("fast/slow step ratio %.2f, want about 3", ratio)
 	}
 	path := filepath.Join(t.TempDir(), "report.json")
 	if err := r.WriteFile(path); err != nil {
@@ -210,38 +295,76 @@ func TestGoroutineSwarm(t *testing.T) {
 }
 
 func TestFailureSchedule(t *testing.T) {
+	clk := clock.NewFake(epoch)
+	ctx := ctxT(t)
 	spec := goroutineSpec()
 	spec.Failures = []Failure{
 		{At: 100 * time.Millisecond, Action: ActionSlowdown, Peer: "fast-0", Factor: 5},
 		{At: 150 * time.Millisecond, Action: ActionPause, Peer: "slow-0", For: 200 * time.Millisecond},
 		{At: 250 * time.Millisecond, Action: ActionKill, Peer: "fast-1"},
 	}
-	var pausedSeen atomic.Bool
+	// The peers only wait to be stopped, so the schedule's timer is the
+	// only one on the clock.
 	run := func(ctx context.Context, p *Peer) error {
-		if p.Name == "slow-0" {
-			// Check the gate is closed between 150 and 350 ms.
-			t := time.NewTimer(250 * time.Millisecond)
-			select {
-			case <-t.C:
-				pausedSeen.Store(p.Device.Paused())
-			case <-ctx.Done():
-				t.Stop()
-			}
-		}
-		return stepper(ctx, p)
+		<-ctx.Done()
+		return ctx.Err()
 	}
-	s, err := Start(context.Background(), spec, Goroutines(run), Options{})
+	s, err := Start(context.Background(), spec, Goroutines(run), Options{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Stop()
-	fast1, _ := s.Peer("fast-1")
-	select {
-	case <-time.After(2 * time.Second):
-		t.Fatal("fast-1 was not killed")
-	case <-fast1.inst.done():
+	f0, _ := s.Peer("fast-0")
+	f1, _ := s.Peer("fast-1")
+	s0, _ := s.Peer("slow-0")
+	events := func() int { return len(s.Report().Events) }
+	// fireAt advances to the n-th event's time, checking that it has not
+	// fired a nanosecond before, and waits until it has been applied.
+	fireAt := func(at time.Duration, n int) {
+		t.Helper()
+		if err := clk.BlockUntil(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(at - time.Nanosecond - clk.Now().Sub(epoch))
+		if clk.Waiters() != 1 || events() != n-1 {
+			t.Fatalf("event %d fired before %v", n, at)
+		}
+		clk.Advance(time.Nanosecond)
+		eventually(t, "event applied", func() bool { return events() == n })
 	}
-	time.Sleep(150 * time.Millisecond) // past the resume at 350 ms
+	if f0.Device.Slowdown() != 1 {
+		t.Fatalf("fast-0 starts at slowdown %v", f0.Device.Slowdown())
+	}
+	fireAt(100*time.Millisecond, 1)
+	if f0.Device.Slowdown() != 5 {
+		t.Errorf("fast-0 slowdown %v after the slowdown event", f0.Device.Slowdown())
+	}
+	if s0.Device.Paused() {
+		t.Error("slow-0 paused before 150 ms")
+	}
+	fireAt(150*time.Millisecond, 2)
+	if !s0.Device.Paused() {
+		t.Error("slow-0 not paused at 150 ms")
+	}
+	if st, _ := f1.State(); st != StateRunning {
+		t.Errorf("fast-1 %s before 250 ms", st)
+	}
+	fireAt(250*time.Millisecond, 3)
+	select {
+	case <-f1.inst.done():
+	case <-ctx.Done():
+		t.Fatal("fast-1 was not killed")
+	}
+	if !s0.Device.Paused() {
+		t.Error("slow-0 resumed before 350 ms")
+	}
+	fireAt(350*time.Millisecond, 4)
+	if s0.Device.Paused() {
+		t.Error("slow-0 still paused after its 200 ms")
+	}
+	if clk.Waiters() != 0 {
+		t.Errorf("%d timers armed after the last event", clk.Waiters())
+	}
 	if err := s.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -250,23 +373,23 @@ func TestFailureSchedule(t *testing.T) {
 		t.Fatalf("events %+v", r.Events)
 	}
 	for _, e := range r.Events {
-		if late := e.Fired - e.At; late < 0 || late > 100*time.Millisecond || e.Error != "" {
-			t.Errorf("event %+v fired %v late", e, late)
+		if e.Fired != e.At || e.Error != "" {
+			t.Errorf("event %+v fired at %v", e, e.Fired)
 		}
 	}
-	if st, _ := fast1.State(); st != StateKilled {
+	if st, _ := f1.State(); st != StateKilled {
 		t.Errorf("fast-1 state %s", st)
 	}
-	f0, _ := s.Peer("fast-0")
-	if f0.Device.Slowdown() != 5 {
-		t.Errorf("fast-0 slowdown %v", f0.Device.Slowdown())
-	}
-	s0, _ := s.Peer("slow-0")
-	if !pausedSeen.Load() || s0.Device.Paused() {
-		t.Errorf("slow-0: paused mid-window %v, paused at end %v", pausedSeen.Load(), s0.Device.Paused())
+	if st, _ := f0.State(); st != StateStopped {
+		t.Errorf("fast-0 state %s", st)
 	}
 }
 
+// TestProcessSwarm runs real child processes, which live on the wall
+// clock and are paused with real signals, so it cannot use a fake clock.
+// Instead of fixed sleeps it waits for what it checks, and it judges the
+// pause window by when the schedule actually fired, so a loaded machine
+// only makes it slower.
 func TestProcessSwarm(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -291,7 +414,31 @@ func TestProcessSwarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Stop()
-	time.Sleep(900 * time.Millisecond)
+	byName := func(r Report) map[string]PeerMetrics {
+		m := map[string]PeerMetrics{}
+		for _, p := range r.Peers {
+			m[p.Name] = p.Metrics
+		}
+		return m
+	}
+	eventually(t, "all four events fired", func() bool { return len(s.Report().Events) == 4 })
+	var pause, resume Event
+	for _, e := range s.Report().Events {
+		switch e.Action {
+		case ActionPause:
+			pause = e
+		case ActionResume:
+			resume = e
+		}
+	}
+	eventually(t, "w-0 sees its new slowdown and w-2 ticks again after the resume", func() bool {
+		m := byName(s.Report())
+		after := false
+		for _, smp := range m["w-2"].Samples["tick"] {
+			after = after || smp.Time.Sub(s.StartTime()) > resume.Fired
+		}
+		return after && m["w-0"].Gauges["slowdown"] == 3
+	})
 	if err := s.Stop(); err != nil {
 		t.Fatalf("Stop: %v (logs in %s)", err, dir)
 	}
@@ -299,6 +446,11 @@ func TestProcessSwarm(t *testing.T) {
 	states := map[string]string{}
 	for _, p := range r.Peers {
 		states[p.Name] = p.State
+		if p.Name == "w-1" && len(p.Metrics.Counters) == 0 {
+			// Killed at 300 ms: on a loaded machine the child may not have
+			// started ticking by then. Its state is checked below.
+			continue
+		}
 		if p.Metrics.Counters["ticks"] == 0 {
 			t.Errorf("%s reported no ticks", p.Name)
 		}
@@ -312,36 +464,36 @@ func TestProcessSwarm(t *testing.T) {
 			t.Errorf("%s state %s, want %s", k, states[k], v)
 		}
 	}
-	m := map[string]PeerMetrics{}
-	for _, p := range r.Peers {
-		m[p.Name] = p.Metrics
-	}
+	m := byName(r)
 	if m["w-1"].Counters["clean_exits"] != 0 || m["w-0"].Counters["clean_exits"] != 1 {
 		t.Errorf("clean exits: killed %v, stopped %v", m["w-1"].Counters["clean_exits"], m["w-0"].Counters["clean_exits"])
 	}
 	if m["w-0"].Gauges["slowdown"] != 3 {
 		t.Errorf("w-0 did not see the slowdown change: %v", m["w-0"].Gauges["slowdown"])
 	}
-	// w-2 was SIGSTOPped from 200 to 600 ms: no ticks well inside that
-	// window, and ticks after it.
-	var inside, after int
+	// w-2 was SIGSTOPped before the pause event's Fired time and gets
+	// SIGCONT no earlier than 600 ms (a timer never fires early): it takes
+	// no sample in between (10 ms of slack for the signal to land).
+	inside := 0
 	for _, smp := range m["w-2"].Samples["tick"] {
 		off := smp.Time.Sub(r.Start)
-		if off > 250*time.Millisecond && off < 550*time.Millisecond {
+		if off > pause.Fired+10*time.Millisecond && off < 600*time.Millisecond {
 			inside++
 		}
-		if off > 600*time.Millisecond {
-			after++
-		}
 	}
-	if inside > 0 || after == 0 {
-		t.Errorf("w-2 ticked %d times while stopped and %d times after", inside, after)
+	if inside > 0 {
+		t.Errorf("w-2 ticked %d times while stopped (pause fired at %v)", inside, pause.Fired)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "w-1.log")); err != nil {
 		t.Error(err)
 	}
 	if len(r.Events) != 4 {
 		t.Errorf("events %+v", r.Events)
+	}
+	for _, e := range r.Events {
+		if e.Fired < e.At || e.Error != "" {
+			t.Errorf("event %+v fired early or failed", e)
+		}
 	}
 }
 

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/stats"
 )
 
 // MeasureOptions tunes Measure. Zero fields take the defaults.
@@ -139,20 +139,11 @@ func Measure(ctx context.Context, client, server net.Conn, o MeasureOptions) (Me
 	for i := range sent {
 		oneway[i] = r.arrivals[i].Sub(sent[i])
 	}
-	slices.Sort(oneway)
-	slices.Sort(rtts)
-	m.OneWay = median(oneway)
-	m.OneWayMin, m.OneWayMax = oneway[0], oneway[len(oneway)-1]
-	m.RTT = median(rtts)
+	ow := stats.Summarize(oneway)
+	m.OneWay, m.OneWayMin, m.OneWayMax = ow.Median, ow.Min, ow.Max
+	m.RTT = stats.Median(rtts)
 	m.Throughput = float64(r.bytes) * 8 / r.window.Seconds()
 	return m, nil
-}
-
-func median(s []time.Duration) time.Duration {
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // measureServer answers the probes, then counts bulk bytes during the

@@ -93,7 +93,7 @@ func (l *NICLink) Deliver(ctx context.Context, from, to peer.ID, size int) error
 		return nil
 	}
 	if err := l.clk.Sleep(ctx, d); err != nil {
-		return fmt.Errorf("averaging: link: %w", err)
+		return fmt.Errorf("netem: link: %w", err)
 	}
 	return nil
 }

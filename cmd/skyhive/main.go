@@ -13,6 +13,7 @@ import (
 
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func newRootCmd() *cobra.Command {
@@ -95,4 +96,16 @@ func selectGEMM(name string) error {
 		return fmt.Errorf("--gemm: %w", err)
 	}
 	return nil
+}
+
+// renameFlags keeps old flag names working as aliases of their new names
+// (flags renamed so that one name means one thing in every command).
+func renameFlags(fl *pflag.FlagSet, renamed map[string]string) {
+	prev := fl.GetNormalizeFunc()
+	fl.SetNormalizeFunc(func(f *pflag.FlagSet, name string) pflag.NormalizedName {
+		if n, ok := renamed[name]; ok {
+			name = n
+		}
+		return prev(f, name)
+	})
 }

@@ -68,7 +68,8 @@ exits non-zero; so does any strategy that fails.`,
 	fl.StringVar(&f.model, "model", "bert-large:160", "model: generator spec bert-large:N / bert-base:N, alloc model JSON or model profile")
 	fl.StringVar(&f.strategy, "strategy", "all", "all or one of "+strings.Join(alloc.StrategyNames(), ", "))
 	fl.StringVar(&f.schedule, "schedule", "", "sequential or gpipe (default: the model's own)")
-	fl.IntVar(&f.micro, "micro-batches", 0, "micro-batches of the gpipe schedule (implies gpipe when > 1)")
+	fl.IntVar(&f.micro, "micro", 0, "micro-batches of the gpipe schedule (implies gpipe when > 1)")
+	renameFlags(fl, map[string]string{"micro-batches": "micro"})
 	fl.IntVar(&f.batch, "batch", 0, "batch of a generator spec (default 32)")
 	fl.StringVar(&f.objective, "objective", "iteration", "what skyhive minimises: iteration or bottleneck")
 	fl.DurationVar(&f.timeLimit, "time-limit", alloc.DefaultOptimalTimeLimit, "time limit of each strategy's solve")
@@ -531,8 +532,9 @@ func newProfileModelCmd() *cobra.Command {
 
 func newProfileClusterCmd() *cobra.Command {
 	var (
-		intra, inter [2]float64 // latency ms, bandwidth Gbit/s
-		out          string
+		intra, inter       [2]float64 // latency ms, bandwidth Gbit/s
+		intraLat, interLat time.Duration
+		out                string
 	)
 	cmd := &cobra.Command{
 		Use:   "cluster DEVICE.json...",
@@ -540,10 +542,16 @@ func newProfileClusterCmd() *cobra.Command {
 		Long: `Join device profiles, in pipeline order, into a cluster profile. Links between
 devices are the --intra defaults within a region and the --inter defaults across
 regions; measured links can be added to the "links" list (docs/profile.md).`,
-		Example: `  skyhive profile cluster a.json b.json c.json --inter-latency-ms 40 --inter-gbit 1 --out cluster.json
+		Example: `  skyhive profile cluster a.json b.json c.json --inter-latency 40ms --inter-gbit 1 --out cluster.json
   skyhive plan --cluster cluster.json --model bert-large:24`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("intra-latency-ms") {
+				intra[0] = intraLat.Seconds() * 1e3
+			}
+			if !cmd.Flags().Changed("inter-latency-ms") {
+				inter[0] = interLat.Seconds() * 1e3
+			}
 			for _, v := range append(intra[:], inter[:]...) {
 				if v < 0 {
 					return errors.New("link latencies and bandwidths must not be negative")
@@ -575,10 +583,14 @@ regions; measured links can be added to the "links" list (docs/profile.md).`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.Float64Var(&intra[0], "intra-latency-ms", 0.1, "one-way latency within a region, ms")
+	fl.DurationVar(&intraLat, "intra-latency", 100*time.Microsecond, "one-way latency within a region")
 	fl.Float64Var(&intra[1], "intra-gbit", 10, "bandwidth within a region, Gbit/s (0: unlimited)")
-	fl.Float64Var(&inter[0], "inter-latency-ms", 50, "one-way latency across regions, ms")
+	fl.DurationVar(&interLat, "inter-latency", 50*time.Millisecond, "one-way latency across regions")
 	fl.Float64Var(&inter[1], "inter-gbit", 1, "bandwidth across regions, Gbit/s (0: unlimited)")
+	fl.Float64Var(&intra[0], "intra-latency-ms", 0, "deprecated: use --intra-latency")
+	fl.Float64Var(&inter[0], "inter-latency-ms", 0, "deprecated: use --inter-latency")
+	_ = fl.MarkDeprecated("intra-latency-ms", "use --intra-latency with a duration, e.g. 100us")
+	_ = fl.MarkDeprecated("inter-latency-ms", "use --inter-latency with a duration, e.g. 50ms")
 	fl.StringVar(&out, "out", "", "write the profile to this file instead of printing it")
 	return cmd
 }

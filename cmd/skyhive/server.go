@@ -52,7 +52,7 @@ func newServerCmd() *cobra.Command {
 			"its own AdamW. The experts and their grid prefixes are declared on the DHT and re-declared\n" +
 			"while the server runs; weights and optimizer state are checkpointed on an interval and on\n" +
 			"exit, and reloaded on restart. Per-expert statistics are printed periodically and served\n" +
-			"over the stats RPC (and written as JSON with --stats-file).",
+			"over the stats RPC (and written as JSON with --stats).",
 		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]' --hidden 1024 --dht /ip4/127.0.0.1/tcp/4001/p2p/12D3...\n" +
 			"  skyhive server --experts 'ffn.[0:4].[0:4]' --hidden 64 --checkpoint experts.safetensors",
 		Args: cobra.NoArgs,
@@ -69,7 +69,7 @@ func newServerCmd() *cobra.Command {
 	fl.IntVar(&f.minBatch, "min-batch", 1, "rows an expert's queue waits for before it runs")
 	fl.IntVar(&f.maxBatch, "max-batch", 4096, "maximum rows per batch (and per request)")
 	fl.DurationVar(&f.batchTimeout, "batch-timeout", 2*time.Millisecond, "longest wait for --min-batch rows")
-	fl.IntVar(&f.workers, "workers", 1, "batches processed at once")
+	fl.IntVar(&f.workers, "parallel-batches", 1, "batches processed at once")
 	fl.Float64Var(&f.lr, "lr", 1e-3, "experts' AdamW learning rate")
 	fl.BoolVar(&f.zeroInit, "zero-init", false, "start each FFN expert as the identity (zero output layer)")
 	fl.IntVar(&f.stepRows, "step-rows", 1, "backward rows an expert accumulates per optimizer step (1: a step per backward batch)")
@@ -79,7 +79,8 @@ func newServerCmd() *cobra.Command {
 	fl.DurationVar(&f.ckptEvery, "checkpoint-every", 5*time.Minute, "checkpoint interval (0: only on exit)")
 	fl.DurationVar(&f.declareEvery, "declare-every", 30*time.Second, "DHT declaration interval (records expire after twice this)")
 	fl.DurationVar(&f.statsEvery, "stats-every", 30*time.Second, "print per-expert statistics this often (0: never)")
-	fl.StringVar(&f.statsFile, "stats-file", "", "also write the statistics as JSON to this file")
+	fl.StringVar(&f.statsFile, "stats", "", "also write the statistics as JSON to this file")
+	renameFlags(fl, map[string]string{"stats-file": "stats", "workers": "parallel-batches"})
 	fl.IntVar(&f.maxExperts, "max-experts", 1<<16, "refuse specifications with more experts")
 	return cmd
 }

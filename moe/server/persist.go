@@ -1,0 +1,231 @@
+// What a server keeps outside its process: its declarations in the DHT and
+// its checkpoints.
+
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/skyhive/skyhive/checkpoint"
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/moe"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/tensor"
+)
+
+// Declare stores the experts' DHT records once, with expiration now +
+// Expiration, and returns the number of records that no replica accepted.
+func (s *Server) Declare(ctx context.Context) (int, error) {
+	if s.cfg.DHT == nil {
+		return 0, errors.New("moe/server: no DHT configured")
+	}
+	// One round at a time, with increasing expirations, so that a later
+	// round's records are always the fresher ones.
+	s.declRound.Lock()
+	defer s.declRound.Unlock()
+	self := s.cfg.Transport.AddrInfo()
+	exp := time.Now().Add(s.cfg.Expiration)
+	if !exp.After(s.lastExp) {
+		exp = s.lastExp.Add(time.Millisecond)
+	}
+	s.lastExp = exp
+	type item struct {
+		rec    moe.Record
+		info   []byte
+		shared bool // a prefix other servers may declare too
+	}
+	var items []item
+	seen := map[moe.Record]bool{}
+	for _, uid := range s.order {
+		recs, err := moe.Records(uid)
+		if err != nil {
+			return 0, err
+		}
+		info, err := moe.MarshalInfo(moe.ExpertInfo{UID: uid, Peer: self})
+		if err != nil {
+			return 0, err
+		}
+		for i, r := range recs {
+			if (r.Subkey == "" && s.cfg.NoUIDRecords) || seen[r] {
+				continue
+			}
+			seen[r] = true
+			items = append(items, item{r, info, i > 0 && i < len(recs)-1})
+		}
+	}
+	var (
+		mu    sync.Mutex
+		fails int
+		first error
+		wg    sync.WaitGroup
+	)
+	sem := make(chan struct{}, s.cfg.DeclareParallel)
+	for _, it := range items {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return fails, ctx.Err()
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			_, err := s.cfg.DHT.Store(ctx, it.rec.Key, it.rec.Subkey, it.info, exp)
+			if it.shared && errors.Is(err, dht.ErrRejected) {
+				// Another server holding an expert under the same
+				// prefix declared it with a later expiration.
+				err = nil
+			}
+			if err != nil {
+				mu.Lock()
+				fails++
+				if first == nil {
+					first = fmt.Errorf("declare %s/%s: %w", it.rec.Key, it.rec.Subkey, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	s.declMu.Lock()
+	s.declared = time.Now()
+	s.declareFails += fails
+	s.declMu.Unlock()
+	if fails == len(items) && first != nil {
+		return fails, first
+	}
+	return fails, nil
+}
+
+// declareLoop declares the experts every DeclareEvery. After a round in
+// which some records were not stored it retries sooner: after 1 s, then
+// doubling up to DeclareEvery, so that a server that started before its
+// DHT peers were reachable is found within seconds.
+func (s *Server) declareLoop(ctx context.Context) {
+	retry := time.Second
+	for {
+		dctx, cancel := context.WithTimeout(ctx, s.cfg.DeclareEvery)
+		n, err := s.Declare(dctx)
+		cancel()
+		wait := s.cfg.DeclareEvery
+		if err != nil || n > 0 {
+			s.cfg.Logger.Warn("declare experts", "failed", n, "err", err, "retry_in", min(wait, retry))
+			wait = min(wait, retry)
+			retry = min(2*retry, s.cfg.DeclareEvery)
+		} else {
+			retry = time.Second
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) checkpointLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.CheckpointEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := s.Save(s.cfg.CheckpointPath); err != nil {
+				s.cfg.Logger.Error("checkpoint", "err", err)
+			}
+		}
+	}
+}
+
+// Save writes every materialized expert's weights and optimizer state to
+// path atomically. Tensors are named "UID/PARAM" and "UID/opt/BUFFER"; the
+// metadata records each expert's optimizer step as "UID/step".
+func (s *Server) Save(path string) error {
+	tensors := map[string]*tensor.Tensor{}
+	meta := map[string]string{"format": "skyhive-moe-experts/1", "type": s.cfg.Type, "hidden": strconv.Itoa(s.cfg.Hidden)}
+	for _, uid := range s.order {
+		e := s.experts[uid]
+		e.mu.Lock()
+		if e.module != nil {
+			for name, t := range nn.ExportParams(e.module.Params()) {
+				tensors[uid+"/"+name] = t
+			}
+			st := e.opt.State()
+			for name, t := range st.Tensors {
+				tensors[uid+"/opt/"+name] = t
+			}
+			meta[uid+"/step"] = strconv.FormatInt(st.Step, 10)
+		}
+		e.mu.Unlock()
+	}
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("moe/server: checkpoint: %w", err)
+		}
+	}
+	if err := checkpoint.Save(path, tensors, meta); err != nil {
+		return fmt.Errorf("moe/server: checkpoint: %w", err)
+	}
+	return nil
+}
+
+// load restores the experts found in the checkpoint at path, if it exists.
+func (s *Server) load(path string) error {
+	f, err := checkpoint.Load(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("moe/server: load checkpoint: %w", err)
+	}
+	if f.Meta["type"] != s.cfg.Type || f.Meta["hidden"] != strconv.Itoa(s.cfg.Hidden) {
+		return fmt.Errorf("moe/server: checkpoint %s holds %s experts of hidden %s, not %s/%d", path, f.Meta["type"], f.Meta["hidden"], s.cfg.Type, s.cfg.Hidden)
+	}
+	for _, uid := range s.order {
+		stepStr, ok := f.Meta[uid+"/step"]
+		if !ok {
+			continue
+		}
+		step, err := strconv.ParseInt(stepStr, 10, 64)
+		if err != nil {
+			return fmt.Errorf("moe/server: checkpoint step of %s: %w", uid, err)
+		}
+		e := s.experts[uid]
+		e.materialize()
+		params := map[string]*tensor.Tensor{}
+		st := optim.State{Step: step, Tensors: map[string]*tensor.Tensor{}}
+		for _, p := range e.module.Params() {
+			params[p.Name] = f.Tensors[uid+"/"+p.Name]
+		}
+		for name := range e.opt.State().Tensors {
+			st.Tensors[name] = f.Tensors[uid+"/opt/"+name]
+		}
+		for name, t := range params {
+			if t == nil {
+				return fmt.Errorf("moe/server: checkpoint lacks %s/%s", uid, name)
+			}
+		}
+		if err := nn.ImportParams(e.module.Params(), params); err != nil {
+			return fmt.Errorf("moe/server: checkpoint of %s: %w", uid, err)
+		}
+		for name, t := range st.Tensors {
+			if t == nil {
+				return fmt.Errorf("moe/server: checkpoint lacks optimizer state %s/%s", uid, name)
+			}
+		}
+		if err := e.opt.LoadState(st); err != nil {
+			return fmt.Errorf("moe/server: checkpoint of %s: %w", uid, err)
+		}
+	}
+	return nil
+}

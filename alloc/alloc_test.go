@@ -295,8 +295,14 @@ func TestOptimalVsBruteForce(t *testing.T) {
 	}
 }
 
+// raceEnabled is set under the race detector (race_test.go).
+var raceEnabled bool
+
 // TestSkyhiveVsOthers: skyhive is never worse than sky or even, and on
-// the bottleneck objective within 2% of the proven optimum.
+// the bottleneck objective within 2% of the proven optimum. The last check
+// relies on skyhive's exact phase finishing within its 200 ms wall-clock
+// budget, which the race detector's 5-10x slowdown does not allow; under
+// -race only the other checks run.
 func TestSkyhiveVsOthers(t *testing.T) {
 	ctx := context.Background()
 	seeds := uint64(30)
@@ -323,7 +329,7 @@ func TestSkyhiveVsOthers(t *testing.T) {
 					if obj == ObjBottleneck && r.Proven {
 						gap := sh.Predicted/r.Predicted - 1
 						worst = math.Max(worst, gap)
-						if gap > 0.02 {
+						if gap > 0.02 && !raceEnabled {
 							t.Errorf("seed %d: skyhive %g > optimal %g by %.1f%%", seed, sh.Predicted, r.Predicted, 100*gap)
 						}
 					}

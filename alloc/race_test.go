@@ -1,0 +1,5 @@
+//go:build race
+
+package alloc
+
+func init() { raceEnabled = true }

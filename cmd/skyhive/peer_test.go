@@ -140,7 +140,7 @@ func TestPeerProcessesTrainTogether(t *testing.T) {
 	_, dhtAddr := startDHTProcess(t)
 	const timeout = 2 * time.Second
 	common := []string{"peer", "--dht", dhtAddr, "--listen", "/ip4/127.0.0.1/tcp/0", "--round-interval", "1s",
-		"--timeout", timeout.String(), "--eval-every", "4s", "--batch", "64", "--json", "--quiet", "--run-id", "e2e",
+		"--timeout", timeout.String(), "--eval-every", "3s", "--batch", "64", "--json", "--quiet", "--run-id", "e2e",
 		"--target-batch-size", "100000"}
 	start := time.Now()
 	const total = 55 * time.Second
@@ -229,23 +229,39 @@ func TestPeerProcessesTrainTogether(t *testing.T) {
 	first := late.Curve[0]
 	var others []float64
 	for _, name := range []string{"a", "b", "c"} {
-		best := math.Inf(1)
-		var acc float64
-		for _, e := range results[name].Curve {
-			if d := math.Abs(e.Unix - first.Unix); d < best {
-				best, acc = d, e.Accuracy
-			}
-		}
-		others = append(others, acc)
+		others = append(others, accuracyAt(results[name].Curve, first.Unix))
 	}
 	var mean float64
 	for _, a := range others {
 		mean += a / float64(len(others))
 	}
-	t.Logf("late peer's first evaluation %.4f; the others' nearest %v", first.Accuracy, others)
-	if math.Abs(first.Accuracy-mean) > 0.02 {
-		t.Errorf("late peer's first evaluation %.4f, the others' %.4f: more than 2 points apart", first.Accuracy, mean)
+	t.Logf("late peer's first evaluation %.4f; the others' at that time %.4f", first.Accuracy, others)
+	// Not behind by more than 2 points. The downloaded state is the mean of
+	// two donors' replicas, which early in training evaluates a little above
+	// a single replica (+0.9 points typically, +2.6 seen once under load):
+	// more than 3 points above would mean the comparison is broken.
+	if d := first.Accuracy - mean; d < -0.02 || d > 0.03 {
+		t.Errorf("late peer's first evaluation %.4f, the others' %.4f at that time: %+.1f points", first.Accuracy, mean, 100*d)
 	}
+}
+
+// accuracyAt interpolates a curve's accuracy linearly at wall-clock time
+// unix (the nearest end outside the curve).
+func accuracyAt(curve []peer.Eval, unix float64) float64 {
+	if len(curve) == 0 {
+		return math.NaN()
+	}
+	if unix <= curve[0].Unix {
+		return curve[0].Accuracy
+	}
+	for i := 1; i < len(curve); i++ {
+		a, b := curve[i-1], curve[i]
+		if unix <= b.Unix {
+			f := (unix - a.Unix) / max(b.Unix-a.Unix, 1e-9)
+			return a.Accuracy + f*(b.Accuracy-a.Accuracy)
+		}
+	}
+	return curve[len(curve)-1].Accuracy
 }
 
 // TestPeerLeavesCleanlyAndResumes checks SIGTERM: the peer exits 0 with a

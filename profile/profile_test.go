@@ -16,8 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
-	"github.com/skyhive/skyhive/train"
 )
 
 func TestMain(m *testing.M) {
@@ -92,7 +92,7 @@ func TestLayersSumToModelCost(t *testing.T) {
 
 func mustBuild(t *testing.T, name string) *nn.Sequential {
 	t.Helper()
-	m, err := train.BuildModel(name, 7)
+	m, err := models.Build(name, 7)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -177,7 +177,7 @@ func ModelLayers(ctx context.Context, spec string, batch int, o LayerOptions) (*
 		}
 		n, cerr := strconv.Atoi(count)
 		if cerr != nil || n <= 0 {
-			return nil, fmt.Errorf("profile: bad encoder spec %q (want %s:N with N ≥ 1)", spec, name)
+			return nil, fmt.Errorf("profile: bad encoder spec %q (want %s:N with N ≥ 1; or %s)", spec, name, models.Usage())
 		}
 		if batch <= 0 {
 			batch = alloc.DefaultBatch

@@ -2,58 +2,22 @@ package pipeline
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"strconv"
 	"strings"
 
 	"github.com/skyhive/skyhive/alloc"
-	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/tensor"
-	"github.com/skyhive/skyhive/train"
 )
 
-// InputFeatures is the per-example input size of every model BuildModel
-// offers: a flattened 28×28 image.
-const InputFeatures = data.ImageSize
+// InputFeatures is the per-example input size of every model a pipeline
+// trains: a flattened 28×28 image (models.InputFeatures).
+const InputFeatures = models.InputFeatures
 
-// Model size bounds for "deep-mlp" specs, so a peer cannot make a worker
-// build an absurd model.
-const (
-	maxDeepWidth = 8192
-	maxDeepDepth = 256
-)
-
-// BuildModel returns a freshly initialised classifier on [batch, 784] inputs
-// with 10 logits. spec is a name of train.Models ("mlp", "bert-tiny") or
-// "deep-mlp:WIDTHxDEPTH", an MLP of DEPTH hidden Linear+ReLU layers of
-// WIDTH units without dropout (e.g. "deep-mlp:512x16"), whose many equal
-// layers make pipeline partitions easy to compare. The same spec and seed
-// give the same weights in every process.
-func BuildModel(spec string, seed uint64) (*nn.Sequential, error) {
-	rest, ok := strings.CutPrefix(spec, "deep-mlp:")
-	if !ok {
-		m, err := train.BuildModel(spec, seed)
-		if err != nil {
-			return nil, fmt.Errorf("pipeline: %w (or deep-mlp:WIDTHxDEPTH)", err)
-		}
-		return m, nil
-	}
-	ws, ds, ok := strings.Cut(rest, "x")
-	w, err1 := strconv.Atoi(ws)
-	d, err2 := strconv.Atoi(ds)
-	if !ok || err1 != nil || err2 != nil || w < 1 || w > maxDeepWidth || d < 1 || d > maxDeepDepth {
-		return nil, fmt.Errorf("pipeline: bad model spec %q (want deep-mlp:WIDTHxDEPTH, width ≤ %d, depth ≤ %d)", spec, maxDeepWidth, maxDeepDepth)
-	}
-	sizes := []int{InputFeatures}
-	for range d {
-		sizes = append(sizes, w)
-	}
-	sizes = append(sizes, data.NumClasses)
-	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	return nn.MLP(sizes, 0, rng), nil
-}
+// BuildModel is models.Build, kept as a forwarder for the CLI's pipeline
+// commands; new code calls models.Build.
+func BuildModel(spec string, seed uint64) (*nn.Sequential, error) { return models.Build(spec, seed) }
 
 // AllocModel turns the layer costs of model for a batch of the given size
 // into the allocator's model, with micro micro-batches (1: sequential).

@@ -14,6 +14,7 @@ import (
 
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/tensor"
@@ -107,7 +108,7 @@ func batches(t *testing.T, ds *data.Dataset, size, count int) []data.Batch {
 // gradient accumulation, clipping and learning rates.
 func reference(t *testing.T, cfg SessionConfig, bs []data.Batch) map[string]*tensor.Tensor {
 	t.Helper()
-	model, err := BuildModel(cfg.Model, cfg.Seed)
+	model, err := models.Build(cfg.Model, cfg.Seed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ func TestSchedulesMatchSingleProcess(t *testing.T) {
 			if len(snap.Params) != len(want) {
 				t.Fatalf("pipeline has %d parameters, reference %d", len(snap.Params), len(want))
 			}
-			init, _ := BuildModel(tc.model, 11)
+			init, _ := models.Build(tc.model, 11)
 			initial := nn.ExportParams(init.Params())
 			moved := 0.0
 			for name, w := range want {

@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 )
 
 // SessionConfig configures a pipeline training run.
 type SessionConfig struct {
-	// Model is a BuildModel spec; Seed seeds its initialisation.
+	// Model is a spec of package models; Seed seeds its initialisation.
 	Model string
 	Seed  uint64
 	// Batch is the number of examples per iteration; Micro the number of
@@ -182,7 +183,7 @@ func (c *Coordinator) Start(ctx context.Context, cfg SessionConfig) (*Session, e
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	ref, err := BuildModel(cfg.Model, cfg.Seed)
+	ref, err := models.Build(cfg.Model, cfg.Seed)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/tensor"
@@ -36,7 +37,7 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 			return nil, err
 		}
 	}
-	model, err := BuildModel(req.Model, req.Seed)
+	model, err := models.Build(req.Model, req.Seed)
 	if err != nil {
 		return nil, err
 	}

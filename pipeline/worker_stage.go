@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/tensor"
@@ -83,7 +84,7 @@ func (w *Worker) buildStage(req setupReq, ts []wire.Named) (*stage, error) {
 	if err := req.Optim.Validate(); err != nil {
 		return nil, err
 	}
-	full, err := BuildModel(req.Model, req.Seed)
+	full, err := models.Build(req.Model, req.Seed)
 	if err != nil {
 		return nil, err
 	}

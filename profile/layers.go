@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/tensor"
-	"github.com/skyhive/skyhive/train"
 )
 
 // bytesPerFloat is the size of a float32 parameter or activation.
@@ -154,8 +154,9 @@ func Layers(ctx context.Context, model *nn.Sequential, in []int, o LayerOptions)
 
 // ModelLayers profiles a model by name for a batch and returns its profile:
 //
-//   - "mlp" and "bert-tiny": the Fashion-MNIST classifiers of package train
-//     on [batch, 784] inputs (default batch 128);
+//   - a spec of the model registry (package models: "mlp", "bert-tiny",
+//     "deep-mlp:512x16", ...), a Fashion-MNIST classifier on
+//     [batch, 784] inputs (default batch 128);
 //   - "bert-large:N" and "bert-base:N": N BERT encoder layers (package nn)
 //     on [batch, 128, hidden] inputs (default batch alloc.DefaultBatch).
 //     The layers are identical, so one is built and profiled and its profile
@@ -167,30 +168,16 @@ func ModelLayers(ctx context.Context, spec string, batch int, o LayerOptions) (*
 		repeat = 1
 		err    error
 	)
-	switch {
-	case slices.Contains(train.Models, spec):
-		if batch <= 0 {
-			batch = 128
-		}
-		model, err = train.BuildModel(spec, o.Seed)
-		if err != nil {
-			return nil, fmt.Errorf("profile: %w", err)
-		}
-		in = []int{batch, 28 * 28}
-	default:
-		name, count, ok := strings.Cut(spec, ":")
-		var cfg nn.BERTConfig
-		switch name {
-		case "bert-large":
-			cfg = nn.BERTLarge()
-		case "bert-base":
+	name, count, _ := strings.Cut(spec, ":")
+	switch name {
+	case "bert-large", "bert-base":
+		cfg := nn.BERTLarge()
+		if name == "bert-base" {
 			cfg = nn.BERTBase()
-		default:
-			ok = false
 		}
 		n, cerr := strconv.Atoi(count)
-		if !ok || cerr != nil || n <= 0 {
-			return nil, fmt.Errorf("profile: unknown model %q (want %s, bert-large:N or bert-base:N)", spec, strings.Join(train.Models, ", "))
+		if cerr != nil || n <= 0 {
+			return nil, fmt.Errorf("profile: bad encoder spec %q (want %s:N with N ≥ 1; or %s)", spec, name, models.Usage())
 		}
 		if batch <= 0 {
 			batch = alloc.DefaultBatch
@@ -202,6 +189,15 @@ func ModelLayers(ctx context.Context, spec string, batch int, o LayerOptions) (*
 		}
 		in = []int{batch, cfg.Seq, cfg.Hidden}
 		repeat = n
+	default:
+		if batch <= 0 {
+			batch = 128
+		}
+		model, err = models.Build(spec, o.Seed)
+		if err != nil {
+			return nil, fmt.Errorf("profile: %w; or encoder layers bert-large:N or bert-base:N", err)
+		}
+		in = []int{batch, models.InputFeatures}
 	}
 	layers, err := Layers(ctx, model, in, o)
 	if err != nil {

@@ -16,8 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
-	"github.com/skyhive/skyhive/train"
 )
 
 func TestMain(m *testing.M) {
@@ -92,7 +92,7 @@ func TestLayersSumToModelCost(t *testing.T) {
 
 func mustBuild(t *testing.T, name string) *nn.Sequential {
 	t.Helper()
-	m, err := train.BuildModel(name, 7)
+	m, err := models.Build(name, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,9 +176,13 @@ func TestModelLayersMatchesAllocGenerator(t *testing.T) {
 		t.Error("repeated layers share a name")
 	}
 	for _, bad := range []string{"bert-large", "bert-large:0", "bert-huge:4", "resnet"} {
-		if _, err := ModelLayers(context.Background(), bad, 0, LayerOptions{}); err == nil {
-			t.Errorf("%q accepted", bad)
+		if _, err := ModelLayers(context.Background(), bad, 0, LayerOptions{}); err == nil || !strings.Contains(err.Error(), "deep-mlp:WIDTHxDEPTH") {
+			t.Errorf("%q: %v, want an error naming the registry's specs", bad, err)
 		}
+	}
+	// Every registry spec profiles, parameterised ones too.
+	if mp, err := ModelLayers(context.Background(), "deep-mlp:16x2", 4, LayerOptions{}); err != nil || len(mp.Layers) != 5 {
+		t.Errorf("deep-mlp:16x2: %v, %v", mp, err)
 	}
 }
 

@@ -1,7 +1,7 @@
-// Package train runs single-process training: the model zoo the CLI offers,
-// the training loop with a progress bar, evaluation, and checkpoint
-// save/resume. Distributed modes (pipeline, experts, averaging) reuse its
-// model builders and Evaluate.
+// Package train runs single-process training of a model of the registry
+// (package models): the training loop with a progress bar, evaluation, and
+// checkpoint save/resume. Distributed modes (pipeline, experts, averaging)
+// reuse its Evaluate.
 package train
 
 import (
@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -18,35 +17,16 @@ import (
 
 	"github.com/skyhive/skyhive/checkpoint"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/progress"
 	"github.com/skyhive/skyhive/tensor"
 )
 
-// Models lists the model names BuildModel accepts.
-var Models = []string{"mlp", "mlp-small", "bert-tiny"}
-
-// BuildModel returns a freshly initialised Fashion-MNIST classifier
-// (input [batch, 784], 10 logits) by name, seeded for reproducibility.
-func BuildModel(name string, seed uint64) (*nn.Sequential, error) {
-	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	switch name {
-	case "mlp":
-		return nn.MLP([]int{data.ImageSize, 512, 256, data.NumClasses}, 0.1, rng), nil
-	case "mlp-small":
-		// 784-128-10, about 100k parameters: keeps swarms of many peers on
-		// a few cores light on compute and communication.
-		return nn.MLP([]int{data.ImageSize, 128, data.NumClasses}, 0, rng), nil
-	case "bert-tiny":
-		return nn.ImageBERT(nn.ImageBERTTiny(), rng)
-	}
-	return nil, fmt.Errorf("unknown model %q (want one of %v)", name, Models)
-}
-
 // Config configures a local training run.
 type Config struct {
-	Model       string  // a name from Models
+	Model       string  // a model spec of package models ("mlp")
 	Epochs      int     // passes over the training set
 	BatchSize   int     // examples per step
 	LR          float64 // peak learning rate (AdamW)
@@ -103,7 +83,7 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Dataset, out i
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
-	model, err := BuildModel(cfg.Model, cfg.Seed)
+	model, err := models.Build(cfg.Model, cfg.Seed)
 	if err != nil {
 		return Result{}, err
 	}

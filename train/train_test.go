@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/skyhive/skyhive/checkpoint"
@@ -106,7 +107,8 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%+v accepted", c)
 		}
 	}
-	if _, err := BuildModel("resnet", 1); err == nil {
-		t.Error("unknown model accepted")
+	unknown := Config{Model: "resnet", Epochs: 1, BatchSize: 1, LR: 1}
+	if _, err := Run(context.Background(), unknown, nil, nil, io.Discard); err == nil || !strings.Contains(err.Error(), "resnet") {
+		t.Errorf("unknown model: %v", err)
 	}
 }

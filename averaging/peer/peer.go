@@ -23,11 +23,11 @@ import (
 	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/swarm"
-	"github.com/skyhive/skyhive/train"
 	"github.com/skyhive/skyhive/wire"
 )
 
@@ -68,7 +68,7 @@ type Config struct {
 	// TargetBatchSize makes a swarm epoch (see optimizer.Progress).
 	TargetBatchSize int64
 
-	// Model names a train.BuildModel model ("mlp-small"); Seed seeds its
+	// Model is a model spec of package models ("mlp-small"); Seed seeds its
 	// initial weights (equal on every peer) and, with the peer ID, the
 	// order of its batches.
 	Model string
@@ -274,9 +274,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return res, err
 		}
 	}
-	model, err := train.BuildModel(cfg.Model, cfg.Seed)
+	model, err := models.Build(cfg.Model, cfg.Seed)
 	if err != nil {
-		return res, fmt.Errorf("%w: %v", ErrConfig, err)
+		return res, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 
 	h, err := p2p.New(ctx, p2p.Config{IdentityFile: cfg.Identity, ListenAddrs: cfg.Listen, AnnounceAddrs: cfg.Announce, MaxMessageBytes: 64 << 20})

@@ -21,6 +21,7 @@ import (
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
@@ -45,7 +46,7 @@ type SimConfig struct {
 	Period        int
 	AverageModels bool
 
-	Model    string        // a train.BuildModel name ("mlp")
+	Model    string        // a model spec of package models ("mlp")
 	Train    *data.Dataset // sharded among the peers
 	Test     *data.Dataset // evaluation set (nil: no evaluation)
 	Batch    int
@@ -182,7 +183,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		}
 		a := averaging.New(p, averaging.Config{Codec: cfg.Codec, Timeout: timeout})
 		defer a.Close()
-		model, err := train.BuildModel(cfg.Model, cfg.Seed)
+		model, err := models.Build(cfg.Model, cfg.Seed)
 		if err != nil {
 			return res, err
 		}
@@ -257,7 +258,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 	var start time.Time
 	var evalModel *nn.Sequential
 	if cfg.Test != nil {
-		if evalModel, err = train.BuildModel(cfg.Model, cfg.Seed); err != nil {
+		if evalModel, err = models.Build(cfg.Model, cfg.Seed); err != nil {
 			return res, err
 		}
 	}

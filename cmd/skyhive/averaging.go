@@ -18,6 +18,7 @@ import (
 	"github.com/skyhive/skyhive/averaging/peer"
 	"github.com/skyhive/skyhive/averaging/sim"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/wire"
 )
 
@@ -72,7 +73,7 @@ func newPeerCmd() *cobra.Command {
 	fl.DurationVar(&c.WaitPeers, "wait-peers", time.Minute, "how long to wait for --min-peers")
 	fl.DurationVar(&c.JoinTimeout, "join-timeout", 30*time.Second, "how long joining the DHT and downloading the swarm's state may take")
 	fl.Int64Var(&c.TargetBatchSize, "target-batch-size", 0, "samples summed over the swarm that make one swarm epoch (0: epochs do not advance)")
-	fl.StringVar(&c.Model, "model", "mlp-small", "model: mlp-small, mlp or bert-tiny (every peer of a run must agree)")
+	fl.StringVar(&c.Model, "model", "mlp-small", "model: "+models.Usage()+" (every peer of a run must agree)")
 	fl.Uint64Var(&c.Seed, "seed", 1, "seed of the initial weights (equal on every peer) and of the batch order (mixed with the peer ID)")
 	fl.IntVar(&c.Batch, "batch", 32, "examples per local step")
 	fl.Float64Var(&c.LR, "lr", 0.05, "SGD learning rate (cosine decay to a tenth over --steps or --duration when given)")

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/train"
 	"github.com/spf13/cobra"
@@ -29,7 +30,7 @@ type trainFlags struct {
 func (f *trainFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.mode, "mode", "local", "training mode: "+strings.Join(slices.Sorted(maps.Keys(trainModes())), ", "))
-	fl.StringVar(&f.cfg.Model, "model", "mlp", "model: mlp or bert-tiny")
+	fl.StringVar(&f.cfg.Model, "model", "mlp", "model: "+models.Usage())
 	fl.StringVar(&f.dataset, "data", "fashion-mnist", "data set (fashion-mnist)")
 	fl.StringVar(&f.dataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
 	fl.IntVar(&f.cfg.Epochs, "epochs", 12, "passes over the training set")
@@ -114,7 +115,9 @@ func newTrainCmd() *cobra.Command {
 		Short: "Train a model on Fashion-MNIST in this process",
 		Long: "Train a model on Fashion-MNIST with AdamW and a cosine schedule, showing loss, throughput\n" +
 			"and ETA, and evaluating on the test set after every epoch. With --checkpoint the run is\n" +
-			"saved atomically after every epoch and on Ctrl-C; --resume continues from it.",
+			"saved atomically after every epoch and on Ctrl-C; --resume continues from it.\n\n" +
+			"Models (--model of the local, pipeline and averaging modes; the same --seed gives the\n" +
+			"same weights in every mode):\n" + models.Help("  "),
 		Example: "  skyhive train --model mlp --data fashion-mnist\n" +
 			"  skyhive train --model bert-tiny --epochs 3 --checkpoint bert.safetensors --resume",
 		Args: cobra.NoArgs,

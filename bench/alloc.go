@@ -118,15 +118,16 @@ func runAlloc(o Options) ([]Result, error) {
 		micro int
 	}{{"seq", 1}, {fmt.Sprintf("gpipe%d", allocMicro), allocMicro}}
 	ctx := context.Background()
+	strats, err := alloc.Strategies(strategies, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
 	solve := func(name string, p alloc.Problem) (*alloc.Result, error) {
-		s, err := alloc.NewStrategy(name)
+		s, err := alloc.Strategies([]string{name}, 5*time.Second)
 		if err != nil {
 			return nil, err
 		}
-		if name == "optimal" {
-			s = alloc.Optimal{TimeLimit: 5 * time.Second}
-		}
-		r, err := s.Solve(ctx, p)
+		r, err := s[0].Solve(ctx, p)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
@@ -149,34 +150,34 @@ func runAlloc(o Options) ([]Result, error) {
 			failed := map[string]int{}
 			evenOver, worse := 0, 0
 			for seed := 0; seed < seeds; seed++ {
-				p := allocProblem(uint64(seed), cs, sc.micro)
-				even, err := solve("even", p)
+				cmp, err := alloc.Compare(ctx, allocProblem(uint64(seed), cs, sc.micro), strats, alloc.CompareOptions{})
 				if err != nil {
 					return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
 				}
-				if !even.Report.Feasible() {
+				if even := cmp.Baseline(); even.Err != nil {
+					return nil, fmt.Errorf("alloc %s seed %d: even: %w", label, seed, even.Err)
+				} else if !even.Result.Report.Feasible() {
 					evenOver++
 				}
-				sh, err := solve("skyhive", p)
-				if err != nil {
-					return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
+				sh, _ := cmp.Get("skyhive")
+				if sh.Err != nil {
+					return nil, fmt.Errorf("alloc %s seed %d: skyhive: %w", label, seed, sh.Err)
 				}
 				for _, name := range strategies {
-					r := sh
-					if name != "skyhive" {
-						if r, err = solve(name, p); errors.Is(err, alloc.ErrInfeasible) {
-							failed[name]++ // sky's phase 1 can fail on feasible clusters
-							continue
-						} else if err != nil {
-							return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
-						}
+					c, _ := cmp.Get(name)
+					if errors.Is(c.Err, alloc.ErrInfeasible) {
+						failed[name]++ // sky's phase 1 can fail on feasible clusters
+						continue
+					} else if c.Err != nil {
+						return nil, fmt.Errorf("alloc %s seed %d: %s: %w", label, seed, name, c.Err)
 					}
-					if sh.Predicted > r.Predicted*(1+1e-9) {
+					r := c.Result
+					if sh.Result.Predicted > r.Predicted*(1+1e-9) {
 						worse++
 					}
-					ratios[name] = append(ratios[name], even.Predicted/r.Predicted)
+					ratios[name] = append(ratios[name], c.SpeedupOnEven)
 					if net {
-						ratios[name+"/skyhive"] = append(ratios[name+"/skyhive"], r.Predicted/sh.Predicted)
+						ratios[name+"/skyhive"] = append(ratios[name+"/skyhive"], r.Predicted/sh.Result.Predicted)
 					}
 					solveMs[name] = append(solveMs[name], 1e3*r.SolveTime.Seconds())
 				}

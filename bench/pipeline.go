@@ -179,69 +179,49 @@ func pipeCase(ctx context.Context, o Options, bin string, g pipeGeometry, seq bo
 	if err != nil {
 		return nil, err
 	}
-	var batches []data.Batch
-	for _, b := range loader.Epoch(0) {
-		batches = append(batches, b)
-	}
-	next := 0
+	batches := pipeline.NewBatches(loader)
 	step := func() (pipeline.IterStats, error) {
-		b := batches[next%len(batches)]
-		next++
+		b, _ := batches.Next()
 		return s.Step(ctx, b)
 	}
 
 	o.Logf("pipeline %s: profiled and planned after %.1f s", label, time.Since(begin).Seconds())
 	// Plans from the profiled cluster (fixed for the whole run).
-	prob := s.Problem()
 	strategies := []string{"even", "sky", "skyhive"}
+	cmp, err := s.ComparePlans(ctx, strategies)
+	if err != nil {
+		return nil, err
+	}
 	plans := map[string]alloc.Plan{}
 	preds := map[string]pipeline.Prediction{}
 	allocPred := map[string]float64{}
-	for _, name := range strategies {
-		plan, err := s.Solve(ctx, name)
-		if err != nil {
-			return nil, fmt.Errorf("plan %s: %w", name, err)
+	for _, pc := range cmp {
+		if pc.Err != nil {
+			return nil, fmt.Errorf("plan %s: %w", pc.Strategy, pc.Err)
 		}
-		rep, err := alloc.Evaluate(prob.Cluster, prob.Model, plan)
-		if err != nil {
-			return nil, err
-		}
-		plans[name] = plan
-		allocPred[name] = rep.Iteration
-		if preds[name], err = s.Predict(plan); err != nil {
-			return nil, err
-		}
-		o.Logf("pipeline %s: %s plan %v, alloc predicts %.1f ms, simulation %s", label, name, plan.Stages, 1e3*rep.Iteration, preds[name])
+		plans[pc.Strategy], preds[pc.Strategy], allocPred[pc.Strategy] = pc.Plan, pc.Prediction, pc.Report.Iteration
+		o.Logf("pipeline %s: %s plan %v, alloc predicts %.1f ms, simulation %s", label, pc.Strategy, pc.Plan.Stages, 1e3*pc.Report.Iteration, pc.Prediction)
 	}
 
-	// Alternate the plans: one warm-up iteration after each move, then
-	// the measured ones.
+	// Alternate the plans: one warm-up iteration after each move in the
+	// first round (new connections between neighbours; later rounds reuse
+	// them), then the measured ones.
 	reps := max(o.Reps, 5)
-	times := map[string][]float64{}
-	for round := 0; len(times["skyhive"]) < reps; round++ {
-		// Warm up each plan in the first round: new connections between
-		// neighbours; later rounds reuse them.
-		warm := round == 0
-		for _, name := range strategies {
-			t0 := time.Now()
-			if err := s.SetPlan(ctx, plans[name]); err != nil {
-				return nil, fmt.Errorf("set %s plan: %w", name, err)
-			}
-			o.Logf("pipeline %s: %s plan set in %.2f s", label, name, time.Since(t0).Seconds())
-			if warm {
-				if _, err := step(); err != nil {
-					return nil, err
-				}
-			}
-			st, err := step()
-			if err != nil {
-				return nil, err
-			}
-			times[name] = append(times[name], st.Seconds)
-			if o.Log != nil && len(times[name]) == 1 {
+	shown := map[string]bool{}
+	err = s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: batches, Rounds: reps,
+		OnIteration: func(name string, st pipeline.IterStats, set time.Duration) {
+			o.Logf("pipeline %s: %s plan set in %.2f s", label, name, set.Seconds())
+			if o.Log != nil && !shown[name] {
+				shown[name] = true
 				st.WriteTable(o.Log)
 			}
-		}
+		}})
+	if err != nil {
+		return nil, err
+	}
+	times := map[string][]float64{}
+	for _, pc := range cmp {
+		times[pc.Strategy] = pc.Times
 	}
 
 	var out []Result

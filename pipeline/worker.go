@@ -86,6 +86,10 @@ type Worker struct {
 
 var errStopped = errors.New("pipeline: worker stopped")
 
+// ErrCoordinatorAddr is wrapped by RunWorker's error when WorkerConfig.Join
+// is not a coordinator's multiaddr.
+var ErrCoordinatorAddr = errors.New("pipeline: bad coordinator address")
+
 // NewWorker starts a worker's host and handlers. Call Run to join the
 // coordinator and serve, and Close to stop.
 func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
@@ -104,7 +108,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	}
 	coord, err := peer.AddrInfoFromString(cfg.Join)
 	if err != nil {
-		return nil, fmt.Errorf("pipeline: --join %q: want a multiaddr ending in /p2p/<peer id>: %w", cfg.Join, err)
+		return nil, fmt.Errorf("%w %q: want a multiaddr ending in /p2p/<peer id>: %w", ErrCoordinatorAddr, cfg.Join, err)
 	}
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = time.Second

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,11 +12,9 @@ import (
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/bench"
 	"github.com/skyhive/skyhive/data"
-	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/skyhive/skyhive/progress"
-	"github.com/skyhive/skyhive/train"
 	"github.com/spf13/cobra"
 )
 
@@ -134,29 +131,18 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 	// Plans from the profiled cluster: every strategy's plan and its
 	// predicted iteration time from the session's calibrated simulation of
 	// the schedule (alloc's analytic cost model is shown beside it).
-	names := []string{"even", "sky", "optimal", "skyhive"}
-	plans := map[string]alloc.Plan{}
-	preds := map[string]float64{}
+	cmp, err := s.ComparePlans(ctx, []string{"even", "sky", "optimal", "skyhive"})
+	if err != nil {
+		return err
+	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STRATEGY\tPLAN\tPREDICTED\tALLOC MODEL\tSOLVE")
-	for _, name := range names {
-		t0 := time.Now()
-		plan, err := s.Solve(ctx, name)
-		if err != nil {
-			fmt.Fprintf(tw, "%s\t%v\t\t\t\n", name, err)
+	for _, pc := range cmp {
+		if pc.Err != nil {
+			fmt.Fprintf(tw, "%s\t%v\t\t\t\n", pc.Strategy, pc.Err)
 			continue
 		}
-		solve := time.Since(t0)
-		pred, err := s.Predict(plan)
-		if err != nil {
-			return err
-		}
-		rep, err := s.Report(plan)
-		if err != nil {
-			return err
-		}
-		plans[name], preds[name] = plan, pred.Iteration
-		fmt.Fprintf(tw, "%s\t%s\t%.1f ms\t%.1f ms\t%s\n", name, planString(plan), 1e3*pred.Iteration, 1e3*rep.Iteration, solve.Round(time.Microsecond))
+		fmt.Fprintf(tw, "%s\t%s\t%.1f ms\t%.1f ms\t%s\n", pc.Strategy, planString(pc.Plan), 1e3*pc.Prediction.Iteration, 1e3*pc.Report.Iteration, pc.SolveTime.Round(time.Microsecond))
 	}
 	tw.Flush()
 
@@ -164,101 +150,65 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 	if err != nil {
 		return err
 	}
-	next := batches(loader)
+	batches := pipeline.NewBatches(loader)
 
 	fmt.Fprintf(out, "3/4 measuring each plan for %d iterations (1F1B, %d micro-batches), alternating\n", d.compareIter, d.micro)
-	compare := []string{"even", "sky", "skyhive"}
-	sessionLog.w = io.Discard
-	times := map[string][]float64{}
-	for rep := 0; rep < d.compareIter; rep++ {
-		for _, name := range compare {
-			plan, ok := plans[name]
-			if !ok {
-				continue
-			}
-			if err := s.SetPlan(ctx, plan); err != nil {
-				return fmt.Errorf("install %s plan: %w", name, err)
-			}
-			st, err := s.Step(ctx, next())
-			if err != nil {
-				return err
-			}
-			if rep > 0 { // the first iteration after a plan change warms up the stages
-				times[name] = append(times[name], st.Seconds)
-			}
+	var compare pipeline.PlanComparisons
+	for _, name := range []string{"even", "sky", "skyhive"} {
+		if pc, ok := cmp.Get(name); ok {
+			compare = append(compare, pc)
 		}
+	}
+	sessionLog.w = io.Discard
+	// The first iteration after a plan change warms up the stages and is
+	// not measured.
+	if err := s.MeasurePlans(ctx, compare, pipeline.MeasureOptions{Data: batches, Rounds: d.compareIter - 1}); err != nil {
+		return err
 	}
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STRATEGY\tMEASURED (median)\tMIN..MAX\tPREDICTED\tSPEEDUP OVER EVEN")
-	even := bench.Summarize(times["even"]).Median
-	for _, name := range compare {
-		if len(times[name]) == 0 {
+	var even float64
+	if pc, ok := compare.Get("even"); ok {
+		even = bench.Summarize(pc.Times).Median
+	}
+	for _, pc := range compare {
+		if len(pc.Times) == 0 {
 			continue
 		}
-		st := bench.Summarize(times[name])
-		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f..%.1f\t%.1f ms\t%.2fx\n", name, 1e3*st.Median, 1e3*st.Min, 1e3*st.Max, 1e3*preds[name], even/st.Median)
+		st := bench.Summarize(pc.Times)
+		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f..%.1f\t%.1f ms\t%.2fx\n", pc.Strategy, 1e3*st.Median, 1e3*st.Min, 1e3*st.Max, 1e3*pc.Prediction.Iteration, even/st.Median)
 	}
 	tw.Flush()
 
 	sessionLog.w = log
 	fmt.Fprintf(out, "4/4 training %s on Fashion-MNIST for %d iterations with the skyhive plan\n", d.model, d.steps)
-	if plan, ok := plans["skyhive"]; ok {
-		if err := s.SetPlan(ctx, plan); err != nil {
+	if pc, ok := cmp.Get("skyhive"); ok && pc.Err == nil {
+		if err := s.SetPlan(ctx, pc.Plan); err != nil {
 			return err
 		}
 	}
 	bar := progress.New(log, "pipeline", d.steps)
 	var lossSum float64
-	start := time.Now()
-	for i := 1; i <= d.steps; i++ {
-		b := next()
-		st, err := s.Step(ctx, b)
-		if err != nil {
-			return err
-		}
-		if st.Event != "" {
-			fmt.Fprintf(log, "\niteration %d: %s\n", st.Iter, st.Event)
-		}
-		lossSum += st.Loss
-		if i%20 == 0 || i == d.steps {
-			bar.Update(i, int64(i*d.batch), progress.F("loss", lossSum/20))
-			lossSum = 0
-		}
-	}
-	secs := time.Since(start).Seconds()
-	snap, err := s.Snapshot(ctx)
+	first := s.Iter()
+	tr, err := s.Train(ctx, pipeline.TrainOptions{Data: batches, Steps: first + d.steps, Eval: testSet, EvalBatch: 1000,
+		OnIteration: func(st pipeline.IterStats) error {
+			if st.Event != "" {
+				fmt.Fprintf(log, "\niteration %d: %s\n", st.Iter, st.Event)
+			}
+			lossSum += st.Loss
+			if i := st.Iter + 1 - first; i%20 == 0 || i == d.steps {
+				bar.Update(i, int64(i*d.batch), progress.F("loss", lossSum/20))
+				lossSum = 0
+			}
+			return nil
+		}})
 	if err != nil {
 		return err
 	}
-	model, err := pipeline.BuildModel(d.model, d.seed)
-	if err != nil {
-		return err
-	}
-	if err := nn.ImportParams(model.Params(), snap.Params); err != nil {
-		return err
-	}
-	_, acc := train.Evaluate(model, testSet, 1000)
+	secs, acc := tr.Duration.Seconds(), tr.TestAccuracy
 	fmt.Fprintf(out, "done: %d iterations in %.1fs (%.0f samples/s) across %d workers; test accuracy %.2f%%\n",
 		d.steps, secs, float64(d.steps*d.batch)/secs, len(s.Plan().Stages), 100*acc)
 	return nil
-}
-
-// batches returns a function yielding training batches forever, epoch
-// after epoch.
-func batches(l *data.Loader) func() data.Batch {
-	var buf []data.Batch
-	epoch := 0
-	return func() data.Batch {
-		if len(buf) == 0 {
-			for _, b := range l.Epoch(epoch) {
-				buf = append(buf, b)
-			}
-			epoch++
-		}
-		b := buf[0]
-		buf = slices.Delete(buf, 0, 1)
-		return b
-	}
 }
 
 // switchWriter forwards to w, which the owner may swap between writes.

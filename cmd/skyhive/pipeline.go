@@ -1,10 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -14,10 +14,8 @@ import (
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/netem"
-	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
-	"github.com/skyhive/skyhive/train"
 	"github.com/spf13/cobra"
 )
 
@@ -274,64 +272,41 @@ func (p *pipelineFlags) run(cmd *cobra.Command, f *trainFlags) error {
 		return err
 	}
 	defer s.Close()
-	var stats io.Writer
+	topts := pipeline.TrainOptions{Data: pipeline.NewBatches(loader), Steps: int(total), Eval: testSet, EvalBatch: 512,
+		OnIteration: func(st pipeline.IterStats) error {
+			if st.Event != "" || st.Iter == 0 || (p.logEvery > 0 && (st.Iter+1)%p.logEvery == 0) {
+				st.WriteTable(out)
+			}
+			return nil
+		}}
 	if p.statsFile != "" {
 		fh, err := os.Create(p.statsFile)
 		if err != nil {
 			return err
 		}
 		defer fh.Close()
-		stats = fh
+		topts.Stats = fh
 	}
-	res := pipelineResult{Config: map[string]interface{}{"model": f.cfg.Model, "batch": f.cfg.BatchSize, "micro": p.micro, "schedule": sched.String(), "strategy": p.strategy}}
-	start := time.Now()
-	var last pipeline.IterStats
-	done := false
-	for epoch := 0; !done; epoch++ {
-		for _, b := range loader.Epoch(epoch) {
-			if s.Iter() >= int(total) {
-				done = true
-				break
+	if local != nil && p.killWorker >= 0 {
+		topts.BeforeStep = func(_ context.Context, iter int) error {
+			if p.killWorker < 0 || iter != p.killAt {
+				return nil
 			}
-			if local != nil && p.killWorker >= 0 && s.Iter() == p.killAt {
-				fmt.Fprintf(out, "failure drill: killing worker w%d before iteration %d\n", p.killWorker, s.Iter())
-				if err := local.Kill(p.killWorker); err != nil {
-					return err
-				}
-				p.killWorker = -1
-			}
-			st, err := s.Step(ctx, b)
-			if err != nil {
-				return err
-			}
-			last = st
-			if stats != nil {
-				if err := json.NewEncoder(stats).Encode(st); err != nil {
-					return err
-				}
-			}
-			if st.Event != "" {
-				res.Events = append(res.Events, fmt.Sprintf("iteration %d: %s", st.Iter, st.Event))
-			}
-			if st.Event != "" || st.Iter == 0 || (p.logEvery > 0 && (st.Iter+1)%p.logEvery == 0) {
-				st.WriteTable(out)
-			}
+			fmt.Fprintf(out, "failure drill: killing worker w%d before iteration %d\n", p.killWorker, iter)
+			w := p.killWorker
+			p.killWorker = -1
+			return local.Kill(w)
 		}
 	}
-	res.Seconds = time.Since(start).Seconds()
-	res.Iterations, res.FinalLoss, res.Last, res.Plan, res.Workers = s.Iter(), last.Loss, &last, s.Plan(), c.Workers()
-	snap, err := s.Snapshot(ctx)
+	tr, err := s.Train(ctx, topts)
 	if err != nil {
 		return err
 	}
-	model, err := pipeline.BuildModel(f.cfg.Model, f.cfg.Seed)
-	if err != nil {
-		return err
+	res := pipelineResult{
+		Iterations: tr.Iterations, Seconds: tr.Duration.Seconds(), FinalLoss: tr.Last.Loss, TestLoss: tr.TestLoss, TestAccuracy: tr.TestAccuracy,
+		Plan: s.Plan(), Workers: c.Workers(), Events: tr.Events, Last: &tr.Last,
+		Config: map[string]interface{}{"model": f.cfg.Model, "batch": f.cfg.BatchSize, "micro": p.micro, "schedule": sched.String(), "strategy": p.strategy},
 	}
-	if err := nn.ImportParams(model.Params(), snap.Params); err != nil {
-		return err
-	}
-	res.TestLoss, res.TestAccuracy = train.Evaluate(model, testSet, 512)
 	if f.asJSON {
 		enc := json.NewEncoder(cmd.OutOrStdout())
 		enc.SetIndent("", "  ")

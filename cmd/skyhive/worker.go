@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 
@@ -30,7 +32,11 @@ func newWorkerCmd() *cobra.Command {
 				level = slog.LevelInfo
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			return pipeline.RunWorker(cmd.Context(), cfg)
+			err := pipeline.RunWorker(cmd.Context(), cfg)
+			if errors.Is(err, pipeline.ErrCoordinatorAddr) {
+				return fmt.Errorf("--join: %w", err)
+			}
+			return err
 		},
 	}
 	fl := cmd.Flags()

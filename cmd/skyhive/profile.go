@@ -1,0 +1,204 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/skyhive/skyhive/profile"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+func newProfileCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "profile",
+		Short: "Measure this device or a model's layers for the allocator",
+		Long: `Profiles are what "skyhive plan" and the pipeline plan with (docs/profile.md):
+  device   GEMM speed at training shapes and available memory of this machine
+  model    per-layer FLOPs, parameters, activation memory, output size, and
+           with --measure the forward and backward time of every layer
+  cluster  joins device profiles into a cluster profile`,
+		Args: cobra.NoArgs,
+	}
+	cmd.AddCommand(newProfileDeviceCmd(), newProfileModelCmd(), newProfileClusterCmd())
+	return cmd
+}
+
+func newProfileDeviceCmd() *cobra.Command {
+	var (
+		o      profile.DeviceOptions
+		memGiB float64
+		out    string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "device",
+		Short: "Benchmark this machine: GEMM speed at training shapes and available memory",
+		Example: `  skyhive profile device
+  skyhive profile device --name worker-3 --region eu-west --mem-cap-gib 8 --slowdown 2 --out worker-3.json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if memGiB < 0 {
+				return fmt.Errorf("--mem-cap-gib must not be negative, got %v", memGiB)
+			}
+			o.MemCapBytes = int64(memGiB * (1 << 30))
+			d, err := profile.MeasureDevice(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if err := profileSave(cmd, out, func() error { return profile.SaveDevice(out, d) }); err != nil {
+				return err
+			}
+			if asJSON {
+				return profileWriteJSON(cmd.OutOrStdout(), struct {
+					Format string `json:"format"`
+					profile.Device
+				}{profile.DeviceFormat, d})
+			}
+			return profile.WriteDevice(cmd.OutOrStdout(), d)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.Name, "name", "", "device name (default: the host name)")
+	fl.StringVar(&o.Region, "region", "", "network region of the device")
+	fl.IntVar(&o.Tokens, "tokens", profile.DefaultTokens, "rows (batch × sequence) of the benchmark GEMMs")
+	fl.IntVar(&o.Hidden, "hidden", profile.DefaultHidden, "hidden size of the benchmark GEMMs")
+	fl.IntVar(&o.Reps, "reps", profile.DefaultGemmReps, "timed repetitions per GEMM shape (median reported)")
+	fl.Float64Var(&memGiB, "mem-cap-gib", 0, "cap the reported memory at this many GiB (0: MemAvailable)")
+	fl.Float64Var(&o.Slowdown, "slowdown", 1, "divide the measured speed by this factor (emulated heterogeneity)")
+	fl.Uint64Var(&o.Seed, "seed", 1, "seed of the benchmark matrices")
+	profileOutputFlags(fl, &out, &asJSON)
+	return cmd
+}
+
+func newProfileModelCmd() *cobra.Command {
+	var (
+		spec   string
+		batch  int
+		o      profile.LayerOptions
+		out    string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "model",
+		Short: "List a model's layers with FLOPs, parameters and memory, optionally timed",
+		Example: `  skyhive profile model --model mlp --measure
+  skyhive profile model --model bert-large:24 --batch 32 --out bert-large-24.json
+  skyhive profile model --model bert-base:12 --batch 8 --measure --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if batch < 0 {
+				return fmt.Errorf("--batch must not be negative, got %d", batch)
+			}
+			mp, err := profile.ModelLayers(cmd.Context(), spec, batch, o)
+			if err != nil {
+				return err
+			}
+			if err := profileSave(cmd, out, func() error { return profile.Save(out, mp) }); err != nil {
+				return err
+			}
+			if asJSON {
+				return profileWriteJSON(cmd.OutOrStdout(), mp)
+			}
+			return profile.WriteModel(cmd.OutOrStdout(), mp)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&spec, "model", "mlp", "mlp, bert-tiny, bert-large:N or bert-base:N")
+	fl.IntVar(&batch, "batch", 0, "samples per batch (default 128 for mlp and bert-tiny, 32 for BERT)")
+	fl.BoolVar(&o.Measure, "measure", false, "time every layer's forward and backward pass")
+	fl.IntVar(&o.Reps, "reps", profile.DefaultLayerReps, "timed repetitions per layer with --measure (median reported)")
+	fl.Uint64Var(&o.Seed, "seed", 1, "seed of the weights and inputs")
+	profileOutputFlags(fl, &out, &asJSON)
+	return cmd
+}
+
+func newProfileClusterCmd() *cobra.Command {
+	var (
+		intra, inter       [2]float64 // latency ms, bandwidth Gbit/s
+		intraLat, interLat time.Duration
+		out                string
+	)
+	cmd := &cobra.Command{
+		Use:   "cluster DEVICE.json...",
+		Short: "Join device profiles into a cluster profile (printed as JSON)",
+		Long: `Join device profiles, in pipeline order, into a cluster profile. Links between
+devices are the --intra defaults within a region and the --inter defaults across
+regions; measured links can be added to the "links" list (docs/profile.md).`,
+		Example: `  skyhive profile cluster a.json b.json c.json --inter-latency 40ms --inter-gbit 1 --out cluster.json
+  skyhive plan --cluster cluster.json --model bert-large:24`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("intra-latency-ms") {
+				intra[0] = intraLat.Seconds() * 1e3
+			}
+			if !cmd.Flags().Changed("inter-latency-ms") {
+				inter[0] = interLat.Seconds() * 1e3
+			}
+			for _, v := range append(intra[:], inter[:]...) {
+				if v < 0 {
+					return errors.New("link latencies and bandwidths must not be negative")
+				}
+			}
+			cp := &profile.ClusterProfile{
+				Format: profile.ClusterFormat,
+				Intra:  profile.LinkSpec{Latency: intra[0] / 1e3, Bandwidth: intra[1] * 1e9 / 8},
+				Inter:  profile.LinkSpec{Latency: inter[0] / 1e3, Bandwidth: inter[1] * 1e9 / 8},
+			}
+			for _, a := range args {
+				d, err := profile.LoadDevice(a)
+				if err != nil {
+					return err
+				}
+				cp.Devices = append(cp.Devices, d)
+			}
+			if _, err := cp.Alloc(); err != nil {
+				return err
+			}
+			if out != "" {
+				return profileSave(cmd, out, func() error { return profile.Save(out, cp) })
+			}
+			return profileWriteJSON(cmd.OutOrStdout(), cp)
+		},
+	}
+	fl := cmd.Flags()
+	fl.DurationVar(&intraLat, "intra-latency", 100*time.Microsecond, "one-way latency within a region")
+	fl.Float64Var(&intra[1], "intra-gbit", 10, "bandwidth within a region, Gbit/s (0: unlimited)")
+	fl.DurationVar(&interLat, "inter-latency", 50*time.Millisecond, "one-way latency across regions")
+	fl.Float64Var(&inter[1], "inter-gbit", 1, "bandwidth across regions, Gbit/s (0: unlimited)")
+	fl.Float64Var(&intra[0], "intra-latency-ms", 0, "deprecated: use --intra-latency")
+	fl.Float64Var(&inter[0], "inter-latency-ms", 0, "deprecated: use --inter-latency")
+	_ = fl.MarkDeprecated("intra-latency-ms", "use --intra-latency with a duration, e.g. 100us")
+	_ = fl.MarkDeprecated("inter-latency-ms", "use --inter-latency with a duration, e.g. 50ms")
+	fl.StringVar(&out, "out", "", "write the profile to this file instead of printing it")
+	return cmd
+}
+
+// profileWriteJSON prints v as indented JSON.
+func profileWriteJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// profileSave runs save when the --out path is set and says so on stderr.
+func profileSave(cmd *cobra.Command, out string, save func() error) error {
+	if out == "" {
+		return nil
+	}
+	if err := save(); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s\n", out)
+	return nil
+}
+
+// profileOutputFlags registers --out and --json of the profile commands
+// that print a table.
+func profileOutputFlags(fl *pflag.FlagSet, out *string, asJSON *bool) {
+	fl.StringVar(out, "out", "", "also write the profile to this JSON file")
+	fl.BoolVar(asJSON, "json", false, "print JSON instead of a table")
+}

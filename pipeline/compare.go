@@ -1,0 +1,124 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/skyhive/skyhive/alloc"
+)
+
+// PlanComparison is one strategy's plan for the session's profiled cluster,
+// its predicted iteration time and, after MeasurePlans, its measured ones.
+type PlanComparison struct {
+	// Strategy is the allocation strategy's name.
+	Strategy string
+	// Err is the strategy's failure to plan; the other fields are then
+	// empty.
+	Err error
+	// Plan is the strategy's plan (device indices as in Session.Problem).
+	Plan alloc.Plan
+	// SolveTime is the wall time of Session.Solve.
+	SolveTime time.Duration
+	// Prediction is the calibrated simulation of the session's schedule.
+	Prediction Prediction
+	// Report is alloc's analytic cost model of the plan.
+	Report *alloc.Report
+	// Times are the measured iteration times in seconds.
+	Times []float64
+}
+
+// ComparePlans plans with every named strategy and predicts each plan's
+// iteration time. A strategy that cannot plan is reported in its entry;
+// the error is for failures to predict a plan and the context's end.
+func (s *Session) ComparePlans(ctx context.Context, strategies []string) (PlanComparisons, error) {
+	out := make(PlanComparisons, 0, len(strategies))
+	for _, name := range strategies {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("pipeline: compare plans: %w", err)
+		}
+		pc := PlanComparison{Strategy: name}
+		t0 := time.Now()
+		plan, err := s.Solve(ctx, name)
+		if err != nil {
+			pc.Err = err
+			out = append(out, pc)
+			continue
+		}
+		pc.Plan, pc.SolveTime = plan, time.Since(t0)
+		if pc.Prediction, err = s.Predict(plan); err != nil {
+			return nil, err
+		}
+		if pc.Report, err = s.Report(plan); err != nil {
+			return nil, err
+		}
+		out = append(out, pc)
+	}
+	return out, nil
+}
+
+// MeasureOptions configures MeasurePlans.
+type MeasureOptions struct {
+	// Data yields the batches of the measured iterations.
+	Data *Batches
+	// Rounds is how many iterations of each plan are measured (at least 1).
+	Rounds int
+	// OnIteration, when set, is called after every measured iteration with
+	// the plan's strategy, the iteration's stats and how long installing
+	// the plan took.
+	OnIteration func(strategy string, st IterStats, setPlan time.Duration)
+}
+
+// MeasurePlans runs the plans of cmp that have one in turn, round after
+// round, and appends each measured iteration time to its entry's Times.
+// In the first round every plan runs one unmeasured iteration first, to
+// open the connections between its neighbours. The session is left on the
+// last plan measured.
+func (s *Session) MeasurePlans(ctx context.Context, cmp PlanComparisons, o MeasureOptions) error {
+	if o.Data == nil || o.Rounds < 1 {
+		return fmt.Errorf("pipeline: measure plans: need data and at least one round, got %d", o.Rounds)
+	}
+	for round := 0; round < o.Rounds; round++ {
+		for i := range cmp {
+			pc := &cmp[i]
+			if pc.Err != nil {
+				continue
+			}
+			t0 := time.Now()
+			if err := s.SetPlan(ctx, pc.Plan); err != nil {
+				return fmt.Errorf("pipeline: install %s plan: %w", pc.Strategy, err)
+			}
+			set := time.Since(t0)
+			steps := 1
+			if round == 0 {
+				steps = 2
+			}
+			var st IterStats
+			for range steps {
+				b, _ := o.Data.Next()
+				var err error
+				if st, err = s.Step(ctx, b); err != nil {
+					return err
+				}
+			}
+			pc.Times = append(pc.Times, st.Seconds)
+			if o.OnIteration != nil {
+				o.OnIteration(pc.Strategy, st, set)
+			}
+		}
+	}
+	return nil
+}
+
+// PlanComparisons are the entries of ComparePlans, in the order asked.
+type PlanComparisons []PlanComparison
+
+// Get returns the entry of the named strategy.
+func (cmp PlanComparisons) Get(strategy string) (PlanComparison, bool) {
+	for _, pc := range cmp {
+		if pc.Strategy == strategy {
+			return pc, true
+		}
+	}
+	return PlanComparison{}, false
+}

@@ -1,0 +1,178 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/train"
+)
+
+// Batches yields a loader's batches epoch after epoch, without end.
+type Batches struct {
+	l     *data.Loader
+	epoch int
+	buf   []data.Batch
+}
+
+// NewBatches starts at the first batch of epoch 0 of l.
+func NewBatches(l *data.Loader) *Batches { return &Batches{l: l} }
+
+// Next returns the next batch, and whether it is the last of its epoch.
+// It panics if the loader yields no batch.
+func (b *Batches) Next() (batch data.Batch, epochEnd bool) {
+	if len(b.buf) == 0 {
+		for _, x := range b.l.Epoch(b.epoch) {
+			b.buf = append(b.buf, x)
+		}
+		if len(b.buf) == 0 {
+			panic("pipeline: a loader without batches")
+		}
+	}
+	batch, b.buf = b.buf[0], b.buf[1:]
+	if len(b.buf) == 0 {
+		b.epoch++
+		return batch, true
+	}
+	return batch, false
+}
+
+// Epoch is the epoch of the next batch.
+func (b *Batches) Epoch() int { return b.epoch }
+
+// TrainOptions configures Session.Train. The session itself checkpoints
+// (SessionConfig.CheckpointEvery), re-plans and recovers from failures.
+type TrainOptions struct {
+	// Data yields the training batches (of the session's batch size).
+	Data *Batches
+	// Steps is the iteration, counted by the session (Session.Iter, which
+	// includes resumed ones), at which training stops. When 0, Epochs
+	// epochs of Data's loader are the total.
+	Steps int
+	// Epochs is the number of passes over the data when Steps is 0.
+	Epochs int
+	// BeforeStep, when set, is called before every iteration with the
+	// session's iteration number; an error stops training.
+	BeforeStep func(ctx context.Context, iter int) error
+	// OnIteration, when set, is called after every iteration; an error
+	// stops training.
+	OnIteration func(IterStats) error
+	// OnEpoch, when set, is called after the last batch of every epoch
+	// with the epoch's number and its mean loss; an error stops training.
+	OnEpoch func(epoch int, meanLoss float64) error
+	// Stats, when set, receives every iteration's IterStats as a JSON line.
+	Stats io.Writer
+	// Eval, when set, is the test set on which the final parameters are
+	// evaluated, EvalBatch examples at a time (default 512).
+	Eval      *data.Dataset
+	EvalBatch int
+}
+
+// TrainResult summarises a Train run.
+type TrainResult struct {
+	// Iterations is the session's iteration count at the end.
+	Iterations int
+	// Duration is the wall time of the iterations run.
+	Duration time.Duration
+	// Last is the last iteration's stats (zero if none ran).
+	Last IterStats
+	// Events lists the iterations with a re-plan or recovery, as
+	// "iteration N: EVENT".
+	Events []string
+	// TestLoss and TestAccuracy are the evaluation on TrainOptions.Eval.
+	TestLoss, TestAccuracy float64
+}
+
+// Train runs iterations until the session reaches the step count, calling
+// the options' hooks, and evaluates the final parameters on the test set.
+func (s *Session) Train(ctx context.Context, o TrainOptions) (TrainResult, error) {
+	var res TrainResult
+	if o.Data == nil {
+		return res, errors.New("pipeline: train: no data")
+	}
+	total := o.Steps
+	if total <= 0 {
+		if o.Epochs <= 0 {
+			return res, fmt.Errorf("pipeline: train: need a positive step or epoch count, got %d steps and %d epochs", o.Steps, o.Epochs)
+		}
+		total = o.Data.l.Len() * o.Epochs
+	}
+	var enc *json.Encoder
+	if o.Stats != nil {
+		enc = json.NewEncoder(o.Stats)
+	}
+	start := time.Now()
+	var lossSum float64
+	var lossN int
+	for s.Iter() < total {
+		if o.BeforeStep != nil {
+			if err := o.BeforeStep(ctx, s.Iter()); err != nil {
+				return res, err
+			}
+		}
+		epoch := o.Data.Epoch()
+		b, epochEnd := o.Data.Next()
+		st, err := s.Step(ctx, b)
+		if err != nil {
+			return res, err
+		}
+		res.Last = st
+		lossSum += st.Loss
+		lossN++
+		if enc != nil {
+			if err := enc.Encode(st); err != nil {
+				return res, fmt.Errorf("pipeline: train: writing stats: %w", err)
+			}
+		}
+		if st.Event != "" {
+			res.Events = append(res.Events, fmt.Sprintf("iteration %d: %s", st.Iter, st.Event))
+		}
+		if o.OnIteration != nil {
+			if err := o.OnIteration(st); err != nil {
+				return res, err
+			}
+		}
+		if epochEnd {
+			if o.OnEpoch != nil {
+				if err := o.OnEpoch(epoch, lossSum/float64(lossN)); err != nil {
+					return res, err
+				}
+			}
+			lossSum, lossN = 0, 0
+		}
+	}
+	res.Duration = time.Since(start)
+	res.Iterations = s.Iter()
+	if o.Eval == nil {
+		return res, nil
+	}
+	var err error
+	res.TestLoss, res.TestAccuracy, err = s.Evaluate(ctx, o.Eval, o.EvalBatch)
+	return res, err
+}
+
+// Evaluate gathers the session's parameters into one model and returns its
+// mean loss and accuracy on ds, batch examples at a time (default 512).
+func (s *Session) Evaluate(ctx context.Context, ds *data.Dataset, batch int) (loss, acc float64, err error) {
+	if batch <= 0 {
+		batch = 512
+	}
+	snap, err := s.Snapshot(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	model, err := BuildModel(s.cfg.Model, s.cfg.Seed)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := nn.ImportParams(model.Params(), snap.Params); err != nil {
+		return 0, 0, fmt.Errorf("pipeline: evaluate: %w", err)
+	}
+	loss, acc = train.Evaluate(model, ds, batch)
+	return loss, acc, nil
+}

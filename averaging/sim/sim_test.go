@@ -78,6 +78,9 @@ func TestWAGMALearnsAndSurvivesAKill(t *testing.T) {
 			case <-ctx.Done():
 			}
 		}}
+	if raceEnabled {
+		cfg.Duration = 10 * time.Second // the race detector slows compute 5-10x
+	}
 	start := time.Now()
 	res, err := Simulate(context.Background(), cfg)
 	if err != nil {

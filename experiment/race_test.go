@@ -1,0 +1,5 @@
+//go:build race
+
+package experiment
+
+func init() { raceEnabled = true }

@@ -16,6 +16,7 @@ package dht
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -554,7 +555,7 @@ func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, e
 
 // fitItems keeps the freshest items that fit in one answer.
 func fitItems(es []*entry) []*entry {
-	slices.SortFunc(es, func(a, b *entry) int { return -cmpInt64(a.Expiration, b.Expiration) })
+	slices.SortFunc(es, func(a, b *entry) int { return -cmp.Compare(a.Expiration, b.Expiration) })
 	size := 0
 	for i, e := range es {
 		size += len(e.Subkey) + len(e.Value) + len(e.Signature) + 16
@@ -563,14 +564,4 @@ func fitItems(es []*entry) []*entry {
 		}
 	}
 	return es
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -88,16 +88,6 @@ func tcpMultiaddr(hostPort string) (ma.Multiaddr, error) {
 	return nil, fmt.Errorf("pipeline: bad proxy address %q", hostPort)
 }
 
-// pinAddrs makes h reach id only through addrs: identify may have taught
-// it id's real listen addresses, and a new connection over those would
-// bypass the emulated link. Existing connections are kept (they were
-// dialed through a route).
-func pinAddrs(h *p2p.Host, id peer.ID, addrs []ma.Multiaddr) {
-	ps := h.LibP2P().Peerstore()
-	ps.ClearAddrs(id)
-	ps.AddAddrs(id, addrs, time.Hour)
-}
-
 // probeReq asks a worker to measure its link to Peer (over the address
 // given, i.e. the route its activations would take).
 type probeReq struct {
@@ -112,7 +102,7 @@ type probeResp struct {
 // measurePing estimates the link from h to peer: latency is half the
 // median empty round trip; bandwidth is what a one-way payload adds to
 // it, with the payload sized to take about 150 ms (64 KiB to 8 MiB).
-func measurePing(ctx context.Context, h *p2p.Host, to peer.AddrInfo) (alloc.Link, error) {
+func measurePing(ctx context.Context, h p2p.Transport, to peer.AddrInfo) (alloc.Link, error) {
 	call := func(payload []byte) (float64, error) {
 		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
@@ -171,13 +161,13 @@ func (w *Worker) onProbe(ctx context.Context, b []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ai.ID == "" || ai.ID == w.host.ID() {
+	if ai.ID == "" || ai.ID == w.tr.ID() {
 		return nil, errors.New("pipeline: probe needs another peer")
 	}
 	if len(ai.Addrs) > 0 {
-		pinAddrs(w.host, ai.ID, ai.Addrs)
+		pinAddrs(w.tr, ai.ID, ai.Addrs)
 	}
-	l, err := measurePing(ctx, w.host, ai)
+	l, err := measurePing(ctx, w.tr, ai)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +178,7 @@ func (w *Worker) onProbe(ctx context.Context, b []byte) ([]byte, error) {
 // worker to, over the route the pipeline would use.
 func (c *Coordinator) probe(ctx context.Context, from, to int) (alloc.Link, error) {
 	if from < 0 {
-		return measurePing(ctx, c.host, c.worker(to).peerInfo(c))
+		return measurePing(ctx, c.tr, c.worker(to).peerInfo(c))
 	}
 	ref, err := c.routeRef(from, to)
 	if err != nil {
@@ -224,6 +214,23 @@ func (c *Coordinator) routeRef(from, to int) (PeerRef, error) {
 	return refOf(peer.AddrInfo{ID: real.ID, Addrs: []ma.Multiaddr{a}}), nil
 }
 
+// JoinAddr prepares the coordinator for a local worker named name in
+// region and returns the --join address it should use: the coordinator's
+// address, or under emulated links the route from name to the
+// coordinator, once name is assigned to region (which must then be one
+// of the network's). It implements swarm.PipelineCoordinator.
+func (c *Coordinator) JoinAddr(name, region string) (string, error) {
+	if c.emu != nil {
+		if region == "" {
+			return "", errors.New("pipeline: the coordinator emulates links: give every local worker a region")
+		}
+		if err := c.emu.n.Assign(peer.ID(name), region); err != nil {
+			return "", fmt.Errorf("pipeline: worker %s: %w", name, err)
+		}
+	}
+	return c.joinRoute(name)
+}
+
 // joinRoute returns the --join address a local worker named name should
 // use: the coordinator's address, or under emulation the route from name
 // to the coordinator.
@@ -235,7 +242,7 @@ func (c *Coordinator) joinRoute(name string) (string, error) {
 	if c.emu == nil {
 		return addrs[0], nil
 	}
-	ai := c.host.AddrInfo()
+	ai := c.tr.AddrInfo()
 	a, err := c.emu.route(peer.ID(name), CoordinatorKey, ai.Addrs)
 	if err != nil {
 		return "", err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -59,10 +60,14 @@ func TestSimulateSchedules(t *testing.T) {
 	}
 }
 
-// TestEmulatedLinks trains over three in-process workers whose traffic
-// crosses netem routes (regions a, b, a with 15 ms between a and b) and
-// checks that the measured links, the iteration time and the prediction
-// reflect the emulated latency.
+// TestEmulatedLinks is the package's one end-to-end test over libp2p (TCP
+// on loopback); the others run on memnet. It trains over three in-process
+// workers, each on its own host, whose traffic crosses netem routes
+// (regions a, b, a with 15 ms between a and b), exercising registration
+// through a route, address pinning, streamed activations and the
+// proxies, and checks that the measured links, the iteration time and the
+// prediction reflect the emulated latency. The fastest iteration is
+// compared, so that a loaded machine slows no more than some of them.
 func TestEmulatedLinks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("emulated links take a few seconds")
@@ -134,14 +139,14 @@ func TestEmulatedLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	var times []float64
-	for _, b := range batches(t, blobs(t, 256, 2), 32, 4) {
+	for _, b := range batches(t, blobs(t, 256, 2), 32, 6) {
 		st, err := s.Step(ctx, b)
 		if err != nil {
 			t.Fatal(err)
 		}
 		times = append(times, st.Seconds)
 	}
-	got := median(times[1:])
+	got := slices.Min(times[1:])
 	t.Logf("a↔b %.1f ms; iteration %.1f ms, predicted %s", 1e3*ab.Latency, 1e3*got, pred)
 	// Forward a→b→a and backward a→b→a cross the link four times, the
 	// commit round trip to b twice more.

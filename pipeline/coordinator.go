@@ -81,7 +81,9 @@ type Coordinator struct {
 	tr  p2p.Transport
 	own *p2p.Host // the host the coordinator started, or nil
 	log *slog.Logger
-	emu *emulation // nil without emulated links
+	// routes hands out the addresses peers reach each other at: direct,
+	// or through the emulated links' proxies.
+	routes router
 
 	mu      sync.Mutex
 	workers []*WorkerInfo
@@ -107,7 +109,7 @@ func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, e
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	c := &Coordinator{tr: cfg.Transport, log: cfg.Logger, changed: make(chan struct{})}
+	c := &Coordinator{tr: cfg.Transport, log: cfg.Logger, routes: direct{}, changed: make(chan struct{})}
 	if c.tr == nil {
 		h, err := p2p.New(ctx, p2p.Config{
 			IdentityFile:    cfg.IdentityFile,
@@ -125,7 +127,7 @@ func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, e
 			c.Close()
 			return nil, fmt.Errorf("pipeline: coordinator region: %w", err)
 		}
-		c.emu = &emulation{n: cfg.Network}
+		c.routes = &emulation{n: cfg.Network}
 	}
 	c.tr.SetHandler(ProtoPing, func(context.Context, peer.ID, []byte) ([]byte, error) { return nil, nil })
 	c.tr.SetHandler(ProtoRegister, c.onRegister)
@@ -161,9 +163,7 @@ func (c *Coordinator) Close() error {
 	if c.own != nil {
 		err = c.own.Close()
 	}
-	if c.emu != nil {
-		c.emu.close()
-	}
+	c.routes.close()
 	return err
 }
 
@@ -175,9 +175,6 @@ func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]b
 	if !(req.Slowdown >= 1) || math.IsInf(req.Slowdown, 0) || req.MemCap < 0 || len(req.Name) > 64 || !utf8.ValidString(req.Name) || len(req.Addrs) > maxAddrs || len(req.Region) > 64 || !utf8.ValidString(req.Region) {
 		return nil, fmt.Errorf("pipeline: bad registration %+v", req)
 	}
-	if c.emu != nil && (req.Name == "" || !c.emu.regionKnown(req.Region)) {
-		return nil, fmt.Errorf("pipeline: with emulated links a worker needs a name and one of the regions %v (got %q, %q)", c.emu.n.Profile().Regions, req.Name, req.Region)
-	}
 	ai := peer.AddrInfo{ID: from}
 	for _, s := range req.Addrs {
 		a, err := ma.NewMultiaddr(s)
@@ -186,28 +183,15 @@ func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]b
 		}
 		ai.Addrs = append(ai.Addrs, a)
 	}
+	reach, err := c.routes.admit(req.Name, req.Region, ai)
+	if err != nil {
+		return nil, err
+	}
+	if c.routes.pinned() {
+		pinAddrs(c.tr, from, reach.Addrs)
+	}
 	if req.Name == "" {
 		req.Name = from.ShortString()
-	}
-	reach := ai
-	if c.emu != nil {
-		c.mu.Lock()
-		for _, w := range c.workers {
-			if w.Name == req.Name && w.Peer.ID != from {
-				c.mu.Unlock()
-				return nil, fmt.Errorf("pipeline: worker name %q taken (names key the emulated links)", req.Name)
-			}
-		}
-		c.mu.Unlock()
-		if err := c.emu.n.Assign(peer.ID(req.Name), req.Region); err != nil {
-			return nil, fmt.Errorf("pipeline: %w", err)
-		}
-		a, err := c.emu.route(CoordinatorKey, peer.ID(req.Name), ai.Addrs)
-		if err != nil {
-			return nil, err
-		}
-		reach = peer.AddrInfo{ID: from, Addrs: []ma.Multiaddr{a}}
-		pinAddrs(c.tr, from, reach.Addrs)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

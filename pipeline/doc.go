@@ -44,7 +44,10 @@
 //     that arrived from neighbours; transport.go: how tensors leave.
 //
 // Shared: proto.go (protocol IDs and messages), schedule.go (Sequential,
-// GPipe, 1F1B), model.go (model specs), emulate.go (netem routes for
-// emulated links, link probes). Starting local worker processes is
-// package swarm's (swarm.LaunchPipelineWorkers).
+// GPipe, 1F1B), model.go (model specs), routes.go (the addresses peers
+// reach each other at), emulate.go (netem proxies behind those addresses
+// when CoordinatorConfig.Network emulates links), probe.go (link
+// measurements). On memnet, links are emulated by the transport itself
+// (memnet.WithLink). Starting local worker processes is package swarm's
+// (swarm.LaunchPipelineWorkers).
 package pipeline

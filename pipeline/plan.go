@@ -261,7 +261,7 @@ func (s *Session) apply(ctx context.Context, plan alloc.Plan, snap Snapshot) err
 				return err
 			}
 		}
-		req.Pin = s.c.emu != nil
+		req.Pin = s.c.routes.pinned()
 		part, err := snap.forParams(s.ref.Slice(a.first, a.last).Params())
 		if err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/pipeline"
+	"github.com/skyhive/skyhive/swarm"
 )
 
 // pipelineSuite trains a deep MLP over real `skyhive worker` processes on
@@ -148,7 +149,7 @@ func pipeCase(ctx context.Context, o Options, bin string, g pipeGeometry, seq bo
 		return nil, err
 	}
 	defer c.Close()
-	local, err := pipeline.LaunchLocal(ctx, c, pipeline.LocalConfig{
+	local, err := swarm.LaunchPipelineWorkers(ctx, c, swarm.PipelineLaunch{
 		Binary: bin, Slowdowns: slow, Regions: g.regions, Env: []string{"OPENBLAS_NUM_THREADS=1"}, Output: o.Log,
 	})
 	if err != nil {

@@ -17,11 +17,17 @@ import (
 
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/swarm"
 	"github.com/skyhive/skyhive/wire"
 )
 
-// CoordinatorConfig configures a Coordinator's host.
+// CoordinatorConfig configures a Coordinator's network.
 type CoordinatorConfig struct {
+	// Transport, if set, is the network the coordinator uses (e.g. a
+	// memnet peer); the caller closes it. Otherwise the coordinator starts
+	// a libp2p host from ListenAddrs, IdentityFile and MaxMessageBytes and
+	// closes it in Close.
+	Transport p2p.Transport
 	// ListenAddrs default to /ip4/127.0.0.1/tcp/0.
 	ListenAddrs []string
 	// IdentityFile keeps the coordinator's peer ID across restarts, so
@@ -37,7 +43,9 @@ type CoordinatorConfig struct {
 	// loopback proxy of the pair (workers are keyed by name, which must be
 	// unique, the coordinator by CoordinatorKey). Workers must name a
 	// region of it; the coordinator is in Region. Local workers only: the
-	// proxies run in the coordinator's process.
+	// proxies run in the coordinator's process. The proxies carry TCP, so
+	// this needs the coordinator's own libp2p host (no Transport); on
+	// memnet, emulate links with memnet.WithLink instead.
 	Network *netem.Network
 	Region  string
 }
@@ -70,9 +78,12 @@ func (w *WorkerInfo) peerInfo(c *Coordinator) peer.AddrInfo {
 // Coordinator accepts workers and drives pipeline training sessions over
 // them. Its methods are safe for concurrent use.
 type Coordinator struct {
-	host *p2p.Host
-	log  *slog.Logger
-	emu  *emulation // nil without emulated links
+	tr  p2p.Transport
+	own *p2p.Host // the host the coordinator started, or nil
+	log *slog.Logger
+	// routes hands out the addresses peers reach each other at: direct,
+	// or through the emulated links' proxies.
+	routes router
 
 	mu      sync.Mutex
 	workers []*WorkerInfo
@@ -82,9 +93,13 @@ type Coordinator struct {
 // maxWorkers bounds registrations.
 const maxWorkers = maxStages
 
-// NewCoordinator starts the coordinator's host. Workers join it with
-// `skyhive worker --join` one of Addrs.
+// NewCoordinator starts the coordinator on cfg.Transport or on a libp2p
+// host of its own. Workers join it with `skyhive worker --join` one of
+// Addrs.
 func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, error) {
+	if cfg.Transport != nil && cfg.Network != nil {
+		return nil, errors.New("pipeline: emulated links proxy TCP and need the coordinator's own libp2p host, not a given transport")
+	}
 	if len(cfg.ListenAddrs) == 0 {
 		cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
 	}
@@ -94,32 +109,35 @@ func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, e
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	h, err := p2p.New(ctx, p2p.Config{
-		IdentityFile:    cfg.IdentityFile,
-		ListenAddrs:     cfg.ListenAddrs,
-		MaxMessageBytes: cfg.MaxMessageBytes,
-		Logger:          cfg.Logger,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pipeline: coordinator host: %w", err)
+	c := &Coordinator{tr: cfg.Transport, log: cfg.Logger, routes: direct{}, changed: make(chan struct{})}
+	if c.tr == nil {
+		h, err := p2p.New(ctx, p2p.Config{
+			IdentityFile:    cfg.IdentityFile,
+			ListenAddrs:     cfg.ListenAddrs,
+			MaxMessageBytes: cfg.MaxMessageBytes,
+			Logger:          cfg.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("pipeline: coordinator host: %w", err)
+		}
+		c.tr, c.own = h, h
 	}
-	c := &Coordinator{host: h, log: cfg.Logger, changed: make(chan struct{})}
 	if cfg.Network != nil {
 		if err := cfg.Network.Assign(CoordinatorKey, cfg.Region); err != nil {
-			h.Close()
+			c.Close()
 			return nil, fmt.Errorf("pipeline: coordinator region: %w", err)
 		}
-		c.emu = &emulation{n: cfg.Network}
+		c.routes = &emulation{n: cfg.Network}
 	}
-	h.SetHandler(ProtoPing, func(context.Context, peer.ID, []byte) ([]byte, error) { return nil, nil })
-	h.SetHandler(ProtoRegister, c.onRegister)
+	c.tr.SetHandler(ProtoPing, func(context.Context, peer.ID, []byte) ([]byte, error) { return nil, nil })
+	c.tr.SetHandler(ProtoRegister, c.onRegister)
 	return c, nil
 }
 
 // Addrs returns the coordinator's addresses with its peer ID, the values
 // workers accept for --join.
 func (c *Coordinator) Addrs() []string {
-	ai := c.host.AddrInfo()
+	ai := c.tr.AddrInfo()
 	addrs, err := peer.AddrInfoToP2pAddrs(&ai)
 	if err != nil {
 		return nil
@@ -131,15 +149,21 @@ func (c *Coordinator) Addrs() []string {
 	return out
 }
 
-// Host returns the coordinator's p2p host.
-func (c *Coordinator) Host() *p2p.Host { return c.host }
+// Host returns the libp2p host the coordinator started, or nil when it
+// runs on a given Transport.
+func (c *Coordinator) Host() *p2p.Host { return c.own }
 
-// Close stops the coordinator's host and its emulated links.
+// Transport returns the network the coordinator talks through.
+func (c *Coordinator) Transport() p2p.Transport { return c.tr }
+
+// Close stops the coordinator's own host, if it started one, and its
+// emulated links. A given Transport stays open.
 func (c *Coordinator) Close() error {
-	err := c.host.Close()
-	if c.emu != nil {
-		c.emu.close()
+	var err error
+	if c.own != nil {
+		err = c.own.Close()
 	}
+	c.routes.close()
 	return err
 }
 
@@ -151,9 +175,6 @@ func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]b
 	if !(req.Slowdown >= 1) || math.IsInf(req.Slowdown, 0) || req.MemCap < 0 || len(req.Name) > 64 || !utf8.ValidString(req.Name) || len(req.Addrs) > maxAddrs || len(req.Region) > 64 || !utf8.ValidString(req.Region) {
 		return nil, fmt.Errorf("pipeline: bad registration %+v", req)
 	}
-	if c.emu != nil && (req.Name == "" || !c.emu.regionKnown(req.Region)) {
-		return nil, fmt.Errorf("pipeline: with emulated links a worker needs a name and one of the regions %v (got %q, %q)", c.emu.n.Profile().Regions, req.Name, req.Region)
-	}
 	ai := peer.AddrInfo{ID: from}
 	for _, s := range req.Addrs {
 		a, err := ma.NewMultiaddr(s)
@@ -162,28 +183,15 @@ func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]b
 		}
 		ai.Addrs = append(ai.Addrs, a)
 	}
+	reach, err := c.routes.admit(req.Name, req.Region, ai)
+	if err != nil {
+		return nil, err
+	}
+	if c.routes.pinned() {
+		pinAddrs(c.tr, from, reach.Addrs)
+	}
 	if req.Name == "" {
 		req.Name = from.ShortString()
-	}
-	reach := ai
-	if c.emu != nil {
-		c.mu.Lock()
-		for _, w := range c.workers {
-			if w.Name == req.Name && w.Peer.ID != from {
-				c.mu.Unlock()
-				return nil, fmt.Errorf("pipeline: worker name %q taken (names key the emulated links)", req.Name)
-			}
-		}
-		c.mu.Unlock()
-		if err := c.emu.n.Assign(peer.ID(req.Name), req.Region); err != nil {
-			return nil, fmt.Errorf("pipeline: %w", err)
-		}
-		a, err := c.emu.route(CoordinatorKey, peer.ID(req.Name), ai.Addrs)
-		if err != nil {
-			return nil, err
-		}
-		reach = peer.AddrInfo{ID: from, Addrs: []ma.Multiaddr{a}}
-		pinAddrs(c.host, from, reach.Addrs)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -218,16 +226,31 @@ func (c *Coordinator) Workers() []WorkerInfo {
 	return out
 }
 
+// LiveWorkers is the number of live registered workers.
+func (c *Coordinator) LiveWorkers() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.liveLocked()
+}
+
+// liveLocked counts the live workers; c.mu is held.
+func (c *Coordinator) liveLocked() int {
+	live := 0
+	for _, w := range c.workers {
+		if w.Alive {
+			live++
+		}
+	}
+	return live
+}
+
+var _ swarm.PipelineCoordinator = (*Coordinator)(nil)
+
 // WaitWorkers blocks until at least n live workers have registered.
 func (c *Coordinator) WaitWorkers(ctx context.Context, n int) error {
 	for {
 		c.mu.Lock()
-		live := 0
-		for _, w := range c.workers {
-			if w.Alive {
-				live++
-			}
-		}
+		live := c.liveLocked()
 		ch := c.changed
 		c.mu.Unlock()
 		if live >= n {
@@ -251,7 +274,7 @@ func (c *Coordinator) Shutdown(ctx context.Context) {
 		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			if _, err := c.host.Call(cctx, w.Peer, ProtoShutdown, nil); err != nil {
+			if _, err := c.tr.Call(cctx, w.Peer, ProtoShutdown, nil); err != nil {
 				c.log.Debug("pipeline: shutdown", "worker", w.Name, "err", err)
 			}
 		})
@@ -308,7 +331,7 @@ func (c *Coordinator) call(ctx context.Context, i int, proto protocol.ID, req an
 	c.mu.Lock()
 	ai := w.Peer
 	c.mu.Unlock()
-	out, err := c.host.Call(ctx, ai, proto, b)
+	out, err := c.tr.Call(ctx, ai, proto, b)
 	if err != nil {
 		return nil, err
 	}

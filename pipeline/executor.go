@@ -13,7 +13,6 @@ import (
 
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/tensor"
-	"github.com/skyhive/skyhive/wire"
 )
 
 // onActs receives a neighbour's stream of activations or gradients (a
@@ -169,12 +168,12 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 		offs[i+1] = offs[i] + n
 		total += n
 	}
-	var fwd, bwd *sender
+	var fwd, bwd actSender
 	if !st.last() {
-		fwd = w.startSender(ctx, st.next, req, false, m, fail)
+		fwd = w.dial(ctx, st.next, req, false, m, fail)
 	}
 	if !st.first() {
-		bwd = w.startSender(ctx, st.prev, req, true, m, fail)
+		bwd = w.dial(ctx, st.prev, req, true, m, fail)
 	}
 	var resp iterResp
 	states := make([]nn.State, m)
@@ -250,7 +249,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 		}
 	}
 	var comm time.Duration
-	for _, s := range []*sender{fwd, bwd} {
+	for _, s := range []actSender{fwd, bwd} {
 		if s == nil {
 			continue
 		}
@@ -278,76 +277,4 @@ func rows(x *tensor.Tensor, lo, hi int) *tensor.Tensor {
 	per := x.Len() / x.Shape[0]
 	shape := append([]int{hi - lo}, x.Shape[1:]...)
 	return tensor.FromSlice(x.Data[lo*per:hi*per], shape...)
-}
-
-// sender ships one direction's tensors of an iteration in order over one
-// stream (ProtoActs), on its own goroutine so compute overlaps
-// communication. The stream opens with the first tensor; each tensor is
-// flushed as soon as it is queued, without waiting for an answer.
-type sender struct {
-	ch   chan senderItem
-	done chan struct{}
-	comm time.Duration
-	err  error
-}
-
-type senderItem struct {
-	micro int
-	t     *tensor.Tensor
-}
-
-// flusher is what CallStream's writer offers to push a frame out now.
-type flusher interface{ Flush() error }
-
-func (w *Worker) startSender(ctx context.Context, to peer.AddrInfo, req iterReq, backward bool, m int, fail context.CancelCauseFunc) *sender {
-	s := &sender{ch: make(chan senderItem, m), done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		first, ok := <-s.ch
-		if !ok {
-			return
-		}
-		err := w.host.CallStream(ctx, to, ProtoActs, func(wr io.Writer) error {
-			for it := first; ; {
-				b, err := encodeMsg(actMsg{Gen: req.Gen, Iter: req.Iter, Micro: it.micro, Backward: backward}, []wire.Named{{Name: "t", Tensor: it.t}})
-				if err != nil {
-					return err
-				}
-				t0 := time.Now()
-				if _, err := wr.Write(binary.BigEndian.AppendUint32(nil, uint32(len(b)))); err != nil {
-					return err
-				}
-				if _, err := wr.Write(b); err != nil {
-					return err
-				}
-				if f, ok := wr.(flusher); ok {
-					if err := f.Flush(); err != nil {
-						return err
-					}
-				}
-				s.comm += time.Since(t0)
-				if it, ok = <-s.ch; !ok {
-					return nil
-				}
-			}
-		}, nil)
-		if err != nil {
-			s.err = fmt.Errorf("send to %s: %w", to.ID.ShortString(), err)
-			fail(s.err)
-			for range s.ch { // drain what the schedule still queues
-			}
-		}
-	}()
-	return s
-}
-
-// send queues a tensor; it never blocks (the channel holds a whole
-// iteration).
-func (s *sender) send(micro int, t *tensor.Tensor) { s.ch <- senderItem{micro, t} }
-
-// finish waits until everything queued is sent and received.
-func (s *sender) finish() (time.Duration, error) {
-	close(s.ch)
-	<-s.done
-	return s.comm, s.err
 }

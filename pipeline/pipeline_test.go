@@ -17,6 +17,7 @@ import (
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/p2p/memnet"
 	"github.com/skyhive/skyhive/tensor"
 )
 
@@ -35,9 +36,10 @@ func TestMain(m *testing.M) {
 	)
 }
 
-// cluster is a coordinator with in-process workers, each on its own
-// libp2p host on loopback.
+// cluster is a coordinator with in-process workers, all peers of one
+// in-memory network.
 type cluster struct {
+	net     *memnet.Network
 	c       *Coordinator
 	workers []*Worker
 	cancel  context.CancelFunc
@@ -47,11 +49,19 @@ type cluster struct {
 func newCluster(t *testing.T, slowdowns ...float64) *cluster {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	c, err := NewCoordinator(ctx, CoordinatorConfig{})
+	net := memnet.NewNetwork()
+	peer := func() *memnet.Peer {
+		p, err := net.NewPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	c, err := NewCoordinator(ctx, CoordinatorConfig{Transport: peer()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &cluster{c: c, cancel: cancel}
+	cl := &cluster{net: net, c: c, cancel: cancel}
 	t.Cleanup(func() {
 		cancel()
 		for _, w := range cl.workers {
@@ -59,9 +69,10 @@ func newCluster(t *testing.T, slowdowns ...float64) *cluster {
 		}
 		cl.wg.Wait()
 		c.Close()
+		net.Close()
 	})
 	for i, f := range slowdowns {
-		w, err := NewWorker(ctx, WorkerConfig{Name: fmt.Sprintf("w%d", i), Join: c.Addrs()[0], Slowdown: f, Heartbeat: 200 * time.Millisecond})
+		w, err := NewWorker(ctx, WorkerConfig{Name: fmt.Sprintf("w%d", i), Join: c.Addrs()[0], Transport: peer(), Slowdown: f, Heartbeat: 200 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,8 +188,8 @@ func TestOps(t *testing.T) {
 	}
 }
 
-// TestSchedulesMatchSingleProcess trains 3 stages over real libp2p
-// loopback hosts with each schedule and compares every parameter with
+// TestSchedulesMatchSingleProcess trains 3 stages on an in-memory network
+// with each schedule and compares every parameter with
 // single-process training of the same model.
 func TestSchedulesMatchSingleProcess(t *testing.T) {
 	cases := []struct {
@@ -193,8 +204,11 @@ func TestSchedulesMatchSingleProcess(t *testing.T) {
 		{"deep-mlp:48x4", GPipe, 4, []alloc.Stage{{Device: 2, First: 0, Last: 2}, {Device: 0, First: 2, Last: 7}, {Device: 1, First: 7, Last: 9}}, OptimConfig{Kind: "sgd", LR: 0.05, Momentum: 0.9}, 0.5},
 		{"deep-mlp:48x4", OneFOneB, 4, []alloc.Stage{{Device: 0, First: 0, Last: 4}, {Device: 1, First: 4, Last: 5}, {Device: 2, First: 5, Last: 9}}, OptimConfig{LR: 1e-2, WeightDecay: 0.01}, 1},
 		// The Fashion-MNIST MLP has dropout: each layer draws its masks
-		// in micro-batch order under every schedule.
-		{"mlp", OneFOneB, 3, []alloc.Stage{{Device: 1, First: 0, Last: 3}, {Device: 2, First: 3, Last: 5}, {Device: 0, First: 5, Last: 7}}, OptimConfig{LR: 1e-3}, 0},
+		// in micro-batch order under every schedule. SGD, because Adam
+		// turns the last-bit differences of the GEMM engines that
+		// concurrent in-process workers use into whole steps on weights
+		// whose gradient is near zero.
+		{"mlp", OneFOneB, 3, []alloc.Stage{{Device: 1, First: 0, Last: 3}, {Device: 2, First: 3, Last: 5}, {Device: 0, First: 5, Last: 7}}, OptimConfig{Kind: "sgd", LR: 0.05}, 0},
 	}
 	ds := blobs(t, 200, 5)
 	for _, tc := range cases {
@@ -280,7 +294,9 @@ func TestWorkerDeathReplans(t *testing.T) {
 			// Kill the middle stage's worker: its layers exist only there
 			// and in the checkpoint of iteration 8.
 			killed = s.stages[1].worker
-			cl.workers[killed].Close()
+			if err := cl.net.Kill(cl.workers[killed].ID()); err != nil {
+				t.Fatal(err)
+			}
 		}
 		st, err := s.Step(ctx, b)
 		if err != nil {

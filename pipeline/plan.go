@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,10 +44,10 @@ func (s *Session) cluster() (*alloc.Cluster, []int) {
 		cl.RegionLinks = append(cl.RegionLinks, alloc.RegionLink{A: pair[0], B: pair[1], Link: l})
 	}
 	slices.SortFunc(cl.RegionLinks, func(a, b alloc.RegionLink) int {
-		if c := cmpStr(a.A, b.A); c != 0 {
+		if c := cmp.Compare(a.A, b.A); c != 0 {
 			return c
 		}
-		return cmpStr(a.B, b.B)
+		return cmp.Compare(a.B, b.B)
 	})
 	var idx []int
 	for _, w := range s.c.Workers() {
@@ -72,16 +73,6 @@ func (s *Session) cluster() (*alloc.Cluster, []int) {
 	}
 	cl.Intra = cl.Inter
 	return cl, idx
-}
-
-func cmpStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // regionOf is a worker's region, "local" if it did not name one.
@@ -270,7 +261,7 @@ func (s *Session) apply(ctx context.Context, plan alloc.Plan, snap Snapshot) err
 				return err
 			}
 		}
-		req.Pin = s.c.emu != nil
+		req.Pin = s.c.routes.pinned()
 		part, err := snap.forParams(s.ref.Slice(a.first, a.last).Params())
 		if err != nil {
 			return err

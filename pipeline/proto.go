@@ -17,7 +17,9 @@ import (
 )
 
 // Protocol IDs. The coordinator serves register and ping; workers serve
-// the rest. Activations and gradients travel worker to worker over act.
+// the rest. Activations and gradients travel worker to worker over acts
+// (one stream per iteration and direction) or, on transports without
+// streams, act (one call each).
 const (
 	ProtoRegister protocol.ID = "/skyhive/pipeline/register/1"
 	ProtoPing     protocol.ID = "/skyhive/pipeline/ping/1"
@@ -28,6 +30,9 @@ const (
 	ProtoAbort    protocol.ID = "/skyhive/pipeline/abort/1"
 	ProtoFetch    protocol.ID = "/skyhive/pipeline/fetch/1"
 	ProtoActs     protocol.ID = "/skyhive/pipeline/acts/1"
+	// ProtoAct carries one activation per call, for transports without
+	// streams (memnet).
+	ProtoAct      protocol.ID = "/skyhive/pipeline/act/1"
 	ProtoShutdown protocol.ID = "/skyhive/pipeline/shutdown/1"
 	ProtoProbe    protocol.ID = "/skyhive/pipeline/probe/1"
 )

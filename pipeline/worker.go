@@ -24,6 +24,11 @@ type WorkerConfig struct {
 	Name string
 	// Join is the coordinator's multiaddr including /p2p/<peer ID>.
 	Join string
+	// Transport, if set, is the network the worker uses (e.g. a memnet
+	// peer); the caller closes it. Otherwise the worker starts a libp2p
+	// host from ListenAddrs, IdentityFile and MaxMessageBytes and closes
+	// it in Close.
+	Transport p2p.Transport
 	// ListenAddrs are the worker's libp2p listen addresses (default
 	// /ip4/127.0.0.1/tcp/0).
 	ListenAddrs []string
@@ -62,9 +67,11 @@ type WorkerConfig struct {
 // activations and gradients directly with its neighbour stages.
 type Worker struct {
 	cfg   WorkerConfig
-	host  *p2p.Host
+	tr    p2p.Transport
+	own   *p2p.Host // the host the worker started, or nil
 	log   *slog.Logger
 	coord peer.AddrInfo
+	dial  actDialer // how the executor reaches its neighbours
 
 	dev *swarm.Device // emulated device: slowdown and pause gate
 
@@ -90,7 +97,8 @@ var errStopped = errors.New("pipeline: worker stopped")
 // is not a coordinator's multiaddr.
 var ErrCoordinatorAddr = errors.New("pipeline: bad coordinator address")
 
-// NewWorker starts a worker's host and handlers. Call Run to join the
+// NewWorker starts a worker's handlers on cfg.Transport or on a libp2p
+// host of its own. Call Run to join the
 // coordinator and serve, and Close to stop.
 func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	if cfg.Slowdown == 0 {
@@ -125,22 +133,26 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	h, err := p2p.New(ctx, p2p.Config{
-		IdentityFile:    cfg.IdentityFile,
-		ListenAddrs:     cfg.ListenAddrs,
-		MaxMessageBytes: cfg.MaxMessageBytes,
-		MaxStreamBytes:  int64(cfg.MaxMessageBytes) * maxMicro,
-		// An activation stream stays open for a whole iteration and may
-		// wait for a slow neighbour's compute between messages.
-		IdleTimeout: streamIdleTimeout,
-		Logger:      cfg.Logger,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pipeline: worker host: %w", err)
+	w := &Worker{cfg: cfg, tr: cfg.Transport, log: cfg.Logger, coord: *coord, dev: dev, box: newInbox(0, nil, nil), stop: make(chan struct{})}
+	if w.tr == nil {
+		h, err := p2p.New(ctx, p2p.Config{
+			IdentityFile:    cfg.IdentityFile,
+			ListenAddrs:     cfg.ListenAddrs,
+			MaxMessageBytes: cfg.MaxMessageBytes,
+			MaxStreamBytes:  int64(cfg.MaxMessageBytes) * maxMicro,
+			// An activation stream stays open for a whole iteration and may
+			// wait for a slow neighbour's compute between messages.
+			IdleTimeout: streamIdleTimeout,
+			Logger:      cfg.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("pipeline: worker host: %w", err)
+		}
+		w.tr, w.own = h, h
 	}
-	w := &Worker{cfg: cfg, host: h, log: cfg.Logger, coord: *coord, dev: dev, box: newInbox(0, nil, nil), stop: make(chan struct{})}
+	w.dial = transportDialer(w.tr)
 	if w.cfg.Name == "" {
-		w.cfg.Name = h.ID().ShortString()
+		w.cfg.Name = w.tr.ID().ShortString()
 	}
 	w.handle(ProtoPing, func(context.Context, peer.ID, []byte) ([]byte, error) { return nil, nil })
 	w.control(ProtoProfile, w.onProfile)
@@ -154,15 +166,36 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 		w.stopOnce.Do(func() { close(w.stop) })
 		return nil, nil
 	})
-	w.host.SetStreamHandler(ProtoActs, w.onActs)
+	w.handle(ProtoAct, func(_ context.Context, from peer.ID, b []byte) ([]byte, error) { return nil, w.onAct(from, b) })
+	if st, ok := w.tr.(streamer); ok {
+		st.SetStreamHandler(ProtoActs, w.onActs)
+	}
 	return w, nil
 }
 
-func (w *Worker) handle(p protocol.ID, h p2p.Handler) { w.host.SetHandler(p, h) }
+// handle registers a handler that answers while the worker runs.
+func (w *Worker) handle(p protocol.ID, h p2p.Handler) {
+	w.tr.SetHandler(p, func(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
+		if w.stopped() {
+			return nil, errStopped
+		}
+		return h(ctx, from, req)
+	})
+}
+
+// stopped reports whether shutdown or Close was called.
+func (w *Worker) stopped() bool {
+	select {
+	case <-w.stop:
+		return true
+	default:
+		return false
+	}
+}
 
 // control registers a handler that only the coordinator may call.
 func (w *Worker) control(p protocol.ID, h func(ctx context.Context, req []byte) ([]byte, error)) {
-	w.host.SetHandler(p, func(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
+	w.handle(p, func(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
 		if from != w.coord.ID {
 			return nil, fmt.Errorf("pipeline: %s accepts calls from the coordinator only", p)
 		}
@@ -171,7 +204,7 @@ func (w *Worker) control(p protocol.ID, h func(ctx context.Context, req []byte) 
 }
 
 // ID is the worker's peer ID.
-func (w *Worker) ID() peer.ID { return w.host.ID() }
+func (w *Worker) ID() peer.ID { return w.tr.ID() }
 
 // SetSlowdown changes the emulated slowdown factor (≥ 1) while running,
 // e.g. to emulate a device that becomes loaded.
@@ -200,7 +233,9 @@ func (w *Worker) throttle(ctx context.Context, wall, cpu time.Duration) {
 	w.dev.Throttle(ctx, d) // returns early only when ctx ends, which callers check
 }
 
-// Close stops the worker: its host, connections and handlers.
+// Close stops the worker: its handlers refuse calls from now on, a running
+// iteration ends, and the host it started, if any, closes with its
+// connections. A given Transport stays open.
 func (w *Worker) Close() error {
 	w.stopOnce.Do(func() { close(w.stop) })
 	w.mu.Lock()
@@ -208,7 +243,10 @@ func (w *Worker) Close() error {
 		w.cancelIter(errStopped)
 	}
 	w.mu.Unlock()
-	return w.host.Close()
+	if w.own != nil {
+		return w.own.Close()
+	}
+	return nil
 }
 
 // Run registers with the coordinator and serves until ctx ends, the
@@ -230,7 +268,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 		cctx, cancel := context.WithTimeout(ctx, w.cfg.Heartbeat*2)
-		_, err := w.host.Call(cctx, w.coord, ProtoPing, nil)
+		_, err := w.tr.Call(cctx, w.coord, ProtoPing, nil)
 		cancel()
 		if err == nil {
 			misses = 0
@@ -246,7 +284,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 func (w *Worker) register(ctx context.Context) error {
 	req := registerReq{Name: w.cfg.Name, Slowdown: w.dev.Slowdown(), MemCap: w.cfg.MemCap, Region: w.cfg.Region}
-	for _, a := range w.host.AddrInfo().Addrs {
+	for _, a := range w.tr.AddrInfo().Addrs {
 		req.Addrs = append(req.Addrs, a.String())
 	}
 	b, err := encodeMsg(req, nil)
@@ -256,7 +294,7 @@ func (w *Worker) register(ctx context.Context) error {
 	var lastErr error
 	for attempt := range 20 {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		resp, err := w.host.Call(cctx, w.coord, ProtoRegister, b)
+		resp, err := w.tr.Call(cctx, w.coord, ProtoRegister, b)
 		cancel()
 		if err == nil {
 			var r registerResp

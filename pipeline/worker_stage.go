@@ -125,7 +125,7 @@ func (w *Worker) buildStage(req setupReq, ts []wire.Named) (*stage, error) {
 	if req.Pin {
 		for _, ai := range []peer.AddrInfo{st.prev, st.next} {
 			if ai.ID != "" && len(ai.Addrs) > 0 {
-				pinAddrs(w.host, ai.ID, ai.Addrs)
+				pinAddrs(w.tr, ai.ID, ai.Addrs)
 			}
 		}
 	}

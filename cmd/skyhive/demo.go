@@ -15,6 +15,7 @@ import (
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/skyhive/skyhive/progress"
+	"github.com/skyhive/skyhive/swarm"
 	"github.com/spf13/cobra"
 )
 
@@ -105,7 +106,7 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 	}
 	defer c.Close()
 	fmt.Fprintf(out, "1/4 starting %d worker processes on loopback (libp2p, TLS) with slowdowns %s (times %.0f)\n", d.workers, fmtFloats(slow), float64(demoBaseSlowdown))
-	local, err := pipeline.LaunchLocal(ctx, c, pipeline.LocalConfig{Binary: exe, Slowdowns: emulated, Env: []string{"OPENBLAS_NUM_THREADS=1"}})
+	local, err := swarm.LaunchPipelineWorkers(ctx, c, swarm.PipelineLaunch{Binary: exe, Slowdowns: emulated, Env: []string{"OPENBLAS_NUM_THREADS=1"}})
 	if err != nil {
 		return err
 	}

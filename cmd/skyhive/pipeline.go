@@ -16,6 +16,7 @@ import (
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
+	"github.com/skyhive/skyhive/swarm"
 	"github.com/spf13/cobra"
 )
 
@@ -207,7 +208,7 @@ func (p *pipelineFlags) run(cmd *cobra.Command, f *trainFlags) error {
 		return err
 	}
 	defer c.Close()
-	var local *pipeline.LocalWorkers
+	var local *swarm.LocalProcs
 	if p.workers > 0 {
 		sl, err := p.localSlowdowns(f.cfg.Seed)
 		if err != nil {
@@ -225,7 +226,7 @@ func (p *pipelineFlags) run(cmd *cobra.Command, f *trainFlags) error {
 		if regions != nil {
 			fmt.Fprintf(out, "emulated links: workers in regions %s, coordinator in %s\n", strings.Join(regions, ","), p.coordRegion)
 		}
-		if local, err = pipeline.LaunchLocal(ctx, c, pipeline.LocalConfig{Binary: exe, Slowdowns: sl, MemCaps: caps, Regions: regions, Output: os.Stderr}); err != nil {
+		if local, err = swarm.LaunchPipelineWorkers(ctx, c, swarm.PipelineLaunch{Binary: exe, Slowdowns: sl, MemCaps: caps, Regions: regions, Output: os.Stderr}); err != nil {
 			return err
 		}
 		defer local.Close()

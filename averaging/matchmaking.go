@@ -81,10 +81,20 @@ func GroupKey(run string, round int, coords []int) string {
 // model from.
 func PeersKey(run string) string { return run + "/peers" }
 
-// SplitGroup cuts the sorted, duplicate-free list ids into the fewest
-// consecutive groups of at most size members each, of near-equal sizes, and
-// returns the one holding self with self's index in it (-1 if self is not
-// in ids). Every peer that sees the same list computes the same groups.
+// permute shuffles ids (sorted) with a permutation seeded by key, so that
+// every peer that read the same declarations under key orders them alike.
+func permute(ids []peer.ID, key string) {
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	rng := rand.New(rand.NewPCG(h.Sum64(), 0x6d6d))
+	rng.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+}
+
+// SplitGroup cuts the duplicate-free list ids (in the same order on every
+// peer) into the fewest consecutive groups of at most size members each,
+// of near-equal sizes, and returns the one holding self with self's index
+// in it (-1 if self is not in ids). Every peer that sees the same list
+// computes the same groups.
 func SplitGroup(ids []peer.ID, self peer.ID, size int) (group []peer.ID, index int) {
 	at := slices.Index(ids, self)
 	if at < 0 {
@@ -337,6 +347,11 @@ func (m *Matchmaker) Form(ctx context.Context, round, stepRound int) (Formed, er
 		ids = append(ids, m.t.ID())
 		slices.Sort(ids)
 	}
+	// Cut the groups from an order that changes every round but is the
+	// same on every peer: cut from the ID order, the same peers would pair
+	// up round after round once the coordinates collapse, and the swarm
+	// could split into parts that never mix (seen: 8 peers in two halves).
+	permute(ids, key)
 	group, index := SplitGroup(ids, m.t.ID(), m.size)
 	g := slices.Index(ids, group[0])
 	ms := make([]Member, len(group))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -361,6 +362,15 @@ func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to pee
 	}
 	sent.Add(int64(len(b)))
 	resp, err := a.t.Call(ctx, to, ReduceProtocol, b)
+	var remote *p2p.RemoteError
+	if err != nil && ctx.Err() == nil && !errors.As(err, &remote) {
+		// A transport failure (a dial or stream lost, e.g. two hosts
+		// connecting to each other at once) gets one more try: the
+		// reducer ignores a chunk it already has, so resending is safe.
+		if clock.Sleep(ctx, 50*time.Millisecond) == nil {
+			resp, err = a.t.Call(ctx, to, ReduceProtocol, b)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("averaging: reduce chunk %d at %s: %w", i, to.ID.ShortString(), err)
 	}

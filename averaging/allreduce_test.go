@@ -2,6 +2,7 @@ package averaging
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -388,5 +389,58 @@ func TestLeaveNoticeEndsWaitAtOnce(t *testing.T) {
 		if vecs[i][0] != 0.5 || vecs[i][150] != 0.5 {
 			t.Fatalf("member %d: %v %v, want 0.5", i, vecs[i][0], vecs[i][150])
 		}
+	}
+}
+
+// dropOnce fails the first large message (a chunk) from one member to
+// another, as a lost stream or a failed dial would.
+type dropOnce struct {
+	from, to peer.ID
+	mu       sync.Mutex
+	dropped  int
+}
+
+func (d *dropOnce) Deliver(_ context.Context, from, to peer.ID, size int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if from == d.from && to == d.to && size > 1000 && d.dropped == 0 {
+		d.dropped++
+		return errors.New("link: stream reset")
+	}
+	return nil
+}
+
+// TestAllReduceRetriesALostChunk: a chunk whose call fails in transport is
+// sent once more, so the all-reduce completes with every member.
+func TestAllReduceRetriesALostChunk(t *testing.T) {
+	link := &dropOnce{}
+	s := newTestSwarm(t, 3, Config{ChunkElems: 500, Timeout: 20 * time.Second}, memnet.WithLink(link))
+	link.from, link.to = s.peers[0].ID(), s.peers[1].ID()
+	vs := randomVectors(3, 3000, 5)
+	want := exactMean(vs)
+	sess := s.session("retry", nil)
+	res := make([]Result, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range 3 {
+		wg.Go(func() { res[i], errs[i] = s.avg[i].AllReduce(context.Background(), sess, vs[i]) })
+	}
+	wg.Wait()
+	if link.dropped != 1 {
+		t.Fatalf("no chunk was dropped (%d)", link.dropped)
+	}
+	for i := range 3 {
+		if errs[i] != nil || len(res[i].Failed) > 0 || len(res[i].Missing) > 0 {
+			t.Fatalf("member %d: %+v %v", i, res[i], errs[i])
+		}
+		for j, x := range vs[i] {
+			if math.Abs(float64(x)-want[j]) > 1e-4 {
+				t.Fatalf("member %d element %d = %v, want %v", i, j, x, want[j])
+			}
+		}
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("took %v: the lost chunk was waited for instead of resent", el)
 	}
 }

@@ -248,7 +248,10 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 		cfg.MaxDownloads = DefaultMaxDownloads
 	}
 	if cfg.ProgressEvery <= 0 {
-		cfg.ProgressEvery = cmp(cfg.RoundInterval, 2*time.Second)
+		cfg.ProgressEvery = cfg.RoundInterval
+		if cfg.ProgressEvery <= 0 {
+			cfg.ProgressEvery = 2 * time.Second
+		}
 	}
 	params := inner.Params()
 	n := 0
@@ -283,13 +286,6 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 	avg.Transport().SetHandler(ActivateProtocol, o.handleActivate)
 	avg.Transport().SetHandler(StateProtocol, o.handleState)
 	return o, nil
-}
-
-func cmp(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
 }
 
 // Inner returns the wrapped optimizer.

@@ -232,6 +232,14 @@ func (n *Node) ID() peer.ID { return n.self }
 // Peers lists the routing table.
 func (n *Node) Peers() []peer.ID { return n.rt.ListPeers() }
 
+// Records is the number of records the node stores for the network (its
+// cache and its own republished records not counted).
+func (n *Node) Records() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.store.Len()
+}
+
 // Close stops the node's goroutines and makes it refuse requests. The
 // transport stays open; it belongs to the caller.
 func (n *Node) Close() error {

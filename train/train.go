@@ -6,6 +6,7 @@ package train
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +40,8 @@ type Config struct {
 	Checkpoint string
 	// Resume continues from Checkpoint if the file exists.
 	Resume bool
+	// Stats, if set, receives one JSON line (EpochStats) after every epoch.
+	Stats io.Writer `json:"-"`
 }
 
 // Validate reports the first invalid field.
@@ -143,6 +146,11 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Dataset, out i
 		st := EpochStats{Epoch: epoch + 1, TrainLoss: lossSum / float64(max(nb, 1)), TestLoss: testLoss, TestAcc: testAcc, Seconds: time.Since(t0).Seconds()}
 		res.Epochs = append(res.Epochs, st)
 		fmt.Fprintf(out, "epoch %d: train loss %.4f, test loss %.4f, test accuracy %.2f%% (%.1fs)\n", st.Epoch, st.TrainLoss, st.TestLoss, 100*st.TestAcc, st.Seconds)
+		if cfg.Stats != nil {
+			if err := json.NewEncoder(cfg.Stats).Encode(st); err != nil {
+				return res, fmt.Errorf("writing stats: %w", err)
+			}
+		}
 		if cfg.Checkpoint != "" {
 			if err := save(cfg, model, opt, position{epoch: epoch + 1}); err != nil {
 				return res, err

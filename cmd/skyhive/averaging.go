@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
@@ -184,49 +185,78 @@ func shortID(s string) string {
 	return s
 }
 
-// averagingFlags are the options of --mode averaging and demo averaging,
-// which launch `skyhive peer` processes on this machine.
+// averagingFlags are the options of train averaging and demo averaging,
+// which launch `skyhive peer` processes on this machine; the flags they pass
+// on have the peer's names.
 type averagingFlags struct {
 	algo     string
 	peers    int
 	group    int
 	tau      int
 	period   int
+	model    string
+	seed     uint64
+	batch    int
 	lr       float64
+	momentum float64
 	slowLo   float64
 	slowHi   float64
 	duration time.Duration
 	codec    string
-	small    bool
 	match    string
 	interval time.Duration
 	runID    string
 	dir      string
+	small    bool // retired --small
+	data     dataFlags
+	out      outputFlags
 }
 
-func (a *averagingFlags) register(cmd *cobra.Command) {
-	fl := cmd.Flags()
-	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm (--mode averaging): wagma, allreduce or local")
-	fl.IntVar(&a.peers, "peers", 4, "`skyhive peer` processes to start on this machine")
+func (a *averagingFlags) register(fl *pflag.FlagSet) {
+	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce or local")
+	fl.IntVar(&a.peers, "peers", 4, "peer processes (skyhive peer) to start on this machine")
+	fl.StringVar(&a.model, "model", "mlp-small", "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores)")
+	fl.Uint64Var(&a.seed, "seed", 1, "seed of the initial weights, the slowdowns and the batch order")
+	fl.IntVar(&a.batch, "batch", 64, "examples per local step")
+	fl.Float64Var(&a.lr, "lr", 0.05, "SGD learning rate of each peer (cosine decay to a tenth over --duration)")
+	fl.Float64Var(&a.momentum, "momentum", 0.9, "SGD momentum")
+	fl.DurationVar(&a.duration, "duration", time.Minute, "how long the peers train")
 	fl.IntVar(&a.group, "group-size", 0, "averaging group size (0: the peer's default)")
 	fl.IntVar(&a.tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds")
-	fl.IntVar(&a.period, "period", optimizer.DefaultPeriod, "local SGD averaging period in steps")
-	fl.Float64Var(&a.lr, "avg-lr", 0.05, "SGD learning rate of each peer (momentum 0.9)")
-	fl.Float64Var(&a.slowLo, "avg-slowdown-min", 1, "averaging: peer slowdowns are drawn from U[min, max] (emulated)")
-	fl.Float64Var(&a.slowHi, "avg-slowdown-max", 2, "averaging: peer slowdowns are drawn from U[min, max] (emulated)")
-	fl.DurationVar(&a.duration, "duration", time.Minute, "how long the peers train")
-	fl.StringVar(&a.codec, "codec", "none", "compression on the wire: none, fp16, uniform8 or quantile8")
+	fl.IntVar(&a.period, "period", optimizer.DefaultPeriod, "local SGD: average every period steps")
+	fl.Float64Var(&a.slowLo, "slowdown-min", 1, "smallest emulated peer slowdown (slowdowns are drawn from U[MIN, MAX])")
+	fl.Float64Var(&a.slowHi, "slowdown-max", 2, "largest emulated peer slowdown")
+	fl.StringVar(&a.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.StringVar(&a.match, "matchmaking", "", "dht (default for wagma) or ranks (default for allreduce and local)")
 	fl.DurationVar(&a.interval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
 	fl.StringVar(&a.runID, "run-id", "skyhive", "run name in DHT keys")
-	fl.BoolVar(&a.small, "small", true, "train mlp-small (784-128-10) instead of --model, to keep many peers light on few cores")
 	fl.StringVar(&a.dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
+	a.data.register(fl)
+	a.out.register(fl, "the peers' results", "every peer's stats lines, copied from --logs when the peers are done")
+	fl.BoolVar(&a.small, "small", false, "retired: use --model mlp-small")
+	_ = fl.MarkDeprecated("small", "use --model mlp-small (the default)")
+	renameFlags(fl, map[string]string{"avg-lr": "lr", "avg-slowdown-min": "slowdown-min", "avg-slowdown-max": "slowdown-max"})
 }
 
-// runAveraging trains with a local swarm of averaging peer processes.
-func (f *trainFlags) runAveraging(cmd *cobra.Command) error { return f.avg.run(cmd, f) }
+func newTrainAveragingCmd() *cobra.Command {
+	var a averagingFlags
+	cmd := &cobra.Command{
+		Use:   "averaging",
+		Short: "Train with group averaging (WAGMA, all-reduce SGD or local SGD) on a local swarm of `skyhive peer` processes",
+		Long: "Start a DHT node and --peers `skyhive peer` processes on this machine with emulated\n" +
+			"slowdowns drawn from U[--slowdown-min, --slowdown-max], let them train Fashion-MNIST for\n" +
+			"--duration while averaging as --algo says, and print every peer's test accuracy. Logs and\n" +
+			"stats of each peer are kept in --logs. Across machines, run `skyhive peer` on each.",
+		Example: "  skyhive train averaging --algo wagma --peers 4 --duration 1m\n" +
+			"  skyhive train averaging --algo allreduce --peers 8 --logs runs/ar --json",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd) },
+	}
+	a.register(cmd.Flags())
+	return cmd
+}
 
-func (a *averagingFlags) run(cmd *cobra.Command, f *trainFlags) error {
+func (a *averagingFlags) run(cmd *cobra.Command) error {
 	if _, err := optimizer.ParseAlgo(a.algo); err != nil {
 		return fmt.Errorf("--algo: %w", err)
 	}
@@ -234,9 +264,14 @@ func (a *averagingFlags) run(cmd *cobra.Command, f *trainFlags) error {
 	case a.peers < 1 || a.peers > 64:
 		return fmt.Errorf("--peers must be in 1..64, got %d", a.peers)
 	case a.slowLo < 1 || a.slowHi < a.slowLo:
-		return fmt.Errorf("slowdowns must satisfy 1 <= min <= max, got %v..%v", a.slowLo, a.slowHi)
+		return fmt.Errorf("--slowdown-min and --slowdown-max must satisfy 1 <= min <= max, got %v..%v", a.slowLo, a.slowHi)
 	case a.duration <= 0:
 		return fmt.Errorf("--duration must be positive")
+	case a.data.limit < 0:
+		return fmt.Errorf("--limit must not be negative, got %d", a.data.limit)
+	}
+	if a.small {
+		a.model = "mlp-small"
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -248,13 +283,10 @@ func (a *averagingFlags) run(cmd *cobra.Command, f *trainFlags) error {
 			return err
 		}
 	}
-	model := f.cfg.Model
-	if a.small {
-		model = "mlp-small"
-	}
-	args := []string{"--algo", a.algo, "--model", model, "--duration", a.duration.String(), "--quiet",
-		"--lr", strconv.FormatFloat(a.lr, 'g', -1, 64), "--batch", strconv.Itoa(min(f.cfg.BatchSize, 64)),
-		"--seed", strconv.FormatUint(f.cfg.Seed, 10), "--data-dir", f.dataDir, "--limit", strconv.Itoa(f.limit),
+	args := []string{"--algo", a.algo, "--model", a.model, "--duration", a.duration.String(), "--quiet",
+		"--lr", strconv.FormatFloat(a.lr, 'g', -1, 64), "--momentum", strconv.FormatFloat(a.momentum, 'g', -1, 64),
+		"--batch", strconv.Itoa(a.batch), "--seed", strconv.FormatUint(a.seed, 10),
+		"--data-dir", a.data.dir, "--limit", strconv.Itoa(a.data.limit),
 		"--codec", a.codec, "--round-interval", a.interval.String(), "--run-id", a.runID,
 		"--group-size", strconv.Itoa(a.group), "--tau", strconv.Itoa(a.tau), "--period", strconv.Itoa(a.period),
 		"--eval-every", (a.duration / 4).String(), "--stats-every", "5s"}
@@ -262,16 +294,17 @@ func (a *averagingFlags) run(cmd *cobra.Command, f *trainFlags) error {
 		args = append(args, "--matchmaking", a.match)
 	}
 	out := cmd.ErrOrStderr()
-	slow := sim.DrawSlowdowns(a.peers, a.slowLo, a.slowHi, f.cfg.Seed)
+	slow := sim.DrawSlowdowns(a.peers, a.slowLo, a.slowHi, a.seed)
 	fmt.Fprintf(out, "%s with %d peer processes (slowdowns %.1f..%.1f), %s, %v; logs in %s\n",
-		a.algo, a.peers, a.slowLo, a.slowHi, model, a.duration, dir)
+		a.algo, a.peers, a.slowLo, a.slowHi, a.model, a.duration, dir)
 	res, err := peer.Launch(cmd.Context(), peer.LaunchConfig{
 		Exe: exe, Peers: a.peers, Slowdowns: slow, Args: args, Dir: dir, Duration: a.duration, Log: out,
 	})
-	if f.asJSON {
-		enc := json.NewEncoder(cmd.OutOrStdout())
-		enc.SetIndent("", "  ")
-		if jerr := enc.Encode(res); jerr != nil {
+	if serr := a.copyStats(dir); serr != nil && err == nil {
+		err = serr
+	}
+	if a.out.json {
+		if jerr := printJSON(cmd.OutOrStdout(), res); jerr != nil {
 			return jerr
 		}
 	} else {
@@ -285,19 +318,40 @@ func (a *averagingFlags) run(cmd *cobra.Command, f *trainFlags) error {
 	return err
 }
 
+// copyStats appends every peer's stats lines to --stats.
+func (a *averagingFlags) copyStats(dir string) error {
+	w, closeStats, err := a.out.openStats()
+	if err != nil || w == nil {
+		return err
+	}
+	defer closeStats()
+	for i := range a.peers {
+		b, err := os.ReadFile(peer.StatsFile(dir, i))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // the peer never got to write one
+		}
+		if err != nil {
+			return fmt.Errorf("--stats: %w", err)
+		}
+		if _, err := w.Write(b); err != nil {
+			return fmt.Errorf("--stats: %w", err)
+		}
+	}
+	return nil
+}
+
 func newDemoAveragingCmd() *cobra.Command {
-	var f trainFlags
+	var a averagingFlags
 	cmd := &cobra.Command{
 		Use:   "averaging",
 		Short: "Train Fashion-MNIST with WAGMA on a local swarm of `skyhive peer` processes of unequal speed",
 		Long: "Start a DHT node and 4 `skyhive peer` processes on loopback, give them slowdowns drawn from\n" +
 			"U[1,2], and train Fashion-MNIST for a minute with wait-avoiding group averaging, groups formed\n" +
-			"through the DHT; then print every peer's test accuracy. The same peers run across machines\n" +
-			"with `skyhive peer --dht ADDR`.",
+			"through the DHT; then print every peer's test accuracy. It is `skyhive train averaging` with\n" +
+			"its defaults; the same peers run across machines with `skyhive peer --dht ADDR`.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return f.avg.run(cmd, &f) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd) },
 	}
-	f.register(cmd)
-	f.avg.register(cmd)
+	a.register(cmd.Flags())
 	return cmd
 }

@@ -34,7 +34,29 @@ type demoConfig struct {
 	compareIter int
 	lr          float64
 	seed        uint64
-	dataDir     string
+	data        dataFlags
+	out         outputFlags
+}
+
+// demoResult is what demo --json prints.
+type demoResult struct {
+	Compared     []demoStrategy `json:"compared"`
+	Iterations   int            `json:"iterations"`
+	Seconds      float64        `json:"seconds"`
+	SamplesPerS  float64        `json:"samples_per_second"`
+	TestAccuracy float64        `json:"test_accuracy"`
+	Plan         alloc.Plan     `json:"plan"`
+}
+
+// demoStrategy is one strategy's measured iteration time in the demo.
+type demoStrategy struct {
+	Strategy       string     `json:"strategy"`
+	Plan           alloc.Plan `json:"plan"`
+	MedianSeconds  float64    `json:"median_seconds"`
+	MinSeconds     float64    `json:"min_seconds"`
+	MaxSeconds     float64    `json:"max_seconds"`
+	PredictSeconds float64    `json:"predicted_seconds"`
+	SpeedupOnEven  float64    `json:"speedup_over_even"`
 }
 
 func newDemoCmd() *cobra.Command {
@@ -48,7 +70,15 @@ func newDemoCmd() *cobra.Command {
 			"then train on Fashion-MNIST with the skyhive plan and evaluate on the test set.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDemo(cmd.Context(), d, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			out := cmd.OutOrStdout()
+			if d.out.json {
+				out = cmd.ErrOrStderr()
+			}
+			res, err := runDemo(cmd.Context(), d, out, cmd.ErrOrStderr())
+			if err != nil || !d.out.json {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), res)
 		},
 	}
 	fl := cmd.Flags()
@@ -61,33 +91,36 @@ func newDemoCmd() *cobra.Command {
 	fl.IntVar(&d.compareIter, "compare-iters", 6, "timed iterations per strategy in the comparison (at least 5)")
 	fl.Float64Var(&d.lr, "lr", 1e-3, "peak learning rate (AdamW)")
 	fl.Uint64Var(&d.seed, "seed", 1, "seed for slowdowns, initialisation and shuffling")
-	fl.StringVar(&d.dataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
+	d.data.register(fl)
+	d.out.register(fl, "the result (measured plans, training)", "one per training iteration, with per-stage times")
 	cmd.AddCommand(newDemoAveragingCmd())
 	cmd.AddCommand(newDemoMoECmd())
 	return cmd
 }
 
-func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
+func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) (demoResult, error) {
+	var res demoResult
 	switch {
 	case d.workers < 2:
-		return fmt.Errorf("--workers must be at least 2, got %d", d.workers)
+		return res, fmt.Errorf("--workers must be at least 2, got %d", d.workers)
 	case d.steps < 1 || d.batch < 1 || d.micro < 1:
-		return fmt.Errorf("--steps, --batch and --micro must be positive")
+		return res, fmt.Errorf("--steps, --batch and --micro must be positive")
 	case d.compareIter < 5:
-		return fmt.Errorf("--compare-iters must be at least 5, got %d", d.compareIter)
+		return res, fmt.Errorf("--compare-iters must be at least 5, got %d", d.compareIter)
 	}
-	trainSet, err := data.LoadFashionMNIST(d.dataDir, data.Train, data.LoadOptions{Standardize: true})
+	trainSet, testSet, err := d.data.load()
 	if err != nil {
-		return err
+		return res, err
 	}
-	testSet, err := data.LoadFashionMNIST(d.dataDir, data.Test, data.LoadOptions{Standardize: true})
+	stats, closeStats, err := d.out.openStats()
 	if err != nil {
-		return err
+		return res, err
 	}
+	defer closeStats()
 	pf := pipelineFlags{workers: d.workers, slowdownMax: d.slowdownMax}
 	slow, err := pf.localSlowdowns(d.seed)
 	if err != nil {
-		return err
+		return res, err
 	}
 	// Every emulated device is demoBaseSlowdown times slower than one core
 	// of this machine, so workers that compute at once barely compete for
@@ -98,17 +131,17 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 	}
 	exe, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("locating the skyhive binary: %w", err)
+		return res, fmt.Errorf("locating the skyhive binary: %w", err)
 	}
 	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}})
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer c.Close()
 	fmt.Fprintf(out, "1/4 starting %d worker processes on loopback (libp2p, TLS) with slowdowns %s (times %.0f)\n", d.workers, fmtFloats(slow), float64(demoBaseSlowdown))
 	local, err := swarm.LaunchPipelineWorkers(ctx, c, swarm.PipelineLaunch{Binary: exe, Slowdowns: emulated, Env: []string{"OPENBLAS_NUM_THREADS=1"}})
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer local.Close()
 	defer c.Shutdown(context.WithoutCancel(ctx))
@@ -125,7 +158,7 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 		ClipNorm:   5, Strategy: "skyhive", Log: sessionLog,
 	})
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer s.Close()
 
@@ -134,7 +167,7 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 	// the schedule (alloc's analytic cost model is shown beside it).
 	cmp, err := s.ComparePlans(ctx, []string{"even", "sky", "optimal", "skyhive"})
 	if err != nil {
-		return err
+		return res, err
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STRATEGY\tPLAN\tPREDICTED\tALLOC MODEL\tSOLVE")
@@ -149,7 +182,7 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 
 	loader, err := data.NewLoader(trainSet, data.BatchOptions{Size: d.batch, Shuffle: true, Seed: d.seed, DropLast: true})
 	if err != nil {
-		return err
+		return res, err
 	}
 	batches := pipeline.NewBatches(loader)
 
@@ -164,7 +197,7 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 	// The first iteration after a plan change warms up the stages and is
 	// not measured.
 	if err := s.MeasurePlans(ctx, compare, pipeline.MeasureOptions{Data: batches, Rounds: d.compareIter - 1}); err != nil {
-		return err
+		return res, err
 	}
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STRATEGY\tMEASURED (median)\tMIN..MAX\tPREDICTED\tSPEEDUP OVER EVEN")
@@ -177,6 +210,8 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 			continue
 		}
 		st := bench.Summarize(pc.Times)
+		res.Compared = append(res.Compared, demoStrategy{Strategy: pc.Strategy, Plan: pc.Plan, MedianSeconds: st.Median, MinSeconds: st.Min,
+			MaxSeconds: st.Max, PredictSeconds: pc.Prediction.Iteration, SpeedupOnEven: even / st.Median})
 		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f..%.1f\t%.1f ms\t%.2fx\n", pc.Strategy, 1e3*st.Median, 1e3*st.Min, 1e3*st.Max, 1e3*pc.Prediction.Iteration, even/st.Median)
 	}
 	tw.Flush()
@@ -185,13 +220,13 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 	fmt.Fprintf(out, "4/4 training %s on Fashion-MNIST for %d iterations with the skyhive plan\n", d.model, d.steps)
 	if pc, ok := cmp.Get("skyhive"); ok && pc.Err == nil {
 		if err := s.SetPlan(ctx, pc.Plan); err != nil {
-			return err
+			return res, err
 		}
 	}
 	bar := progress.New(log, "pipeline", d.steps)
 	var lossSum float64
 	first := s.Iter()
-	tr, err := s.Train(ctx, pipeline.TrainOptions{Data: batches, Steps: first + d.steps, Eval: testSet, EvalBatch: 1000,
+	tr, err := s.Train(ctx, pipeline.TrainOptions{Data: batches, Steps: first + d.steps, Eval: testSet, EvalBatch: 1000, Stats: stats,
 		OnIteration: func(st pipeline.IterStats) error {
 			if st.Event != "" {
 				fmt.Fprintf(log, "\niteration %d: %s\n", st.Iter, st.Event)
@@ -204,12 +239,13 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) error {
 			return nil
 		}})
 	if err != nil {
-		return err
+		return res, err
 	}
 	secs, acc := tr.Duration.Seconds(), tr.TestAccuracy
 	fmt.Fprintf(out, "done: %d iterations in %.1fs (%.0f samples/s) across %d workers; test accuracy %.2f%%\n",
 		d.steps, secs, float64(d.steps*d.batch)/secs, len(s.Plan().Stages), 100*acc)
-	return nil
+	res.Iterations, res.Seconds, res.SamplesPerS, res.TestAccuracy, res.Plan = d.steps, secs, float64(d.steps*d.batch)/secs, acc, s.Plan()
+	return res, nil
 }
 
 // switchWriter forwards to w, which the owner may swap between writes.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,7 +19,8 @@ import (
 	"github.com/skyhive/skyhive/p2p"
 )
 
-// dhtFlags are shared by the dht commands.
+// dhtFlags are the connectivity flags shared by the dht commands and
+// server.
 type dhtFlags struct {
 	listen    []string
 	bootstrap []string
@@ -27,29 +29,44 @@ type dhtFlags struct {
 }
 
 func (f *dhtFlags) register(cmd *cobra.Command, listenDefault []string) {
-	cmd.Flags().StringSliceVar(&f.listen, "listen", listenDefault, "multiaddrs to listen on (comma-separated or repeated)")
-	cmd.Flags().StringSliceVar(&f.bootstrap, "bootstrap", nil, "multiaddrs of DHT peers, ending in /p2p/PEER_ID")
-	cmd.Flags().StringVar(&f.identity, "identity", "", "private key file (created if missing); empty = new identity each run")
+	fl := cmd.Flags()
+	fl.StringSliceVar(&f.listen, "listen", listenDefault, "multiaddrs to listen on (comma-separated or repeated)")
+	fl.StringSliceVar(&f.bootstrap, "dht", nil, "DHT peers to join: multiaddrs ending in /p2p/PEER_ID")
+	fl.StringVar(&f.identity, "identity", "", "private key file (created if missing); empty = new identity each run")
+	renameFlags(fl, map[string]string{"bootstrap": "dht"})
+}
+
+// dhtServeFlags are the options of `skyhive dht`.
+type dhtServeFlags struct {
+	dhtFlags
+	out        outputFlags
+	statsEvery time.Duration
+}
+
+func (f *dhtServeFlags) register(cmd *cobra.Command) {
+	f.dhtFlags.register(cmd, nil)
+	f.out.register(cmd.Flags(), "the node's peer ID and addresses", "routing-table peers and stored records, every --stats-every")
+	cmd.Flags().DurationVar(&f.statsEvery, "stats-every", 10*time.Second, "interval of --stats lines")
 }
 
 func newDHTCmd() *cobra.Command {
-	var f dhtFlags
+	var f dhtServeFlags
 	cmd := &cobra.Command{
 		Use:   "dht",
 		Short: "Run a DHT node until interrupted (subcommands put and get use the DHT)",
 		Long: "Run a standalone Kademlia DHT node that stores and serves records for the swarm.\n" +
-			"It prints its multiaddrs, which other peers pass as --bootstrap, and runs until Ctrl-C.",
+			"It prints its multiaddrs, which other peers pass as --dht, and runs until Ctrl-C.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runDHTServe(cmd, f) },
 	}
-	f.register(cmd, nil)
+	f.register(cmd)
 	serve := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a DHT node until interrupted (same as plain `skyhive dht`)",
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return runDHTServe(cmd, f) },
 	}
-	f.register(serve, nil)
+	f.register(serve)
 	cmd.AddCommand(serve, newDHTPutCmd(), newDHTGetCmd())
 	return cmd
 }
@@ -172,18 +189,36 @@ func startDHT(ctx context.Context, f dhtFlags, client bool) (*p2p.Host, *dht.Nod
 	return h, n, seeds, nil
 }
 
-func runDHTServe(cmd *cobra.Command, f dhtFlags) error {
+func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 	ctx := cmd.Context()
-	h, n, seeds, err := startDHT(ctx, f, false)
+	if f.out.stats != "" && f.statsEvery <= 0 {
+		return fmt.Errorf("--stats-every must be positive, got %v", f.statsEvery)
+	}
+	stats, closeStats, err := f.out.openStats()
+	if err != nil {
+		return err
+	}
+	defer closeStats()
+	h, n, seeds, err := startDHT(ctx, f.dhtFlags, false)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
 	defer n.Close()
 	out := cmd.OutOrStdout()
-	fmt.Fprintf(out, "dht node %s listening on:\n", h.ID())
+	var addrs []string
 	for _, a := range h.AddrInfo().Addrs {
-		fmt.Fprintf(out, "  %s/p2p/%s\n", a, h.ID())
+		addrs = append(addrs, fmt.Sprintf("%s/p2p/%s", a, h.ID()))
+	}
+	if f.out.json {
+		if err := json.NewEncoder(out).Encode(map[string]any{"peer": h.ID().String(), "addrs": addrs}); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(out, "dht node %s listening on:\n", h.ID())
+		for _, a := range addrs {
+			fmt.Fprintf(out, "  %s\n", a)
+		}
 	}
 	if len(seeds) > 0 {
 		bctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -194,18 +229,36 @@ func runDHTServe(cmd *cobra.Command, f dhtFlags) error {
 			// periodic refresh retries through whoever contacts us.
 			fmt.Fprintf(cmd.ErrOrStderr(), "bootstrap: %v\n", err)
 		}
-		fmt.Fprintf(out, "joined: %d peers in routing table\n", len(n.Peers()))
+		fmt.Fprintf(cmd.ErrOrStderr(), "joined: %d peers in routing table\n", len(n.Peers()))
 	}
-	<-ctx.Done()
-	fmt.Fprintln(out, "stopping")
-	return nil
+	var tick <-chan time.Time
+	if stats != nil {
+		t := time.NewTicker(f.statsEvery)
+		defer t.Stop()
+		tick = t.C
+	}
+	lines := jsonLines{w: stats}
+	start := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(cmd.ErrOrStderr(), "stopping")
+			if lines.err != nil {
+				return fmt.Errorf("--stats: %w", lines.err)
+			}
+			return nil
+		case now := <-tick:
+			lines.write(map[string]any{"time": now.UTC().Format(time.RFC3339), "uptime_seconds": now.Sub(start).Seconds(),
+				"peers": len(n.Peers()), "records": n.Records()})
+		}
+	}
 }
 
-// withClientNode starts a client-mode node, joins through --bootstrap and
+// withClientNode starts a client-mode node, joins through --dht and
 // runs op within --timeout.
 func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *dht.Node) error) error {
 	if len(f.bootstrap) == 0 {
-		return errors.New("--bootstrap is required")
+		return errors.New("--dht is required: the multiaddr of a DHT node, ending in /p2p/PEER_ID")
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()

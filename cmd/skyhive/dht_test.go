@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -41,7 +44,10 @@ func TestDHTCommands(t *testing.T) {
 	serveCtx, stop := context.WithCancel(ctx)
 	var served syncBuffer
 	done := make(chan error, 1)
-	go func() { done <- runCLI(serveCtx, &served, "dht", "--listen", "/ip4/127.0.0.1/tcp/0") }()
+	stats := filepath.Join(t.TempDir(), "dht.jsonl")
+	go func() {
+		done <- runCLI(serveCtx, &served, "dht", "--listen", "/ip4/127.0.0.1/tcp/0", "--json", "--stats", stats, "--stats-every", "20ms")
+	}()
 	defer func() {
 		stop()
 		if err := <-done; err != nil {
@@ -50,10 +56,9 @@ func TestDHTCommands(t *testing.T) {
 	}()
 	var addr string
 	for deadline := time.Now().Add(10 * time.Second); addr == "" && time.Now().Before(deadline); {
-		for _, line := range strings.Split(served.String(), "\n") {
-			if strings.Contains(line, "/p2p/") {
-				addr = strings.TrimSpace(line)
-			}
+		var info struct{ Addrs []string }
+		if line, _, ok := strings.Cut(served.String(), "\n"); ok && json.Unmarshal([]byte(line), &info) == nil && len(info.Addrs) > 0 {
+			addr = info.Addrs[0]
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -61,7 +66,7 @@ func TestDHTCommands(t *testing.T) {
 		t.Fatalf("serve printed no address: %q", served.String())
 	}
 	var out syncBuffer
-	if err := runCLI(ctx, &out, "dht", "put", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "--subkey", "s1", "cli-key", "v1"); err != nil {
+	if err := runCLI(ctx, &out, "dht", "put", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--subkey", "s1", "cli-key", "v1"); err != nil {
 		t.Fatalf("put: %v (%s)", err, out.String())
 	}
 	if !strings.Contains(out.String(), "stored on 1 peers") {
@@ -73,6 +78,20 @@ func TestDHTCommands(t *testing.T) {
 	}
 	if !strings.HasPrefix(out.String(), "s1\tv1\texpires in ") {
 		t.Fatalf("get printed %q", out.String())
+	}
+	// --stats: a line after the put counts its record.
+	stored := false
+	for deadline := time.Now().Add(10 * time.Second); !stored && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(stats)
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			var st struct{ Peers, Records int }
+			if json.Unmarshal([]byte(l), &st) == nil && st.Records == 1 {
+				stored = true
+			}
+		}
+	}
+	if !stored {
+		t.Error("no --stats line counts the stored record")
 	}
 	if err := runCLI(ctx, &out, "dht", "get", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "missing"); err == nil {
 		t.Fatal("get of a missing key succeeded")

@@ -61,7 +61,9 @@ func newRootCmd() *cobra.Command {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := newRootCmd().ExecuteContext(ctx)
+	root := newRootCmd()
+	root.SetArgs(legacyTrainArgs(os.Args[1:], os.Stderr))
+	err := root.ExecuteContext(ctx)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "skyhive:", err)

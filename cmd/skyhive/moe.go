@@ -11,6 +11,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
@@ -24,10 +25,10 @@ import (
 	"github.com/skyhive/skyhive/wire"
 )
 
-// moeFlags are the options of `skyhive train --mode moe`.
+// moeFlags are the options of train moe and demo moe: the trainers, the
+// DMoE layers and how they call experts.
 type moeFlags struct {
-	dht              []string
-	listen           []string
+	train            trainFlags
 	grids            string
 	hidden           int
 	kBest, kMin      int
@@ -35,30 +36,43 @@ type moeFlags struct {
 	afterKMin        time.Duration
 	backwardTimeout  time.Duration
 	trainers         int
-	delay            time.Duration
-	steps            int
 	evalLimit        int
 	cacheTTL         time.Duration
 	allowZeroOutputs bool
+	link             linkFlags
+	rtt              time.Duration // retired --rtt and --emulated-rtt
 }
 
-func (m *moeFlags) register(cmd *cobra.Command) {
-	fl := cmd.Flags()
-	fl.StringSliceVar(&m.dht, "dht", nil, "moe and averaging: DHT peers of the swarm to join (multiaddrs ending in /p2p/ID)")
-	fl.StringSliceVar(&m.listen, "moe-listen", []string{"/ip4/127.0.0.1/tcp/0"}, "moe: trainer listen multiaddrs")
-	fl.StringVar(&m.grids, "moe-grids", "ffn.4.4", "moe: one DMoE layer per grid, PREFIX.SIZE1.SIZE2… (comma-separated)")
-	fl.IntVar(&m.hidden, "moe-hidden", 64, "moe: experts' hidden size")
-	fl.IntVar(&m.kBest, "k-best", 4, "moe: experts per sample")
-	fl.IntVar(&m.kMin, "k-min", 1, "moe: answers per sample before --timeout-after-k-min starts")
-	fl.DurationVar(&m.forwardTimeout, "forward-timeout", 10*time.Second, "moe: bound on a layer's forward calls")
-	fl.DurationVar(&m.afterKMin, "timeout-after-k-min", time.Second, "moe: extra wait once every sample has --k-min answers")
-	fl.DurationVar(&m.backwardTimeout, "backward-timeout", 10*time.Second, "moe: bound on a layer's backward calls")
-	fl.IntVar(&m.trainers, "trainers", 1, "moe: concurrent trainers in this process sharing the local layers")
-	fl.DurationVar(&m.delay, "emulated-rtt", 0, "moe: add this round-trip time to every expert and DHT call")
-	fl.IntVar(&m.steps, "moe-steps", 0, "moe: stop after N steps in total (0: --epochs)")
-	fl.IntVar(&m.evalLimit, "eval-limit", 0, "moe: evaluate on the first N test examples (0: all)")
-	fl.DurationVar(&m.cacheTTL, "dht-cache", 30*time.Second, "moe: how long beam search caches prefix records")
-	fl.BoolVar(&m.allowZeroOutputs, "allow-zero-outputs", false, "moe: samples no expert answered pass zeros instead of failing the step")
+// register adds the flags of both MoE commands; latency is the default
+// one-way latency of the trainers' calls.
+func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
+	m.train.register(fl)
+	m.train.out.register(fl, "the result (accuracy, steps, failures)", "one per epoch")
+	fl.IntVar(&m.train.steps, "steps", 0, "stop after N steps in total (0: --epochs)")
+	fl.StringVar(&m.grids, "grids", "ffn.4.4", "one DMoE layer per grid, PREFIX.SIZE1.SIZE2… (comma-separated)")
+	fl.IntVar(&m.hidden, "hidden", 64, "experts' hidden size")
+	fl.IntVar(&m.kBest, "k-best", 4, "experts per sample")
+	fl.IntVar(&m.kMin, "k-min", 1, "answers per sample before --timeout-after-k-min starts")
+	fl.DurationVar(&m.forwardTimeout, "forward-timeout", 10*time.Second, "bound on a layer's forward calls")
+	fl.DurationVar(&m.afterKMin, "timeout-after-k-min", time.Second, "extra wait once every sample has --k-min answers")
+	fl.DurationVar(&m.backwardTimeout, "backward-timeout", 10*time.Second, "bound on a layer's backward calls")
+	fl.IntVar(&m.trainers, "trainers", 1, "concurrent trainers in this process sharing the local layers")
+	fl.IntVar(&m.evalLimit, "eval-limit", 0, "evaluate on the first N test examples (0: all)")
+	fl.DurationVar(&m.cacheTTL, "dht-cache", 30*time.Second, "how long beam search caches prefix records")
+	fl.BoolVar(&m.allowZeroOutputs, "allow-zero-outputs", false, "samples no expert answered pass zeros instead of failing the step")
+	m.link.register(fl, "of every expert and DHT call of the trainers, each way", latency)
+	fl.DurationVar(&m.rtt, "rtt", 0, "retired: use --latency, the one-way latency (half the round trip)")
+	_ = fl.MarkDeprecated("rtt", "use --latency with the one-way latency (half of --rtt)")
+	renameFlags(fl, map[string]string{"moe-grids": "grids", "moe-hidden": "hidden", "moe-steps": "steps", "moe-listen": "listen", "emulated-rtt": "rtt"})
+}
+
+// emulated returns the trainers' link: --latency and --bandwidth, or half
+// of a retired --rtt.
+func (m *moeFlags) emulated() (netem.LinkParams, error) {
+	if m.rtt != 0 {
+		m.link.latency = m.rtt / 2
+	}
+	return m.link.params()
 }
 
 // parseGrids parses "ffn.16.16,att.8.8".
@@ -90,25 +104,55 @@ func wireLimitsFor(maxBatch, hidden int) wire.Limits {
 	return wire.Limits{MaxElements: min(2*maxBatch*hidden*128, 1<<26), MaxDims: 4, MaxTensors: 4}
 }
 
-// emulateRTT wraps tr so that each of its calls takes rtt longer, half on
-// the request and half on the response (netem's link model).
-func emulateRTT(tr p2p.Transport, rtt time.Duration) (p2p.Transport, error) {
-	if rtt <= 0 {
+// emulateLink wraps tr so that each request and each response crosses
+// link (netem's link model); a zero link leaves tr as it is.
+func emulateLink(tr p2p.Transport, link netem.LinkParams, seed uint64) (p2p.Transport, error) {
+	if link == (netem.LinkParams{}) {
 		return tr, nil
 	}
-	n, err := netem.Delay(rtt / 2)
+	n, err := netem.New(netem.Uniform(link), seed)
 	if err != nil {
 		return nil, err
 	}
 	return netem.NewTransport(tr, n, netem.UniformRegion)
 }
 
-// trainMoE trains a DMoE classifier with f.moe.trainers concurrent trainers
+// moeEpoch is one --stats line of the MoE commands.
+type moeEpoch struct {
+	Epoch        int     `json:"epoch"`
+	Steps        int64   `json:"steps"`
+	Failed       int64   `json:"failed_steps"`
+	Samples      int64   `json:"samples"`
+	TrainLoss    float64 `json:"train_loss"`
+	TestAccuracy float64 `json:"test_accuracy"`
+	Seconds      float64 `json:"seconds"`
+}
+
+// moeResult is what --json prints.
+type moeResult struct {
+	TestAccuracy float64    `json:"test_accuracy"`
+	Steps        int64      `json:"steps"`
+	Failed       int64      `json:"failed_steps"`
+	Seconds      float64    `json:"seconds"`
+	Epochs       []moeEpoch `json:"epochs"`
+	// ExpertCalls and ExpertBatches count what the servers answered
+	// (demo moe only).
+	ExpertCalls   int64 `json:"expert_calls,omitempty"`
+	ExpertBatches int64 `json:"expert_batches,omitempty"`
+}
+
+// trainMoE trains a DMoE classifier with m.trainers concurrent trainers
 // (client.Trainer) that call experts over tr and find them through node,
-// showing a progress bar and evaluating after every epoch. It returns the
-// last test accuracy.
-func (f *trainFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Grid, tr p2p.Transport, node *dht.Node, trainSet, testSet *data.Dataset) (float64, error) {
-	m := &f.moe
+// showing a progress bar and evaluating after every epoch.
+func (m *moeFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Grid, tr p2p.Transport, node *dht.Node, trainSet, testSet *data.Dataset) (moeResult, error) {
+	f := &m.train
+	var res moeResult
+	stats, closeStats, err := f.out.openStats()
+	if err != nil {
+		return res, err
+	}
+	defer closeStats()
+	lines := jsonLines{w: stats}
 	var bar *progress.Bar // the current epoch's
 	t, err := client.NewTrainer(ctx, client.TrainerConfig{
 		Model: client.ModelConfig{Inputs: 784, Hidden: m.hidden, Classes: 10, Grids: grids, CacheTTL: m.cacheTTL, Seed: f.cfg.Seed,
@@ -116,24 +160,24 @@ func (f *trainFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Gr
 				BackwardTimeout: m.backwardTimeout, AllowZeroOutputs: m.allowZeroOutputs}},
 		Connect:   func(context.Context) (p2p.Transport, client.Getter, error) { return tr, node, nil },
 		Trainers:  m.trainers,
-		Optimizer: optim.AdamWConfig{LR: f.cfg.LR},
+		Optimizer: optim.AdamWConfig{LR: f.cfg.LR, WeightDecay: f.cfg.WeightDecay},
 		Train:     trainSet, Batch: f.cfg.BatchSize, Seed: f.cfg.Seed,
 		OnStep: func(_ int, s client.Stats) {
 			bar.Update(int(s.Steps), s.Samples, progress.F("loss", s.MeanLoss()), progress.F("failed", float64(s.Failed)))
 		},
 	})
 	if err != nil {
-		return 0, err
+		return res, err
 	}
 	if t.EpochLen() == 0 {
-		return 0, fmt.Errorf("%d training examples hold no batch of --batch %d", trainSet.Len(), f.cfg.BatchSize)
+		return res, fmt.Errorf("%d training examples hold no batch of --batch %d", trainSet.Len(), f.cfg.BatchSize)
 	}
 	if m.evalLimit > 0 && m.evalLimit < testSet.Len() {
 		testSet = testSet.Slice(0, m.evalLimit)
 	}
 	totalSteps := int64(f.cfg.Epochs * t.EpochLen())
-	if m.steps > 0 {
-		totalSteps = min(totalSteps, int64(m.steps))
+	if f.steps > 0 {
+		totalSteps = min(totalSteps, int64(f.steps))
 	}
 	newBar := func(epoch int) *progress.Bar {
 		return progress.New(out, fmt.Sprintf("epoch %d/%d", epoch+1, f.cfg.Epochs), t.EpochLen())
@@ -144,50 +188,110 @@ func (f *trainFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Gr
 			fmt.Fprintf(out, "\n%d of %d steps failed; first error: %v\n", s.Failed, s.Steps, s.Err)
 		}
 	}
-	var acc float64
+	start := time.Now()
 	err = t.TrainEpochs(ctx, client.EpochOptions{
 		Epochs:   f.cfg.Epochs,
-		MaxSteps: int64(m.steps),
+		MaxSteps: int64(f.steps),
 		LR:       optim.Schedule{Peak: f.cfg.LR, Min: f.cfg.LR / 20, Warmup: min(f.cfg.Warmup, totalSteps/10), Total: totalSteps, Decay: optim.Cosine},
 		OnEpoch: func(ctx context.Context, epoch int, s client.Stats) error {
 			reportFailures(s)
-			var err error
-			if _, acc, err = t.Evaluate(ctx, testSet); err != nil {
+			_, acc, err := t.Evaluate(ctx, testSet)
+			if err != nil {
 				return err
 			}
 			fmt.Fprintf(out, "\nepoch %d: test accuracy %.2f%% (%d examples)\n", epoch+1, 100*acc, testSet.Len())
+			e := moeEpoch{Epoch: epoch + 1, Steps: s.Steps, Failed: s.Failed, Samples: s.Samples, TrainLoss: s.MeanLoss(),
+				TestAccuracy: acc, Seconds: s.Elapsed.Seconds()}
+			res.Epochs = append(res.Epochs, e)
+			res.TestAccuracy = acc
+			res.Steps += s.Steps
+			res.Failed += s.Failed
+			lines.write(e)
 			bar = newBar(epoch + 1)
 			return nil
 		},
 	})
+	res.Seconds = time.Since(start).Seconds()
 	if err != nil && ctx.Err() == nil {
 		if s := t.Stats(); s.Failed == s.Steps {
 			reportFailures(s)
 		}
 	}
-	return acc, err
+	if err == nil && lines.err != nil {
+		err = fmt.Errorf("--stats: %w", lines.err)
+	}
+	return res, err
 }
 
-// runMoE trains the local layers of a DMoE model against a live swarm.
-func (f *trainFlags) runMoE(cmd *cobra.Command) error {
+// report prints res: as JSON with --json, else as a sentence.
+func (m *moeFlags) report(w io.Writer, res moeResult) error {
+	if m.train.out.json {
+		return printJSON(w, res)
+	}
+	fmt.Fprintf(w, "test accuracy %.2f%% after %d steps (%d failed) in %.0fs", 100*res.TestAccuracy, res.Steps, res.Failed, res.Seconds)
+	if res.ExpertCalls > 0 {
+		fmt.Fprintf(w, "; servers answered %d expert calls in %d batches", res.ExpertCalls, res.ExpertBatches)
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+// moeTrainFlags are the options of `skyhive train moe`.
+type moeTrainFlags struct {
+	moeFlags
+	dht    []string
+	listen []string
+}
+
+func newTrainMoECmd() *cobra.Command {
+	var m moeTrainFlags
+	cmd := &cobra.Command{
+		Use:   "moe",
+		Short: "Train the local layers of a decentralized mixture of experts against a swarm of expert servers",
+		Long: "Join the swarm's DHT, and train a DMoE classifier on Fashion-MNIST: --trainers concurrent\n" +
+			"trainers share the local layers; each DMoE layer (--grids) beam-searches the DHT for the\n" +
+			"--k-best experts of every sample, calls them over libp2p and carries on past slow or dead\n" +
+			"ones (--k-min, --timeout-after-k-min). The experts are hosted and trained by `skyhive server`.",
+		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]' --hidden 64     # prints its address\n" +
+			"  skyhive train moe --dht ADDR --grids ffn.16.16 --hidden 64 --trainers 4 [--latency 50ms]",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return m.run(cmd) },
+	}
+	fl := cmd.Flags()
+	m.register(fl, 0)
+	fl.StringSliceVar(&m.dht, "dht", nil, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
+	fl.StringSliceVar(&m.listen, "listen", []string{"/ip4/127.0.0.1/tcp/0"}, "multiaddrs to listen on")
+	return cmd
+}
+
+// run trains the local layers of a DMoE model against a live swarm.
+func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	ctx := cmd.Context()
-	if len(f.moe.dht) == 0 {
-		return errors.New("--mode moe needs --dht (addresses of the swarm's DHT, e.g. from `skyhive server`)")
+	if len(m.dht) == 0 {
+		return errors.New("--dht is required: the address of the swarm's DHT, e.g. printed by `skyhive server` or `skyhive dht`")
 	}
-	grids, err := parseGrids(f.moe.grids)
+	grids, err := parseGrids(m.grids)
+	if err != nil {
+		return fmt.Errorf("--grids: %w", err)
+	}
+	seeds, err := parseBootstrap(m.dht)
+	if err != nil {
+		return fmt.Errorf("--dht: %w", err)
+	}
+	link, err := m.emulated()
 	if err != nil {
 		return err
 	}
-	seeds, err := parseBootstrap(f.moe.dht)
+	trainSet, testSet, err := m.train.data.load()
 	if err != nil {
 		return err
 	}
-	h, err := p2p.New(ctx, p2p.Config{ListenAddrs: f.moe.listen, MaxMessageBytes: 256 << 20})
+	h, err := p2p.New(ctx, p2p.Config{ListenAddrs: m.listen, MaxMessageBytes: 256 << 20})
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	tr, err := emulateRTT(h, f.moe.delay)
+	tr, err := emulateLink(h, link, m.train.cfg.Seed)
 	if err != nil {
 		return err
 	}
@@ -199,74 +303,62 @@ func (f *trainFlags) runMoE(cmd *cobra.Command) error {
 	if err := node.Bootstrap(ctx, seeds); err != nil {
 		return fmt.Errorf("join DHT: %w", err)
 	}
-	trainSet, testSet, err := loadFashion(f)
-	if err != nil {
-		return err
-	}
 	out := cmd.ErrOrStderr()
 	fmt.Fprintf(out, "training a DMoE classifier (%d layers, k=%d, hidden %d) with %d trainer(s) against the swarm\n",
-		len(grids), f.moe.kBest, f.moe.hidden, f.moe.trainers)
-	acc, err := f.trainMoE(ctx, out, grids, tr, node, trainSet, testSet)
+		len(grids), m.kBest, m.hidden, m.trainers)
+	res, err := m.trainMoE(ctx, out, grids, tr, node, trainSet, testSet)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "test accuracy %.2f%%\n", 100*acc)
-	return nil
-}
-
-func loadFashion(f *trainFlags) (*data.Dataset, *data.Dataset, error) {
-	trainSet, err := data.LoadFashionMNIST(f.dataDir, data.Train, data.LoadOptions{Standardize: true, Limit: f.limit})
-	if err != nil {
-		return nil, nil, err
-	}
-	testSet, err := data.LoadFashionMNIST(f.dataDir, data.Test, data.LoadOptions{Standardize: true})
-	if err != nil {
-		return nil, nil, err
-	}
-	return trainSet, testSet, nil
+	return m.report(cmd.OutOrStdout(), res)
 }
 
 // newDemoMoECmd is `skyhive demo moe`: a whole DMoE swarm on loopback.
 func newDemoMoECmd() *cobra.Command {
 	var (
-		f       trainFlags
+		m       moeFlags
 		servers int
-		rtt     time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "moe",
 		Short: "Start a DHT, expert servers and trainers on loopback and train a DMoE on Fashion-MNIST",
 		Long: "Run a decentralized mixture of experts on this machine: a DHT bootstrap node, --servers\n" +
 			"expert servers hosting the grids' experts, and --trainers trainers, all libp2p hosts on\n" +
-			"loopback with an emulated round-trip time on the trainers' calls. The trainers share\n" +
-			"their local layers and train on Fashion-MNIST with a progress bar.",
+			"loopback with an emulated --latency on the trainers' calls. The trainers share their\n" +
+			"local layers and train on Fashion-MNIST with a progress bar.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDemoMoE(cmd, &f, servers, rtt) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDemoMoE(cmd, &m, servers) },
 	}
-	f.register(cmd)
-	f.moe.register(cmd)
 	fl := cmd.Flags()
+	m.register(fl, 10*time.Millisecond)
 	fl.IntVar(&servers, "servers", 4, "expert servers to start")
-	fl.DurationVar(&rtt, "rtt", 20*time.Millisecond, "emulated round-trip time of trainer calls")
 	// Demo defaults: two 8×8 grids of small experts, 8 trainers, 3 epochs.
-	_ = fl.Set("moe-grids", "l0.8.8,l1.8.8")
-	_ = fl.Set("moe-hidden", "64")
-	_ = fl.Set("trainers", "8")
-	_ = fl.Set("epochs", "3")
-	_ = fl.Set("batch", "64")
-	_ = fl.Set("lr", "1e-3")
+	for name, v := range map[string]string{"grids": "l0.8.8,l1.8.8", "trainers": "8", "epochs": "3", "batch": "64"} {
+		f := fl.Lookup(name)
+		_ = f.Value.Set(v)
+		f.DefValue = v
+	}
 	return cmd
 }
 
-func runDemoMoE(cmd *cobra.Command, f *trainFlags, servers int, rtt time.Duration) error {
+func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 	ctx := cmd.Context()
 	out := cmd.ErrOrStderr()
-	grids, err := parseGrids(f.moe.grids)
+	f := &m.train
+	grids, err := parseGrids(m.grids)
 	if err != nil {
-		return err
+		return fmt.Errorf("--grids: %w", err)
 	}
 	if servers < 1 {
 		return errors.New("--servers must be at least 1")
+	}
+	link, err := m.emulated()
+	if err != nil {
+		return err
+	}
+	trainSet, testSet, err := f.data.load()
+	if err != nil {
+		return err
 	}
 	loop := []string{"/ip4/127.0.0.1/tcp/0"}
 	var closers []func()
@@ -311,8 +403,8 @@ func runDemoMoE(cmd *cobra.Command, f *trainFlags, servers int, rtt time.Duratio
 		for _, us := range uids {
 			mine = append(mine, us[i*len(us)/servers:(i+1)*len(us)/servers]...)
 		}
-		srv, err := server.New(server.Config{Transport: h, DHT: n, Experts: mine, Hidden: f.moe.hidden, LR: f.cfg.LR,
-			Seed: f.cfg.Seed, Limits: wireLimitsFor(4096, f.moe.hidden), DeclareEvery: 20 * time.Second})
+		srv, err := server.New(server.Config{Transport: h, DHT: n, Experts: mine, Hidden: m.hidden, LR: f.cfg.LR,
+			Seed: f.cfg.Seed, Limits: wireLimitsFor(4096, m.hidden), DeclareEvery: 20 * time.Second})
 		if err != nil {
 			return err
 		}
@@ -330,29 +422,21 @@ func runDemoMoE(cmd *cobra.Command, f *trainFlags, servers int, rtt time.Duratio
 	if err := tn.Bootstrap(ctx, seeds); err != nil {
 		return err
 	}
-	tr, err := emulateRTT(th, rtt)
+	tr, err := emulateLink(th, link, f.cfg.Seed)
 	if err != nil {
 		return err
 	}
-	trainSet, testSet, err := loadFashion(f)
+	fmt.Fprintf(out, "%d trainers, %d DMoE layers of %v experts (top %d), emulated one-way latency %v\n",
+		m.trainers, len(grids), grids[0].Size, m.kBest, link.Latency)
+	res, err := m.trainMoE(ctx, out, grids, tr, tn, trainSet, testSet)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%d trainers, %d DMoE layers of %v experts (top %d), emulated RTT %v\n",
-		f.moe.trainers, len(grids), grids[0].Size, f.moe.kBest, rtt)
-	start := time.Now()
-	acc, err := f.trainMoE(ctx, out, grids, tr, tn, trainSet, testSet)
-	if err != nil {
-		return err
-	}
-	var reqs, batches int64
 	for _, s := range srvs {
 		for _, e := range s.Stats().Experts {
-			reqs += e.Forward.Requests + e.Backward.Requests
-			batches += e.Forward.Batches + e.Backward.Batches
+			res.ExpertCalls += e.Forward.Requests + e.Backward.Requests
+			res.ExpertBatches += e.Forward.Batches + e.Backward.Batches
 		}
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "test accuracy %.2f%% after %.0fs; servers answered %d expert calls in %d batches\n",
-		100*acc, time.Since(start).Seconds(), reqs, batches)
-	return nil
+	return m.report(cmd.OutOrStdout(), res)
 }

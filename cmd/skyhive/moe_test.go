@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +13,7 @@ import (
 )
 
 // TestServerAndMoETraining runs `skyhive server` over libp2p on loopback,
-// trains against it with `skyhive train --mode moe`, stops the server
+// trains against it with `skyhive train moe`, stops the server
 // (which checkpoints) and checks the checkpoint exists.
 func TestServerAndMoETraining(t *testing.T) {
 	if testing.Short() {
@@ -23,13 +24,15 @@ func TestServerAndMoETraining(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ckpt := filepath.Join(t.TempDir(), "experts.safetensors")
+	dir := t.TempDir()
+	ckpt := filepath.Join(dir, "experts.safetensors")
+	serverStats, trainStats := filepath.Join(dir, "server.jsonl"), filepath.Join(dir, "train.jsonl")
 	serveCtx, stop := context.WithCancel(ctx)
 	var served syncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- runCLI(serveCtx, &served, "server", "--experts", "ffn.[0:2].[0:2]", "--hidden", "32",
-			"--checkpoint", ckpt, "--stats-every", "200ms", "--declare-every", "2s")
+			"--checkpoint", ckpt, "--stats-every", "200ms", "--declare-every", "2s", "--stats", serverStats)
 	}()
 	var addr string
 	for deadline := time.Now().Add(10 * time.Second); addr == "" && time.Now().Before(deadline); {
@@ -46,8 +49,9 @@ func TestServerAndMoETraining(t *testing.T) {
 		t.Fatalf("server printed no address:\n%s", served.String())
 	}
 	var out syncBuffer
-	err := runCLI(ctx, &out, "train", "--mode", "moe", "--dht", addr, "--moe-grids", "ffn.2.2", "--moe-hidden", "32",
-		"--k-best", "2", "--epochs", "1", "--limit", "1024", "--batch", "64", "--eval-limit", "500", "--trainers", "2")
+	err := runCLI(ctx, &out, "train", "moe", "--dht", addr, "--grids", "ffn.2.2", "--hidden", "32",
+		"--k-best", "2", "--epochs", "1", "--limit", "1024", "--batch", "64", "--eval-limit", "500", "--trainers", "2",
+		"--stats", trainStats, "--latency", "1ms")
 	stop()
 	serr := <-done
 	if err != nil {
@@ -64,5 +68,23 @@ func TestServerAndMoETraining(t *testing.T) {
 	}
 	if _, err := os.Stat(ckpt); err != nil {
 		t.Fatalf("no checkpoint after shutdown: %v", err)
+	}
+	// --stats: one line per epoch from the trainer, one per interval
+	// and one on exit from the server.
+	for path, minLines := range map[string]int{trainStats: 1, serverStats: 2} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) < minLines {
+			t.Fatalf("%s: %d lines, want at least %d", path, len(lines), minLines)
+		}
+		for _, l := range lines {
+			var v map[string]any
+			if err := json.Unmarshal([]byte(l), &v); err != nil {
+				t.Fatalf("%s: %v in %q", path, err, l)
+			}
+		}
 	}
 }

@@ -20,8 +20,9 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// pipelineFlags are the options of `skyhive train --mode pipeline`.
+// pipelineFlags are the options of `skyhive train pipeline`.
 type pipelineFlags struct {
+	train           trainFlags
 	workers         int
 	slowdowns       string
 	slowdownMax     float64
@@ -33,47 +34,63 @@ type pipelineFlags struct {
 	strategy        string
 	schedule        string
 	micro           int
-	steps           int
 	replanThreshold float64
 	checkpointEvery int
 	iterTimeout     time.Duration
 	logEvery        int
-	statsFile       string
 	killWorker      int
 	killAt          int
 	regions         string
 	workerRegions   string
 	coordRegion     string
-	linkLatency     time.Duration
-	linkBandwidth   float64
+	link            linkFlags
 }
 
-func (p *pipelineFlags) register(cmd *cobra.Command) {
+func newTrainPipelineCmd() *cobra.Command {
+	var p pipelineFlags
+	cmd := &cobra.Command{
+		Use:   "pipeline",
+		Short: "Train a model as a load-balanced pipeline of stage workers (local processes or joined machines)",
+		Long: "Coordinate a pipeline: profile the workers and the model's layers, assign contiguous\n" +
+			"layers with --strategy, train with the --schedule over libp2p, snapshot the stages every\n" +
+			"--checkpoint-every iterations, re-plan when a worker fails or its speed drifts, and\n" +
+			"evaluate at the end. --workers N starts local `skyhive worker` processes; --join-wait N\n" +
+			"waits for workers on other machines (it prints the `skyhive worker --join` command).\n" +
+			"--regions or --latency/--bandwidth emulate wide-area links between local workers.",
+		Example: "  skyhive train pipeline --workers 4 --slowdown-max 3 --strategy skyhive --steps 300\n" +
+			"  skyhive train pipeline --workers 4 --model deep-mlp:128x8 --latency 100ms --bandwidth 50\n" +
+			"  skyhive train pipeline --listen /ip4/0.0.0.0/tcp/4001 --identity coord.key --join-wait 4",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return p.run(cmd) },
+	}
 	fl := cmd.Flags()
-	fl.IntVar(&p.workers, "workers", 0, "pipeline: launch N local skyhive worker processes on loopback")
-	fl.StringVar(&p.slowdowns, "slowdowns", "", "pipeline: comma-separated slowdown factor per local worker")
-	fl.Float64Var(&p.slowdownMax, "slowdown-max", 1, "pipeline: draw local workers' slowdowns from U[1,MAX] (seeded by --seed)")
-	fl.StringVar(&p.memCaps, "mem-caps", "", "pipeline: comma-separated memory cap in bytes per local worker")
-	fl.IntVar(&p.joinWait, "join-wait", 0, "pipeline: wait for N external workers to join (skyhive worker --join ADDR)")
-	fl.StringSliceVar(&p.listen, "listen", []string{"/ip4/127.0.0.1/tcp/0"}, "pipeline: coordinator listen multiaddrs")
-	fl.StringVar(&p.identity, "identity", "", "pipeline: coordinator key file, for a stable --join address")
-	fl.StringVar(&p.planFile, "plan", "", "pipeline: fixed initial plan JSON {\"stages\":[{\"device\":0,\"first\":0,\"last\":4},...]}")
-	fl.StringVar(&p.strategy, "strategy", "skyhive", "pipeline: allocation strategy ("+strings.Join(alloc.StrategyNames(), ", ")+")")
-	fl.StringVar(&p.schedule, "schedule", "1f1b", "pipeline: schedule (sequential, gpipe, 1f1b)")
-	fl.IntVar(&p.micro, "micro", 4, "pipeline: micro-batches per batch (gpipe, 1f1b)")
-	fl.IntVar(&p.steps, "steps", 0, "pipeline: stop after N iterations (0: --epochs)")
-	fl.Float64Var(&p.replanThreshold, "replan-threshold", 0.3, "pipeline: re-plan when a stage's speed drifts by this fraction (0: only on failures)")
-	fl.IntVar(&p.checkpointEvery, "checkpoint-every", 10, "pipeline: snapshot all stages every N iterations")
-	fl.DurationVar(&p.iterTimeout, "iter-timeout", time.Minute, "pipeline: a stage that does not finish an iteration in time counts as failed")
-	fl.IntVar(&p.logEvery, "log-every", 10, "pipeline: print the per-stage breakdown every N iterations")
-	fl.StringVar(&p.statsFile, "stats", "", "pipeline: write every iteration's stats as JSON lines to this file")
-	fl.IntVar(&p.killWorker, "kill-worker", -1, "pipeline: failure drill: SIGKILL local worker wK ...")
-	fl.IntVar(&p.killAt, "kill-at", 0, "pipeline: ... before iteration N")
-	fl.StringVar(&p.regions, "regions", "", "pipeline: emulate the links between local workers with this netem region profile (e.g. examples/regions.json)")
-	fl.StringVar(&p.workerRegions, "worker-regions", "", "pipeline: comma-separated region per local worker (default: round-robin over the profile's regions)")
-	fl.StringVar(&p.coordRegion, "coordinator-region", "", "pipeline: the coordinator's region (default: the profile's first)")
-	fl.DurationVar(&p.linkLatency, "link-latency", 0, "pipeline: emulate two regions a and b with this one-way latency between them (instead of --regions)")
-	fl.Float64Var(&p.linkBandwidth, "link-bandwidth", 0, "pipeline: ... and this bandwidth in Mbit/s between them (0: unlimited)")
+	p.train.register(fl)
+	p.train.registerModel(fl, "fashion-mnist or blobs")
+	p.train.out.register(fl, "the result (plan, workers, events, last iteration)", "one per iteration, with per-stage times")
+	fl.IntVar(&p.train.steps, "steps", 0, "stop after N iterations (0: --epochs)")
+	fl.IntVar(&p.workers, "workers", 0, "launch N local skyhive worker processes on loopback")
+	fl.StringVar(&p.slowdowns, "slowdowns", "", "comma-separated slowdown factor per local worker")
+	fl.Float64Var(&p.slowdownMax, "slowdown-max", 1, "draw local workers' slowdowns from U[1,MAX] (seeded by --seed)")
+	fl.StringVar(&p.memCaps, "mem-caps", "", "comma-separated memory cap in bytes per local worker")
+	fl.IntVar(&p.joinWait, "join-wait", 0, "wait for N external workers to join (skyhive worker --join ADDR)")
+	fl.StringSliceVar(&p.listen, "listen", []string{"/ip4/127.0.0.1/tcp/0"}, "coordinator listen multiaddrs")
+	fl.StringVar(&p.identity, "identity", "", "coordinator key file (created if missing), for a stable --join address")
+	fl.StringVar(&p.planFile, "plan", "", "fixed initial plan JSON {\"stages\":[{\"device\":0,\"first\":0,\"last\":4},...]}")
+	fl.StringVar(&p.strategy, "strategy", "skyhive", "allocation strategy ("+strings.Join(alloc.StrategyNames(), ", ")+")")
+	fl.StringVar(&p.schedule, "schedule", "1f1b", "schedule (sequential, gpipe, 1f1b)")
+	fl.IntVar(&p.micro, "micro", 4, "micro-batches per batch (gpipe, 1f1b)")
+	fl.Float64Var(&p.replanThreshold, "replan-threshold", 0.3, "re-plan when a stage's speed drifts by this fraction (0: only on failures)")
+	fl.IntVar(&p.checkpointEvery, "checkpoint-every", 10, "snapshot all stages every N iterations")
+	fl.DurationVar(&p.iterTimeout, "iter-timeout", time.Minute, "a stage that does not finish an iteration in time counts as failed")
+	fl.IntVar(&p.logEvery, "log-every", 10, "print the per-stage breakdown every N iterations")
+	fl.IntVar(&p.killWorker, "kill-worker", -1, "failure drill: SIGKILL local worker wK ...")
+	fl.IntVar(&p.killAt, "kill-at", 0, "... before iteration N")
+	fl.StringVar(&p.regions, "regions", "", "emulate the links between local workers with this netem region profile (e.g. examples/regions.json)")
+	fl.StringVar(&p.workerRegions, "worker-regions", "", "comma-separated region per local worker (default: round-robin over the profile's regions)")
+	fl.StringVar(&p.coordRegion, "coordinator-region", "", "the coordinator's region (default: the profile's first)")
+	p.link.register(fl, "between two regions a and b of local workers (instead of --regions)", 0)
+	renameFlags(fl, map[string]string{"link-latency": "latency", "link-bandwidth": "bandwidth", "micro-batches": "micro"})
+	return cmd
 }
 
 // network builds the emulated network of --regions or --link-latency and
@@ -81,23 +98,23 @@ func (p *pipelineFlags) register(cmd *cobra.Command) {
 func (p *pipelineFlags) network(seed uint64) (*netem.Network, []string, error) {
 	var prof *netem.Profile
 	switch {
-	case p.regions != "" && (p.linkLatency > 0 || p.linkBandwidth > 0):
-		return nil, nil, errors.New("use either --regions or --link-latency/--link-bandwidth")
+	case p.regions != "" && p.link.set():
+		return nil, nil, errors.New("use either --regions or --latency/--bandwidth")
 	case p.regions != "":
 		var err error
 		if prof, err = netem.LoadProfile(p.regions); err != nil {
 			return nil, nil, fmt.Errorf("--regions: %w", err)
 		}
-	case p.linkLatency > 0 || p.linkBandwidth > 0:
-		if p.linkLatency < 0 || p.linkBandwidth < 0 {
-			return nil, nil, errors.New("--link-latency and --link-bandwidth must not be negative")
+	case p.link.set():
+		inter, err := p.link.params()
+		if err != nil {
+			return nil, nil, err
 		}
-		inter := netem.LinkParams{Latency: p.linkLatency, Bandwidth: p.linkBandwidth * 1e6}
 		prof = &netem.Profile{Regions: []string{"a", "b"}, Intra: netem.LinkParams{Latency: 500 * time.Microsecond, Bandwidth: 1e9},
 			Inter: [][]netem.LinkParams{{{}, inter}, {inter, {}}}}
 	default:
 		if p.workerRegions != "" || p.coordRegion != "" {
-			return nil, nil, errors.New("--worker-regions and --coordinator-region need --regions or --link-latency")
+			return nil, nil, errors.New("--worker-regions and --coordinator-region need --regions or --latency")
 		}
 		return nil, nil, nil
 	}
@@ -178,11 +195,9 @@ type pipelineResult struct {
 	Config       map[string]interface{} `json:"config"`
 }
 
-// runPipeline trains f.cfg's model as a pipeline of stage workers.
-func (f *trainFlags) runPipeline(cmd *cobra.Command) error { return f.pipe.run(cmd, f) }
-
-// run trains f.cfg's model as a pipeline over workers.
-func (p *pipelineFlags) run(cmd *cobra.Command, f *trainFlags) error {
+// run trains the model as a pipeline over workers.
+func (p *pipelineFlags) run(cmd *cobra.Command) error {
+	f := &p.train
 	ctx := cmd.Context()
 	out := cmd.ErrOrStderr()
 	if err := f.cfg.Validate(); err != nil {
@@ -193,7 +208,7 @@ func (p *pipelineFlags) run(cmd *cobra.Command, f *trainFlags) error {
 		return err
 	}
 	if p.workers <= 0 && p.joinWait <= 0 {
-		return errors.New("pipeline mode needs --workers N (local processes) or --join-wait N (external workers)")
+		return errors.New("train pipeline needs --workers N (local processes) or --join-wait N (workers on other machines)")
 	}
 	trainSet, testSet, err := pipelineData(f)
 	if err != nil {
@@ -257,8 +272,8 @@ func (p *pipelineFlags) run(cmd *cobra.Command, f *trainFlags) error {
 		return err
 	}
 	total := int64(loader.Len() * f.cfg.Epochs)
-	if p.steps > 0 {
-		total = int64(p.steps)
+	if f.steps > 0 {
+		total = int64(f.steps)
 	}
 	scfg := pipeline.SessionConfig{
 		Model: f.cfg.Model, Seed: f.cfg.Seed, Batch: f.cfg.BatchSize, Micro: p.micro, Schedule: sched,
@@ -280,14 +295,12 @@ func (p *pipelineFlags) run(cmd *cobra.Command, f *trainFlags) error {
 			}
 			return nil
 		}}
-	if p.statsFile != "" {
-		fh, err := os.Create(p.statsFile)
-		if err != nil {
-			return err
-		}
-		defer fh.Close()
-		topts.Stats = fh
+	stats, closeStats, err := f.out.openStats()
+	if err != nil {
+		return err
 	}
+	defer closeStats()
+	topts.Stats = stats
 	if local != nil && p.killWorker >= 0 {
 		topts.BeforeStep = func(_ context.Context, iter int) error {
 			if p.killWorker < 0 || iter != p.killAt {
@@ -308,10 +321,8 @@ func (p *pipelineFlags) run(cmd *cobra.Command, f *trainFlags) error {
 		Plan: s.Plan(), Workers: c.Workers(), Events: tr.Events, Last: &tr.Last,
 		Config: map[string]interface{}{"model": f.cfg.Model, "batch": f.cfg.BatchSize, "micro": p.micro, "schedule": sched.String(), "strategy": p.strategy},
 	}
-	if f.asJSON {
-		enc := json.NewEncoder(cmd.OutOrStdout())
-		enc.SetIndent("", "  ")
-		return enc.Encode(res)
+	if f.out.json {
+		return printJSON(cmd.OutOrStdout(), res)
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "pipeline: %d iterations in %.1fs (%.1f ms/iteration), final loss %.4f, test accuracy %.2f%%\n",
 		res.Iterations, res.Seconds, 1e3*res.Seconds/float64(max(res.Iterations, 1)), res.FinalLoss, 100*res.TestAccuracy)
@@ -329,11 +340,7 @@ func pipelineData(f *trainFlags) (trainSet, testSet *data.Dataset, err error) {
 		testSet, trainSet, err = all.Split(2000, f.cfg.Seed)
 		return trainSet, testSet, err
 	case "fashion-mnist":
-		if trainSet, err = data.LoadFashionMNIST(f.dataDir, data.Train, data.LoadOptions{Standardize: true, Limit: f.limit}); err != nil {
-			return nil, nil, err
-		}
-		testSet, err = data.LoadFashionMNIST(f.dataDir, data.Test, data.LoadOptions{Standardize: true})
-		return trainSet, testSet, err
+		return f.data.load()
 	}
 	return nil, nil, fmt.Errorf("unknown data set %q (pipeline mode: fashion-mnist or blobs)", f.dataset)
 }

@@ -118,9 +118,10 @@ func newProfileModelCmd() *cobra.Command {
 
 func newProfileClusterCmd() *cobra.Command {
 	var (
-		intra, inter       [2]float64 // latency ms, bandwidth Gbit/s
-		intraLat, interLat time.Duration
-		out                string
+		intra, inter         [2]float64 // latency ms, bandwidth Mbit/s
+		intraGbit, interGbit float64    // retired flags
+		intraLat, interLat   time.Duration
+		out                  string
 	)
 	cmd := &cobra.Command{
 		Use:   "cluster DEVICE.json...",
@@ -128,7 +129,7 @@ func newProfileClusterCmd() *cobra.Command {
 		Long: `Join device profiles, in pipeline order, into a cluster profile. Links between
 devices are the --intra defaults within a region and the --inter defaults across
 regions; measured links can be added to the "links" list (docs/profile.md).`,
-		Example: `  skyhive profile cluster a.json b.json c.json --inter-latency 40ms --inter-gbit 1 --out cluster.json
+		Example: `  skyhive profile cluster a.json b.json c.json --inter-latency 40ms --inter-bandwidth 1000 --out cluster.json
   skyhive plan --cluster cluster.json --model bert-large:24`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -138,6 +139,12 @@ regions; measured links can be added to the "links" list (docs/profile.md).`,
 			if !cmd.Flags().Changed("inter-latency-ms") {
 				inter[0] = interLat.Seconds() * 1e3
 			}
+			if cmd.Flags().Changed("intra-gbit") {
+				intra[1] = intraGbit * 1e3
+			}
+			if cmd.Flags().Changed("inter-gbit") {
+				inter[1] = interGbit * 1e3
+			}
 			for _, v := range append(intra[:], inter[:]...) {
 				if v < 0 {
 					return errors.New("link latencies and bandwidths must not be negative")
@@ -145,8 +152,8 @@ regions; measured links can be added to the "links" list (docs/profile.md).`,
 			}
 			cp := &profile.ClusterProfile{
 				Format: profile.ClusterFormat,
-				Intra:  profile.LinkSpec{Latency: intra[0] / 1e3, Bandwidth: intra[1] * 1e9 / 8},
-				Inter:  profile.LinkSpec{Latency: inter[0] / 1e3, Bandwidth: inter[1] * 1e9 / 8},
+				Intra:  profile.LinkSpec{Latency: intra[0] / 1e3, Bandwidth: intra[1] * 1e6 / 8},
+				Inter:  profile.LinkSpec{Latency: inter[0] / 1e3, Bandwidth: inter[1] * 1e6 / 8},
 			}
 			for _, a := range args {
 				d, err := profile.LoadDevice(a)
@@ -166,9 +173,13 @@ regions; measured links can be added to the "links" list (docs/profile.md).`,
 	}
 	fl := cmd.Flags()
 	fl.DurationVar(&intraLat, "intra-latency", 100*time.Microsecond, "one-way latency within a region")
-	fl.Float64Var(&intra[1], "intra-gbit", 10, "bandwidth within a region, Gbit/s (0: unlimited)")
+	fl.Float64Var(&intra[1], "intra-bandwidth", 10000, "bandwidth within a region, Mbit/s (0: unlimited)")
 	fl.DurationVar(&interLat, "inter-latency", 50*time.Millisecond, "one-way latency across regions")
-	fl.Float64Var(&inter[1], "inter-gbit", 1, "bandwidth across regions, Gbit/s (0: unlimited)")
+	fl.Float64Var(&inter[1], "inter-bandwidth", 1000, "bandwidth across regions, Mbit/s (0: unlimited)")
+	fl.Float64Var(&intraGbit, "intra-gbit", 0, "retired: use --intra-bandwidth in Mbit/s")
+	fl.Float64Var(&interGbit, "inter-gbit", 0, "retired: use --inter-bandwidth in Mbit/s")
+	_ = fl.MarkDeprecated("intra-gbit", "use --intra-bandwidth in Mbit/s (1 Gbit/s = 1000)")
+	_ = fl.MarkDeprecated("inter-gbit", "use --inter-bandwidth in Mbit/s (1 Gbit/s = 1000)")
 	fl.Float64Var(&intra[0], "intra-latency-ms", 0, "deprecated: use --intra-latency")
 	fl.Float64Var(&inter[0], "inter-latency-ms", 0, "deprecated: use --inter-latency")
 	_ = fl.MarkDeprecated("intra-latency-ms", "use --intra-latency with a duration, e.g. 100us")

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -38,7 +37,7 @@ type serverFlags struct {
 	ckptEvery    time.Duration
 	declareEvery time.Duration
 	statsEvery   time.Duration
-	statsFile    string
+	out          outputFlags
 	maxExperts   int
 }
 
@@ -52,7 +51,7 @@ func newServerCmd() *cobra.Command {
 			"its own AdamW. The experts and their grid prefixes are declared on the DHT and re-declared\n" +
 			"while the server runs; weights and optimizer state are checkpointed on an interval and on\n" +
 			"exit, and reloaded on restart. Per-expert statistics are printed periodically and served\n" +
-			"over the stats RPC (and written as JSON with --stats).",
+			"over the stats RPC; --json prints them as JSON lines, --stats FILE appends them to FILE.",
 		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]' --hidden 1024 --dht /ip4/127.0.0.1/tcp/4001/p2p/12D3...\n" +
 			"  skyhive server --experts 'ffn.[0:4].[0:4]' --hidden 64 --checkpoint experts.safetensors",
 		Args: cobra.NoArgs,
@@ -78,8 +77,8 @@ func newServerCmd() *cobra.Command {
 	fl.StringVar(&f.checkpoint, "checkpoint", "", "safetensors file for weights and optimizer state (loaded if present)")
 	fl.DurationVar(&f.ckptEvery, "checkpoint-every", 5*time.Minute, "checkpoint interval (0: only on exit)")
 	fl.DurationVar(&f.declareEvery, "declare-every", 30*time.Second, "DHT declaration interval (records expire after twice this)")
-	fl.DurationVar(&f.statsEvery, "stats-every", 30*time.Second, "print per-expert statistics this often (0: never)")
-	fl.StringVar(&f.statsFile, "stats", "", "also write the statistics as JSON to this file")
+	fl.DurationVar(&f.statsEvery, "stats-every", 30*time.Second, "print per-expert statistics this often (0: only on exit)")
+	f.out.register(fl, "the statistics (instead of tables), one object per line,", "the statistics, every --stats-every and on exit")
 	renameFlags(fl, map[string]string{"stats-file": "stats", "workers": "parallel-batches"})
 	fl.IntVar(&f.maxExperts, "max-experts", 1<<16, "refuse specifications with more experts")
 	return cmd
@@ -106,9 +105,19 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	}
 	defer node.Close()
 	out := cmd.OutOrStdout()
-	fmt.Fprintf(out, "expert server %s hosting %d %s experts (hidden %d), listening on:\n", h.ID(), len(uids), f.expertType, f.hidden)
+	var addrs []string
 	for _, a := range h.AddrInfo().Addrs {
-		fmt.Fprintf(out, "  %s/p2p/%s\n", a, h.ID())
+		addrs = append(addrs, fmt.Sprintf("%s/p2p/%s", a, h.ID()))
+	}
+	if f.out.json {
+		if err := json.NewEncoder(out).Encode(map[string]any{"peer": h.ID().String(), "addrs": addrs, "experts": len(uids)}); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(out, "expert server %s hosting %d %s experts (hidden %d), listening on:\n", h.ID(), len(uids), f.expertType, f.hidden)
+		for _, a := range addrs {
+			fmt.Fprintf(out, "  %s\n", a)
+		}
 	}
 	if len(seeds) > 0 {
 		bctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -118,7 +127,7 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 			return fmt.Errorf("join DHT: %w", err)
 		}
 	} else {
-		fmt.Fprintln(out, "no --dht given: this server is the DHT's first node; pass its address to others")
+		fmt.Fprintln(cmd.ErrOrStderr(), "no --dht given: this server is the DHT's first node; pass its address to others")
 	}
 	srv, err := server.New(server.Config{
 		Transport: h, DHT: node, Experts: uids, Type: f.expertType, Hidden: f.hidden, Heads: f.heads,
@@ -131,7 +140,22 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "serving %s … %s; Ctrl-C to stop\n", uids[0], uids[len(uids)-1])
+	fmt.Fprintf(cmd.ErrOrStderr(), "serving %s … %s; Ctrl-C to stop\n", uids[0], uids[len(uids)-1])
+	stats, closeStats, err := f.out.openStats()
+	if err != nil {
+		srv.Close()
+		return err
+	}
+	defer closeStats()
+	lines := jsonLines{w: stats}
+	show := func(st server.Stats) {
+		lines.write(st)
+		if f.out.json {
+			_ = json.NewEncoder(out).Encode(st)
+		} else {
+			printServerStats(out, st)
+		}
+	}
 	var tick <-chan time.Time
 	if f.statsEvery > 0 {
 		t := time.NewTicker(f.statsEvery)
@@ -141,18 +165,15 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	for {
 		select {
 		case <-ctx.Done():
-			fmt.Fprintln(out, "stopping: checkpointing and closing")
+			fmt.Fprintln(cmd.ErrOrStderr(), "stopping: checkpointing and closing")
 			err := srv.Close()
-			printServerStats(out, srv.Stats())
+			show(srv.Stats())
+			if err == nil && lines.err != nil {
+				err = fmt.Errorf("--stats: %w", lines.err)
+			}
 			return err
 		case <-tick:
-			st := srv.Stats()
-			printServerStats(out, st)
-			if f.statsFile != "" {
-				if err := writeJSONFile(f.statsFile, st); err != nil {
-					fmt.Fprintln(cmd.ErrOrStderr(), err)
-				}
-			}
+			show(srv.Stats())
 		}
 	}
 }
@@ -177,19 +198,4 @@ func printServerStats(w io.Writer, st server.Stats) {
 		fmt.Fprintln(tw, "(no requests yet)")
 	}
 	tw.Flush()
-}
-
-func writeJSONFile(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("stats file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("stats file: %w", err)
-	}
-	return nil
 }

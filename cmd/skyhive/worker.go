@@ -15,7 +15,7 @@ func newWorkerCmd() *cobra.Command {
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "worker --join ADDR",
-		Short: "Serve as a pipeline stage worker for a coordinator (skyhive train --mode pipeline)",
+		Short: "Serve as a pipeline stage worker for a coordinator (skyhive train pipeline)",
 		Long: "Join a pipeline coordinator and serve whatever block of layers it assigns: run forward and\n" +
 			"backward passes of micro-batches, exchange activations and gradients directly with the\n" +
 			"neighbouring stages, step the stage's optimizer, and hand the layers over when the\n" +

@@ -172,6 +172,19 @@ func (e *MemoryError) Unwrap() error { return ErrInfeasible }
 // GiB formats a byte count as GiB with one decimal.
 func GiB(b int64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 
+// compileFitting compiles p for a heuristic strategy, refusing models that
+// cannot fit for a simple reason (checkMemory).
+func compileFitting(p Problem) (*inst, error) {
+	in, err := compile(p)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkMemory(p.Cluster, p.Model); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
 // checkMemory returns a *MemoryError when the model cannot fit for a
 // simple reason: total memory, or a layer larger than every device.
 func checkMemory(c *Cluster, m *Model) error {

@@ -22,11 +22,8 @@ func (Even) Name() string { return "even" }
 // Solve splits the layers evenly.
 func (e Even) Solve(_ context.Context, p Problem) (*Result, error) {
 	start := time.Now()
-	in, err := compile(p)
+	in, err := compileFitting(p)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkMemory(p.Cluster, p.Model); err != nil {
 		return nil, err
 	}
 	bounds := evenBounds(in.n, in.L)

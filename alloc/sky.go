@@ -48,11 +48,8 @@ func (s Sky) Name() string {
 // Solve runs the two phases.
 func (s Sky) Solve(_ context.Context, p Problem) (*Result, error) {
 	start := time.Now()
-	in, err := compile(p)
+	in, err := compileFitting(p)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkMemory(p.Cluster, p.Model); err != nil {
 		return nil, err
 	}
 	n := min(in.n, in.L)

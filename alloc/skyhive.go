@@ -58,11 +58,8 @@ type shSolver struct {
 // Solve searches orders and plans.
 func (s Skyhive) Solve(ctx context.Context, p Problem) (*Result, error) {
 	start := time.Now()
-	in, err := compile(p)
+	in, err := compileFitting(p)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkMemory(p.Cluster, p.Model); err != nil {
 		return nil, err
 	}
 	iters := s.Iterations

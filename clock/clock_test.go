@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/skyhive/skyhive/clock/clocktest"
 )
 
 func TestSleepEndsWithContext(t *testing.T) {
@@ -25,16 +27,9 @@ func TestSleepEndsWithContext(t *testing.T) {
 	}
 }
 
-var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+var epoch = clocktest.Epoch
 
-// ctxT bounds a test's waits on the fake clock, so a bug hangs no longer
-// than this instead of until the test binary's timeout.
-func ctxT(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t testing.TB) context.Context { return clocktest.Context(t, 10*time.Second) }
 
 func received(c <-chan time.Time) (time.Time, bool) {
 	select {

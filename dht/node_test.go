@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/skyhive/skyhive/clock"
+	"github.com/skyhive/skyhive/clock/clocktest"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/memnet"
 )
@@ -85,11 +86,7 @@ func (s *swarm) close() {
 	s.net.Close()
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t testing.TB) context.Context { return clocktest.Context(t, 20*time.Second) }
 
 func TestStoreGetAcrossNodes(t *testing.T) {
 	s := newSwarm(t, 12, Config{BucketSize: 5, Replicas: 4})
@@ -155,7 +152,7 @@ func TestSubkeysMergeAndUpdateByExpiration(t *testing.T) {
 	}
 }
 
-var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+var epoch = clocktest.Epoch
 
 // eventually waits until cond holds: for work a fake-clock tick started in
 // the nodes' background goroutines. It asserts no timing; the bound only

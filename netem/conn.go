@@ -133,29 +133,15 @@ func (c *shapedConn) setErr(err error) {
 // its arrival time.
 func (c *shapedConn) line(q <-chan chunk) {
 	defer close(c.lineDone)
-	clk := c.n.clk
-	var timer clock.Timer // made on first use, so an idle line arms none
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	w := waiter{clk: c.n.clk}
+	defer w.stop()
 	for ch := range q {
 		if c.lineErr() != nil {
 			continue // discard what is left
 		}
-		if d := ch.at.Sub(clk.Now()); d > 0 {
-			if timer == nil {
-				timer = clk.NewTimer(d)
-			} else {
-				timer.Reset(d)
-			}
-			select {
-			case <-timer.C():
-			case <-c.abort:
-				c.setErr(net.ErrClosed)
-				continue
-			}
+		if !w.until(ch.at, c.abort) {
+			c.setErr(net.ErrClosed)
+			continue
 		}
 		if _, err := c.Conn.Write(ch.data); err != nil {
 			c.setErr(err)
@@ -312,4 +298,37 @@ func (c *shapedConn) Close() error {
 		c.closeErr = c.Conn.Close()
 	})
 	return c.closeErr
+}
+
+// waiter waits for arrival times on one reusable timer of clk, made on
+// first use so that an idle delay line arms none.
+type waiter struct {
+	clk   clock.Clock
+	timer clock.Timer
+}
+
+// until waits until at; it reports false if abort closed first.
+func (w *waiter) until(at time.Time, abort <-chan struct{}) bool {
+	d := at.Sub(w.clk.Now())
+	if d <= 0 {
+		return true
+	}
+	if w.timer == nil {
+		w.timer = w.clk.NewTimer(d)
+	} else {
+		w.timer.Reset(d)
+	}
+	select {
+	case <-w.timer.C():
+		return true
+	case <-abort:
+		return false
+	}
+}
+
+// stop releases the timer.
+func (w *waiter) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
 }

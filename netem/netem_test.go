@@ -15,6 +15,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/skyhive/skyhive/clock"
+	"github.com/skyhive/skyhive/clock/clocktest"
 	"go.uber.org/goleak"
 )
 
@@ -87,23 +88,11 @@ func newNet(t *testing.T, p LinkParams, clk clock.Clock, ids ...peer.ID) *Networ
 	return n
 }
 
-var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+var epoch = clocktest.Epoch
 
-// ctxT bounds a test's waits on a fake clock, so that a bug fails the test
-// instead of hanging it; the bound is never reached when the code works.
-func ctxT(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t testing.TB) context.Context { return clocktest.Context(t, 10*time.Second) }
 
-// async runs f in a goroutine and returns its result channel.
-func async(f func() error) <-chan error {
-	ch := make(chan error, 1)
-	go func() { ch <- f() }()
-	return ch
-}
+var async = clocktest.Go
 
 // settle waits for a call running in the background on clk: if it arms a
 // timer, it advances the clock by d, until the call returns.

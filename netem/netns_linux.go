@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/skyhive/skyhive/clock"
 	"golang.org/x/sys/unix"
 )
 
@@ -411,13 +410,8 @@ func (t *Topology) link(i, j int) chan routedPacket {
 // deliverLoop writes each packet into the destination TUN at its arrival.
 func (t *Topology) deliverLoop(q chan routedPacket, dst *os.File) {
 	defer t.wg.Done()
-	clk := t.n.clk
-	var timer clock.Timer // made on first use, so an idle link arms none
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	w := waiter{clk: t.n.clk}
+	defer w.stop()
 	for {
 		var p routedPacket
 		select {
@@ -425,17 +419,8 @@ func (t *Topology) deliverLoop(q chan routedPacket, dst *os.File) {
 		case <-t.quit:
 			return
 		}
-		if d := p.at.Sub(clk.Now()); d > 0 {
-			if timer == nil {
-				timer = clk.NewTimer(d)
-			} else {
-				timer.Reset(d)
-			}
-			select {
-			case <-timer.C():
-			case <-t.quit:
-				return
-			}
+		if !w.until(p.at, t.quit) {
+			return
 		}
 		if _, err := dst.Write(p.data); err != nil {
 			if errors.Is(err, os.ErrClosed) {

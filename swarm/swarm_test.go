@@ -12,6 +12,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/skyhive/skyhive/clock"
+	"github.com/skyhive/skyhive/clock/clocktest"
 	"github.com/skyhive/skyhive/netem"
 	"go.uber.org/goleak"
 )
@@ -104,23 +105,11 @@ func TestParseSpecErrors(t *testing.T) {
 	}
 }
 
-var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+var epoch = clocktest.Epoch
 
-// ctxT bounds a test's waits, so that a bug fails the test instead of
-// hanging it; the bound is never reached when the code works.
-func ctxT(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+func ctxT(t testing.TB) context.Context { return clocktest.Context(t, 20*time.Second) }
 
-// async runs f in a goroutine and returns its result channel.
-func async(f func() error) <-chan error {
-	ch := make(chan error, 1)
-	go func() { ch <- f() }()
-	return ch
-}
+var async = clocktest.Go
 
 // eventually waits until cond holds, polling every 5 ms. It asserts no
 // timing; the bound only turns a hang into a failure.

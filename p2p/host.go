@@ -12,11 +12,13 @@ import (
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/host/eventbus"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
@@ -163,7 +165,9 @@ type Host struct {
 
 	mu       sync.Mutex
 	closed   bool
-	handlers sync.WaitGroup // running stream handlers
+	seen     Reachability       // AutoNAT's last verdict (reachSub drained)
+	reachSub event.Subscription // AutoNAT's verdicts
+	handlers sync.WaitGroup     // running stream handlers
 }
 
 var _ Transport = (*Host)(nil)
@@ -189,8 +193,13 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		cm.Close()
 		return nil, fmt.Errorf("p2p: start libp2p: %w", err)
 	}
+	sub, err := lh.EventBus().Subscribe(new(event.EvtLocalReachabilityChanged), eventbus.BufSize(16))
+	if err != nil {
+		lh.Close()
+		return nil, fmt.Errorf("p2p: subscribe to reachability: %w", err)
+	}
 	hctx, cancel := context.WithCancel(context.Background())
-	return &Host{h: lh, cfg: cfg, log: cfg.Logger, ctx: hctx, cancel: cancel}, nil
+	return &Host{h: lh, cfg: cfg, log: cfg.Logger, ctx: hctx, cancel: cancel, reachSub: sub}, nil
 }
 
 func libp2pOptions(cfg Config) ([]libp2p.Option, error) {
@@ -298,6 +307,7 @@ func (h *Host) Close() error {
 	h.closed = true
 	h.mu.Unlock()
 	h.cancel()
+	h.reachSub.Close()
 	err := h.h.Close()
 	h.handlers.Wait()
 	if err != nil {

@@ -33,12 +33,13 @@ import (
 
 // Config configures a peer. Zero fields take the defaults noted.
 type Config struct {
-	// Listen are the multiaddrs to listen on (all interfaces, TCP and
-	// QUIC, on free ports). Announce replaces them in what others see.
-	Listen   []string
-	Announce []string
-	// Identity is a private key file for a stable peer ID ("" = new).
-	Identity string
+	// Host configures the peer's libp2p host: listen and announce
+	// addresses (default all interfaces, TCP and QUIC, on free ports),
+	// identity file, relays and NAT traversal. Run sets its message limit.
+	Host p2p.Config
+	// Reach, if set, is called with where others reach the peer, now and
+	// whenever AutoNAT's verdict changes.
+	Reach func(p2p.Reach)
 	// DHT are the swarm's DHT peers to join (required).
 	DHT []libp2ppeer.AddrInfo
 	// JoinTimeout bounds joining the DHT (30 s).
@@ -175,9 +176,6 @@ var (
 )
 
 func (c *Config) defaults() error {
-	if len(c.Listen) == 0 {
-		c.Listen = []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"}
-	}
 	if c.JoinTimeout <= 0 {
 		c.JoinTimeout = 30 * time.Second
 	}
@@ -279,18 +277,25 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 
-	h, err := p2p.New(ctx, p2p.Config{IdentityFile: cfg.Identity, ListenAddrs: cfg.Listen, AnnounceAddrs: cfg.Announce, MaxMessageBytes: 64 << 20})
+	hcfg := cfg.Host
+	hcfg.MaxMessageBytes = 64 << 20
+	h, err := p2p.New(ctx, hcfg)
 	if err != nil {
 		return res, err
 	}
 	defer h.Close()
+	if cfg.Reach != nil {
+		wctx, stop := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		go func() { defer close(watched); _ = h.WatchReach(wctx, cfg.Reach) }()
+		defer func() { stop(); <-watched }()
+	}
 	res.Peer = h.ID().String()
 	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID())})
 	if err != nil {
 		return res, err
 	}
 	defer node.Close()
-	logf(cfg.Log, "peer %s listening on %v", h.ID(), h.AddrInfo().Addrs)
 	jctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
 	err = node.Bootstrap(jctx, cfg.DHT)
 	cancel()

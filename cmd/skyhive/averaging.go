@@ -20,13 +20,14 @@ import (
 	"github.com/skyhive/skyhive/averaging/sim"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/models"
+	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/wire"
 )
 
 // peerFlags are the options of `skyhive peer`.
 type peerFlags struct {
 	cfg    peer.Config
-	dht    []string
+	net    connectFlags
 	algo   string
 	match  string
 	codec  string
@@ -57,10 +58,7 @@ func newPeerCmd() *cobra.Command {
 	}
 	fl := cmd.Flags()
 	c := &f.cfg
-	fl.StringSliceVar(&f.dht, "dht", nil, "DHT peers to join: multiaddrs ending in /p2p/PEER_ID (required)")
-	fl.StringSliceVar(&c.Listen, "listen", nil, "multiaddrs to listen on (default all interfaces, TCP and QUIC, free ports)")
-	fl.StringSliceVar(&c.Announce, "announce", nil, "multiaddrs to announce instead of the listen addresses (e.g. a public address)")
-	fl.StringVar(&c.Identity, "identity", "", "private key file (created if missing) for a stable peer ID")
+	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
 	fl.StringVar(&c.RunID, "run-id", "skyhive", "run name in DHT keys; every peer of a run must use the same")
 	fl.StringVar(&f.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce or local")
 	fl.StringVar(&f.match, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
@@ -99,8 +97,11 @@ func newPeerCmd() *cobra.Command {
 func runPeer(cmd *cobra.Command, f *peerFlags) error {
 	c := f.cfg
 	var err error
-	if c.DHT, err = parseBootstrap(f.dht); err != nil {
-		return fmt.Errorf("--dht: %w", err)
+	if c.DHT, err = f.net.seeds(); err != nil {
+		return err
+	}
+	if c.Host, err = f.net.config(); err != nil {
+		return err
 	}
 	if len(c.DHT) == 0 {
 		return fmt.Errorf("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
@@ -129,6 +130,7 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 		c.Progress = cmd.ErrOrStderr()
 	}
 	c.Log = cmd.ErrOrStderr()
+	c.Reach = func(r p2p.Reach) { printReach(cmd.ErrOrStderr(), r) }
 	if f.stats != "" {
 		sf, err := os.OpenFile(f.stats, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,21 +18,14 @@ import (
 	"github.com/skyhive/skyhive/p2p"
 )
 
-// dhtFlags are the connectivity flags shared by the dht commands and
-// server.
+// dhtFlags are the options of the dht commands.
 type dhtFlags struct {
-	listen    []string
-	bootstrap []string
-	identity  string
-	timeout   time.Duration
+	net     connectFlags
+	timeout time.Duration
 }
 
-func (f *dhtFlags) register(cmd *cobra.Command, listenDefault []string) {
-	fl := cmd.Flags()
-	fl.StringSliceVar(&f.listen, "listen", listenDefault, "multiaddrs to listen on (comma-separated or repeated)")
-	fl.StringSliceVar(&f.bootstrap, "dht", nil, "DHT peers to join: multiaddrs ending in /p2p/PEER_ID")
-	fl.StringVar(&f.identity, "identity", "", "private key file (created if missing); empty = new identity each run")
-	renameFlags(fl, map[string]string{"bootstrap": "dht"})
+func (f *dhtFlags) register(cmd *cobra.Command, dht string) {
+	f.net.register(cmd.Flags(), dht)
 }
 
 // dhtServeFlags are the options of `skyhive dht`.
@@ -44,7 +36,7 @@ type dhtServeFlags struct {
 }
 
 func (f *dhtServeFlags) register(cmd *cobra.Command) {
-	f.dhtFlags.register(cmd, nil)
+	f.dhtFlags.register(cmd, "other DHT nodes to join: multiaddrs ending in /p2p/PEER_ID (none: this node starts a DHT)")
 	f.out.register(cmd.Flags(), "the node's peer ID and addresses", "routing-table peers and stored records, every --stats-every")
 	cmd.Flags().DurationVar(&f.statsEvery, "stats-every", 10*time.Second, "interval of --stats lines")
 }
@@ -98,7 +90,7 @@ func newDHTPutCmd() *cobra.Command {
 			})
 		},
 	}
-	f.register(cmd, []string{"/ip4/0.0.0.0/tcp/0"})
+	f.register(cmd, "DHT nodes to store through: multiaddrs ending in /p2p/PEER_ID (required)")
 	cmd.Flags().StringVar(&subkey, "subkey", "", "subkey: the key becomes a dictionary merged across writers")
 	cmd.Flags().DurationVar(&ttl, "ttl", time.Hour, "time to live")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 30*time.Second, "give up after this long")
@@ -122,7 +114,7 @@ func newDHTGetCmd() *cobra.Command {
 			})
 		},
 	}
-	f.register(cmd, []string{"/ip4/0.0.0.0/tcp/0"})
+	f.register(cmd, "DHT nodes to read through: multiaddrs ending in /p2p/PEER_ID (required)")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 30*time.Second, "give up after this long")
 	return cmd
 }
@@ -160,21 +152,17 @@ func printable(b []byte) string {
 	return s
 }
 
-func parseBootstrap(addrs []string) ([]peer.AddrInfo, error) {
-	infos, err := p2p.ParseAddrInfos(addrs)
-	if err != nil {
-		return nil, fmt.Errorf("bootstrap %w", err)
-	}
-	return infos, nil
-}
-
 // startDHT starts a host and a DHT node on it.
 func startDHT(ctx context.Context, f dhtFlags, client bool) (*p2p.Host, *dht.Node, []peer.AddrInfo, error) {
-	seeds, err := parseBootstrap(f.bootstrap)
+	seeds, err := f.net.seeds()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	h, err := p2p.New(ctx, p2p.Config{IdentityFile: f.identity, ListenAddrs: f.listen})
+	cfg, err := f.net.config()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	h, err := p2p.New(ctx, cfg)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -205,21 +193,12 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 	}
 	defer h.Close()
 	defer n.Close()
-	out := cmd.OutOrStdout()
-	var addrs []string
-	for _, a := range h.AddrInfo().Addrs {
-		addrs = append(addrs, fmt.Sprintf("%s/p2p/%s", a, h.ID()))
-	}
+	var jsonOut io.Writer
 	if f.out.json {
-		if err := json.NewEncoder(out).Encode(map[string]any{"peer": h.ID().String(), "addrs": addrs}); err != nil {
-			return err
-		}
-	} else {
-		fmt.Fprintf(out, "dht node %s listening on:\n", h.ID())
-		for _, a := range addrs {
-			fmt.Fprintf(out, "  %s\n", a)
-		}
+		jsonOut = cmd.OutOrStdout()
 	}
+	fmt.Fprintln(cmd.ErrOrStderr(), "dht node: others join with --dht and one of the addresses below")
+	reportReach(ctx, h, cmd.OutOrStdout(), jsonOut)
 	if len(seeds) > 0 {
 		bctx, cancel := context.WithTimeout(ctx, time.Minute)
 		err := n.Bootstrap(bctx, seeds)
@@ -257,7 +236,7 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 // withClientNode starts a client-mode node, joins through --dht and
 // runs op within --timeout.
 func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *dht.Node) error) error {
-	if len(f.bootstrap) == 0 {
+	if len(f.net.dht) == 0 {
 		return errors.New("--dht is required: the multiaddr of a DHT node, ending in /p2p/PEER_ID")
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)

@@ -56,9 +56,11 @@ func TestDHTCommands(t *testing.T) {
 	}()
 	var addr string
 	for deadline := time.Now().Add(10 * time.Second); addr == "" && time.Now().Before(deadline); {
-		var info struct{ Addrs []string }
-		if line, _, ok := strings.Cut(served.String(), "\n"); ok && json.Unmarshal([]byte(line), &info) == nil && len(info.Addrs) > 0 {
-			addr = info.Addrs[0]
+		for _, line := range strings.Split(served.String(), "\n") {
+			var info struct{ Addrs []string }
+			if json.Unmarshal([]byte(line), &info) == nil && len(info.Addrs) > 0 {
+				addr = info.Addrs[0]
+			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,10 +10,12 @@ import (
 	"slices"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/netem"
+	"github.com/skyhive/skyhive/p2p"
 )
 
 // Flag groups shared by the commands, so that one name means one thing,
@@ -150,4 +153,92 @@ func legacyTrainArgs(args []string, warn io.Writer) []string {
 		return out
 	}
 	return args
+}
+
+// connectFlags are how a long-running command joins the network: where it
+// listens and what it announces, its identity, the swarm's DHT peers, and
+// NAT traversal.
+type connectFlags struct {
+	listen       []string
+	announce     []string
+	identity     string
+	dht          []string
+	relays       []string
+	relayService bool
+	holePunching bool
+	autoNAT      bool
+	reachability string
+}
+
+// register adds the group; dht describes --dht for this command.
+func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
+	fl.StringSliceVar(&c.listen, "listen", nil, "multiaddrs to listen on (default: all interfaces, TCP and QUIC, free ports)")
+	fl.StringSliceVar(&c.announce, "announce", nil, "multiaddrs to announce instead of the listen addresses (e.g. a public address with a forwarded port)")
+	fl.StringVar(&c.identity, "identity", "", "private key file (created if missing), for a stable peer ID")
+	fl.StringSliceVar(&c.dht, "dht", nil, dht)
+	fl.StringSliceVar(&c.relays, "relay", nil, "circuit relays to reserve a slot on when not publicly reachable (multiaddrs ending in /p2p/ID)")
+	fl.BoolVar(&c.relayService, "relay-service", false, "relay connections for peers behind NATs (when publicly reachable)")
+	fl.BoolVar(&c.holePunching, "hole-punching", true, "upgrade relayed connections to direct ones by hole punching (DCUtR)")
+	fl.BoolVar(&c.autoNAT, "autonat", true, "learn this peer's reachability from others (AutoNAT) and answer their probes")
+	fl.StringVar(&c.reachability, "reachability", "auto", "auto (AutoNAT decides), public or private (behind a NAT: use --relay)")
+	renameFlags(fl, map[string]string{"bootstrap": "dht"})
+}
+
+// config is the host configuration the flags describe.
+func (c *connectFlags) config() (p2p.Config, error) {
+	cfg := p2p.Config{ListenAddrs: c.listen, AnnounceAddrs: c.announce, IdentityFile: c.identity,
+		RelayService: c.relayService, HolePunching: c.holePunching, AutoNAT: c.autoNAT, RelayClient: true}
+	var err error
+	if cfg.StaticRelays, err = p2p.ParseAddrInfos(c.relays); err != nil {
+		return cfg, fmt.Errorf("--relay: %w", err)
+	}
+	switch c.reachability {
+	case "auto":
+	case "public":
+		cfg.Reachability = p2p.ReachabilityPublic
+	case "private":
+		cfg.Reachability = p2p.ReachabilityPrivate
+	default:
+		return cfg, fmt.Errorf("--reachability: want auto, public or private, got %q", c.reachability)
+	}
+	return cfg, nil
+}
+
+// seeds parses --dht.
+func (c *connectFlags) seeds() ([]peer.AddrInfo, error) {
+	s, err := p2p.ParseAddrInfos(c.dht)
+	if err != nil {
+		return nil, fmt.Errorf("--dht: %w", err)
+	}
+	return s, nil
+}
+
+// printReach prints where others reach a peer and whether they can.
+func printReach(w io.Writer, r p2p.Reach) {
+	fmt.Fprintln(w, "reachable at:")
+	for _, a := range r.Addrs {
+		fmt.Fprintf(w, "  %s\n", a)
+	}
+	fmt.Fprintln(w, r)
+}
+
+// reportReach prints h's addresses and reachability now (to w, or as one
+// JSON line to jsonOut if it is set) and, on w, whenever AutoNAT's
+// verdict changes until ctx ends or h closes.
+func reportReach(ctx context.Context, h *p2p.Host, w, jsonOut io.Writer) {
+	r := h.Reach()
+	if jsonOut != nil {
+		_ = json.NewEncoder(jsonOut).Encode(map[string]any{"peer": h.ID().String(), "addrs": r.Addrs, "reach": r})
+	} else {
+		fmt.Fprintf(w, "peer %s\n", h.ID())
+		printReach(w, r)
+	}
+	go func() {
+		_ = h.WatchReach(ctx, func(n p2p.Reach) {
+			if n.Status != r.Status {
+				r = n
+				fmt.Fprintln(w, n)
+			}
+		})
+	}()
 }

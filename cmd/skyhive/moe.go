@@ -239,8 +239,7 @@ func (m *moeFlags) report(w io.Writer, res moeResult) error {
 // moeTrainFlags are the options of `skyhive train moe`.
 type moeTrainFlags struct {
 	moeFlags
-	dht    []string
-	listen []string
+	net connectFlags
 }
 
 func newTrainMoECmd() *cobra.Command {
@@ -259,25 +258,29 @@ func newTrainMoECmd() *cobra.Command {
 	}
 	fl := cmd.Flags()
 	m.register(fl, 0)
-	fl.StringSliceVar(&m.dht, "dht", nil, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
-	fl.StringSliceVar(&m.listen, "listen", []string{"/ip4/127.0.0.1/tcp/0"}, "multiaddrs to listen on")
+	m.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
 	return cmd
 }
 
 // run trains the local layers of a DMoE model against a live swarm.
 func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	ctx := cmd.Context()
-	if len(m.dht) == 0 {
+	if len(m.net.dht) == 0 {
 		return errors.New("--dht is required: the address of the swarm's DHT, e.g. printed by `skyhive server` or `skyhive dht`")
 	}
 	grids, err := parseGrids(m.grids)
 	if err != nil {
 		return fmt.Errorf("--grids: %w", err)
 	}
-	seeds, err := parseBootstrap(m.dht)
+	seeds, err := m.net.seeds()
 	if err != nil {
-		return fmt.Errorf("--dht: %w", err)
+		return err
 	}
+	hcfg, err := m.net.config()
+	if err != nil {
+		return err
+	}
+	hcfg.MaxMessageBytes = 256 << 20
 	link, err := m.emulated()
 	if err != nil {
 		return err
@@ -286,11 +289,12 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	h, err := p2p.New(ctx, p2p.Config{ListenAddrs: m.listen, MaxMessageBytes: 256 << 20})
+	h, err := p2p.New(ctx, hcfg)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
+	reportReach(ctx, h, cmd.ErrOrStderr(), nil)
 	tr, err := emulateLink(h, link, m.train.cfg.Seed)
 	if err != nil {
 		return err

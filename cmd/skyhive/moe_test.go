@@ -31,7 +31,7 @@ func TestServerAndMoETraining(t *testing.T) {
 	var served syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- runCLI(serveCtx, &served, "server", "--experts", "ffn.[0:2].[0:2]", "--hidden", "32",
+		done <- runCLI(serveCtx, &served, "server", "--listen", "/ip4/127.0.0.1/tcp/0", "--experts", "ffn.[0:2].[0:2]", "--hidden", "32",
 			"--checkpoint", ckpt, "--stats-every", "200ms", "--declare-every", "2s", "--stats", serverStats)
 	}()
 	var addr string
@@ -49,7 +49,7 @@ func TestServerAndMoETraining(t *testing.T) {
 		t.Fatalf("server printed no address:\n%s", served.String())
 	}
 	var out syncBuffer
-	err := runCLI(ctx, &out, "train", "moe", "--dht", addr, "--grids", "ffn.2.2", "--hidden", "32",
+	err := runCLI(ctx, &out, "train", "moe", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--grids", "ffn.2.2", "--hidden", "32",
 		"--k-best", "2", "--epochs", "1", "--limit", "1024", "--batch", "64", "--eval-limit", "500", "--trainers", "2",
 		"--stats", trainStats, "--latency", "1ms")
 	stop()

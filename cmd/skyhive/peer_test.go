@@ -165,7 +165,7 @@ func TestPeerProcessesTrainTogether(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second)
 	unreachable := "/ip4/127.0.0.1/tcp/1/p2p/" + strings.TrimPrefix(dhtAddr[strings.LastIndex(dhtAddr, "/p2p/"):], "/p2p/")
-	bad("unreachable DHT", "cannot join the DHT", "peer", "--dht", unreachable, "--join-timeout", "3s", "--quiet")
+	bad("unreachable DHT", "cannot join the DHT", "peer", "--dht", unreachable, "--listen", "/ip4/127.0.0.1/tcp/0", "--join-timeout", "3s", "--quiet")
 	bad("wrong run ID", "--run-id", append(append([]string{}, common...), "--run-id", "e2e-typo", "--wait-peers", "5s")...)
 	bad("other model", "model", append(append([]string{}, common...), "--model", "mlp", "--wait-peers", "10s")...)
 

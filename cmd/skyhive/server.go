@@ -23,7 +23,7 @@ type serverFlags struct {
 	expertType   string
 	hidden       int
 	heads        int
-	dht          dhtFlags
+	net          connectFlags
 	minBatch     int
 	maxBatch     int
 	batchTimeout time.Duration
@@ -62,9 +62,7 @@ func newServerCmd() *cobra.Command {
 	fl.StringVar(&f.expertType, "expert-type", server.TypeFFN, "expert type: ffn (x + FFN(LN(x))) or transformer (BERT encoder layer)")
 	fl.IntVar(&f.hidden, "hidden", 1024, "experts' hidden size")
 	fl.IntVar(&f.heads, "heads", 0, "attention heads of transformer experts (0: hidden/64)")
-	fl.StringSliceVar(&f.dht.bootstrap, "dht", nil, "DHT peers to join (multiaddrs ending in /p2p/ID); none: this server starts a DHT")
-	fl.StringSliceVar(&f.dht.listen, "listen", []string{"/ip4/127.0.0.1/tcp/0"}, "multiaddrs to listen on")
-	fl.StringVar(&f.dht.identity, "identity", "", "private key file (created if missing), for a stable peer ID")
+	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (none: this server starts a DHT)")
 	fl.IntVar(&f.minBatch, "min-batch", 1, "rows an expert's queue waits for before it runs")
 	fl.IntVar(&f.maxBatch, "max-batch", 4096, "maximum rows per batch (and per request)")
 	fl.DurationVar(&f.batchTimeout, "batch-timeout", 2*time.Millisecond, "longest wait for --min-batch rows")
@@ -90,11 +88,16 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	if err != nil {
 		return err
 	}
-	seeds, err := parseBootstrap(f.dht.bootstrap)
+	seeds, err := f.net.seeds()
 	if err != nil {
 		return err
 	}
-	h, err := p2p.New(ctx, p2p.Config{IdentityFile: f.dht.identity, ListenAddrs: f.dht.listen, MaxMessageBytes: 256 << 20})
+	hcfg, err := f.net.config()
+	if err != nil {
+		return err
+	}
+	hcfg.MaxMessageBytes = 256 << 20
+	h, err := p2p.New(ctx, hcfg)
 	if err != nil {
 		return err
 	}
@@ -105,20 +108,12 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	}
 	defer node.Close()
 	out := cmd.OutOrStdout()
-	var addrs []string
-	for _, a := range h.AddrInfo().Addrs {
-		addrs = append(addrs, fmt.Sprintf("%s/p2p/%s", a, h.ID()))
-	}
+	var jsonOut io.Writer
 	if f.out.json {
-		if err := json.NewEncoder(out).Encode(map[string]any{"peer": h.ID().String(), "addrs": addrs, "experts": len(uids)}); err != nil {
-			return err
-		}
-	} else {
-		fmt.Fprintf(out, "expert server %s hosting %d %s experts (hidden %d), listening on:\n", h.ID(), len(uids), f.expertType, f.hidden)
-		for _, a := range addrs {
-			fmt.Fprintf(out, "  %s\n", a)
-		}
+		jsonOut = out
 	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "expert server hosting %d %s experts (hidden %d)\n", len(uids), f.expertType, f.hidden)
+	reportReach(ctx, h, out, jsonOut)
 	if len(seeds) > 0 {
 		bctx, cancel := context.WithTimeout(ctx, time.Minute)
 		err := node.Bootstrap(bctx, seeds)

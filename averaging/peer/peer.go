@@ -284,6 +284,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	defer h.Close()
+	h.ServeDialback()
 	if cfg.Reach != nil {
 		wctx, stop := context.WithCancel(ctx)
 		watched := make(chan struct{})

@@ -193,6 +193,7 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 	}
 	defer h.Close()
 	defer n.Close()
+	h.ServeDialback()
 	var jsonOut io.Writer
 	if f.out.json {
 		jsonOut = cmd.OutOrStdout()

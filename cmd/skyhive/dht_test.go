@@ -98,6 +98,15 @@ func TestDHTCommands(t *testing.T) {
 	if err := runCLI(ctx, &out, "dht", "get", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "missing"); err == nil {
 		t.Fatal("get of a missing key succeeded")
 	}
+	// doctor: the DHT node dials this host back over loopback.
+	var doc syncBuffer
+	if err := runCLI(ctx, &doc, "doctor", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--json"); err != nil {
+		t.Fatalf("doctor: %v\n%s", err, doc.String())
+	}
+	var rep doctorReport
+	if err := json.Unmarshal([]byte(doc.String()), &rep); err != nil || !rep.Reachable || len(rep.Seen) != 1 {
+		t.Fatalf("doctor reported %+v (%v):\n%s", rep, err, doc.String())
+	}
 	if err := runCLI(ctx, &out, "dht", "put", "--bootstrap", "/ip4/127.0.0.1/tcp/1", "k", "v"); err == nil {
 		t.Fatal("bootstrap address without /p2p accepted")
 	}

@@ -54,6 +54,7 @@ func newRootCmd() *cobra.Command {
 		newWorkerCmd(),
 		newServerCmd(),
 		newPeerCmd(),
+		newDoctorCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

@@ -102,6 +102,7 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 		return err
 	}
 	defer h.Close()
+	h.ServeDialback()
 	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID())})
 	if err != nil {
 		return err

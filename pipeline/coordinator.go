@@ -25,14 +25,14 @@ import (
 type CoordinatorConfig struct {
 	// Transport, if set, is the network the coordinator uses (e.g. a
 	// memnet peer); the caller closes it. Otherwise the coordinator starts
-	// a libp2p host from ListenAddrs, IdentityFile and MaxMessageBytes and
-	// closes it in Close.
+	// a libp2p host from Host and closes it in Close.
 	Transport p2p.Transport
-	// ListenAddrs default to /ip4/127.0.0.1/tcp/0.
-	ListenAddrs []string
-	// IdentityFile keeps the coordinator's peer ID across restarts, so
-	// workers can be started with a fixed --join address.
-	IdentityFile string
+	// Host configures that host: listen addresses (default
+	// /ip4/127.0.0.1/tcp/0), announce addresses, identity file (keeps the
+	// peer ID across restarts, so workers can be started with a fixed
+	// --join address), relays and NAT traversal. Its MaxMessageBytes and
+	// Logger come from the fields below.
+	Host p2p.Config
 	// MaxMessageBytes bounds one RPC message (default
 	// DefaultMaxMessageBytes).
 	MaxMessageBytes int
@@ -100,8 +100,8 @@ func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, e
 	if cfg.Transport != nil && cfg.Network != nil {
 		return nil, errors.New("pipeline: emulated links proxy TCP and need the coordinator's own libp2p host, not a given transport")
 	}
-	if len(cfg.ListenAddrs) == 0 {
-		cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	if len(cfg.Host.ListenAddrs) == 0 {
+		cfg.Host.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
 	}
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
@@ -111,12 +111,9 @@ func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, e
 	}
 	c := &Coordinator{tr: cfg.Transport, log: cfg.Logger, routes: direct{}, changed: make(chan struct{})}
 	if c.tr == nil {
-		h, err := p2p.New(ctx, p2p.Config{
-			IdentityFile:    cfg.IdentityFile,
-			ListenAddrs:     cfg.ListenAddrs,
-			MaxMessageBytes: cfg.MaxMessageBytes,
-			Logger:          cfg.Logger,
-		})
+		hcfg := cfg.Host
+		hcfg.MaxMessageBytes, hcfg.Logger = cfg.MaxMessageBytes, cfg.Logger
+		h, err := p2p.New(ctx, hcfg)
 		if err != nil {
 			return nil, fmt.Errorf("pipeline: coordinator host: %w", err)
 		}

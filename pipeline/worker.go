@@ -26,15 +26,13 @@ type WorkerConfig struct {
 	Join string
 	// Transport, if set, is the network the worker uses (e.g. a memnet
 	// peer); the caller closes it. Otherwise the worker starts a libp2p
-	// host from ListenAddrs, IdentityFile and MaxMessageBytes and closes
-	// it in Close.
+	// host from Host and closes it in Close.
 	Transport p2p.Transport
-	// ListenAddrs are the worker's libp2p listen addresses (default
-	// /ip4/127.0.0.1/tcp/0).
-	ListenAddrs []string
-	// IdentityFile keeps the worker's key across restarts (default
-	// ephemeral).
-	IdentityFile string
+	// Host configures that host: listen addresses (default
+	// /ip4/127.0.0.1/tcp/0), announce addresses, identity file (default an
+	// ephemeral key), relays and NAT traversal. The worker sets its message
+	// limits, idle timeout and logger.
+	Host p2p.Config
 	// Slowdown ≥ 1 emulates a slower device: after each piece of compute
 	// that used c of CPU time, the worker sleeps (Slowdown−1)·c
 	// (swarm.Device.Throttle). 0 means 1. Ignored when Device is set.
@@ -59,6 +57,10 @@ type WorkerConfig struct {
 	MaxMessageBytes int
 	// Logger receives events; nil discards them.
 	Logger *slog.Logger
+	// Reach, if set, is called with where others reach the worker's own
+	// host (not an injected Transport), now and whenever AutoNAT's verdict
+	// changes, until the worker closes.
+	Reach func(p2p.Reach)
 }
 
 // Worker serves one pipeline stage: it holds a contiguous block of a
@@ -127,28 +129,29 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
-	if len(cfg.ListenAddrs) == 0 {
-		cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	if len(cfg.Host.ListenAddrs) == 0 {
+		cfg.Host.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	w := &Worker{cfg: cfg, tr: cfg.Transport, log: cfg.Logger, coord: *coord, dev: dev, box: newInbox(0, nil, nil), stop: make(chan struct{})}
 	if w.tr == nil {
-		h, err := p2p.New(ctx, p2p.Config{
-			IdentityFile:    cfg.IdentityFile,
-			ListenAddrs:     cfg.ListenAddrs,
-			MaxMessageBytes: cfg.MaxMessageBytes,
-			MaxStreamBytes:  int64(cfg.MaxMessageBytes) * maxMicro,
-			// An activation stream stays open for a whole iteration and may
-			// wait for a slow neighbour's compute between messages.
-			IdleTimeout: streamIdleTimeout,
-			Logger:      cfg.Logger,
-		})
+		hcfg := cfg.Host
+		hcfg.MaxMessageBytes = cfg.MaxMessageBytes
+		hcfg.MaxStreamBytes = int64(cfg.MaxMessageBytes) * maxMicro
+		// An activation stream stays open for a whole iteration and may
+		// wait for a slow neighbour's compute between messages.
+		hcfg.IdleTimeout = streamIdleTimeout
+		hcfg.Logger = cfg.Logger
+		h, err := p2p.New(ctx, hcfg)
 		if err != nil {
 			return nil, fmt.Errorf("pipeline: worker host: %w", err)
 		}
 		w.tr, w.own = h, h
+		if cfg.Reach != nil {
+			go func() { _ = h.WatchReach(context.WithoutCancel(ctx), cfg.Reach) }()
+		}
 	}
 	w.dial = transportDialer(w.tr)
 	if w.cfg.Name == "" {

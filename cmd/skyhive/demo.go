@@ -133,7 +133,7 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) (demoResult,
 	if err != nil {
 		return res, fmt.Errorf("locating the skyhive binary: %w", err)
 	}
-	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}})
+	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{})
 	if err != nil {
 		return res, err
 	}

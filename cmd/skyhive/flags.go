@@ -170,18 +170,21 @@ type connectFlags struct {
 	reachability string
 }
 
-// register adds the group; dht describes --dht for this command.
+// register adds the group; dht describes --dht for this command, which
+// has none if dht is empty.
 func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
 	fl.StringSliceVar(&c.listen, "listen", nil, "multiaddrs to listen on (default: all interfaces, TCP and QUIC, free ports)")
 	fl.StringSliceVar(&c.announce, "announce", nil, "multiaddrs to announce instead of the listen addresses (e.g. a public address with a forwarded port)")
 	fl.StringVar(&c.identity, "identity", "", "private key file (created if missing), for a stable peer ID")
-	fl.StringSliceVar(&c.dht, "dht", nil, dht)
+	if dht != "" {
+		fl.StringSliceVar(&c.dht, "dht", nil, dht)
+		renameFlags(fl, map[string]string{"bootstrap": "dht"})
+	}
 	fl.StringSliceVar(&c.relays, "relay", nil, "circuit relays to reserve a slot on when not publicly reachable (multiaddrs ending in /p2p/ID)")
 	fl.BoolVar(&c.relayService, "relay-service", false, "relay connections for peers behind NATs (when publicly reachable)")
 	fl.BoolVar(&c.holePunching, "hole-punching", true, "upgrade relayed connections to direct ones by hole punching (DCUtR)")
 	fl.BoolVar(&c.autoNAT, "autonat", true, "learn this peer's reachability from others (AutoNAT) and answer their probes")
 	fl.StringVar(&c.reachability, "reachability", "auto", "auto (AutoNAT decides), public or private (behind a NAT: use --relay)")
-	renameFlags(fl, map[string]string{"bootstrap": "dht"})
 }
 
 // config is the host configuration the flags describe.

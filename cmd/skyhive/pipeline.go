@@ -28,8 +28,7 @@ type pipelineFlags struct {
 	slowdownMax     float64
 	memCaps         string
 	joinWait        int
-	listen          []string
-	identity        string
+	net             connectFlags
 	planFile        string
 	strategy        string
 	schedule        string
@@ -56,7 +55,9 @@ func newTrainPipelineCmd() *cobra.Command {
 			"--checkpoint-every iterations, re-plan when a worker fails or its speed drifts, and\n" +
 			"evaluate at the end. --workers N starts local `skyhive worker` processes; --join-wait N\n" +
 			"waits for workers on other machines (it prints the `skyhive worker --join` command).\n" +
-			"--regions or --latency/--bandwidth emulate wide-area links between local workers.",
+			"--regions or --latency/--bandwidth emulate wide-area links between local workers. With\n" +
+			"local workers only (no --join-wait) the coordinator listens on loopback unless --listen says\n" +
+			"otherwise; with --join-wait it prints where workers reach it and whether they can.",
 		Example: "  skyhive train pipeline --workers 4 --slowdown-max 3 --strategy skyhive --steps 300\n" +
 			"  skyhive train pipeline --workers 4 --model deep-mlp:128x8 --latency 100ms --bandwidth 50\n" +
 			"  skyhive train pipeline --listen /ip4/0.0.0.0/tcp/4001 --identity coord.key --join-wait 4",
@@ -73,8 +74,7 @@ func newTrainPipelineCmd() *cobra.Command {
 	fl.Float64Var(&p.slowdownMax, "slowdown-max", 1, "draw local workers' slowdowns from U[1,MAX] (seeded by --seed)")
 	fl.StringVar(&p.memCaps, "mem-caps", "", "comma-separated memory cap in bytes per local worker")
 	fl.IntVar(&p.joinWait, "join-wait", 0, "wait for N external workers to join (skyhive worker --join ADDR)")
-	fl.StringSliceVar(&p.listen, "listen", []string{"/ip4/127.0.0.1/tcp/0"}, "coordinator listen multiaddrs")
-	fl.StringVar(&p.identity, "identity", "", "coordinator key file (created if missing), for a stable --join address")
+	p.net.register(fl, "")
 	fl.StringVar(&p.planFile, "plan", "", "fixed initial plan JSON {\"stages\":[{\"device\":0,\"first\":0,\"last\":4},...]}")
 	fl.StringVar(&p.strategy, "strategy", "skyhive", "allocation strategy ("+strings.Join(alloc.StrategyNames(), ", ")+")")
 	fl.StringVar(&p.schedule, "schedule", "1f1b", "schedule (sequential, gpipe, 1f1b)")
@@ -218,11 +218,21 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{ListenAddrs: p.listen, IdentityFile: p.identity, Network: netw, Region: p.coordRegion})
+	hcfg, err := p.net.config()
+	if err != nil {
+		return err
+	}
+	if len(hcfg.ListenAddrs) == 0 && p.joinWait == 0 {
+		hcfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"} // local workers only
+	}
+	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{Host: hcfg, Network: netw, Region: p.coordRegion})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	if p.joinWait > 0 {
+		reportReach(ctx, c.Host(), out, nil)
+	}
 	var local *swarm.LocalProcs
 	if p.workers > 0 {
 		sl, err := p.localSlowdowns(f.cfg.Seed)

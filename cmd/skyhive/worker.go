@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/spf13/cobra"
 )
 
 func newWorkerCmd() *cobra.Command {
 	var cfg pipeline.WorkerConfig
+	var net connectFlags
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "worker --join ADDR",
@@ -32,7 +34,12 @@ func newWorkerCmd() *cobra.Command {
 				level = slog.LevelInfo
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			err := pipeline.RunWorker(cmd.Context(), cfg)
+			var err error
+			if cfg.Host, err = net.config(); err != nil {
+				return err
+			}
+			cfg.Reach = func(r p2p.Reach) { printReach(cmd.ErrOrStderr(), r) }
+			err = pipeline.RunWorker(cmd.Context(), cfg)
 			if errors.Is(err, pipeline.ErrCoordinatorAddr) {
 				return fmt.Errorf("--join: %w", err)
 			}
@@ -42,8 +49,7 @@ func newWorkerCmd() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&cfg.Join, "join", "", "coordinator multiaddr ending in /p2p/<peer id> (required)")
 	fl.StringVar(&cfg.Name, "name", "", "name shown in the coordinator's tables (default: peer ID)")
-	fl.StringSliceVar(&cfg.ListenAddrs, "listen", []string{"/ip4/127.0.0.1/tcp/0"}, "libp2p listen multiaddrs (use /ip4/0.0.0.0/tcp/PORT across machines)")
-	fl.StringVar(&cfg.IdentityFile, "identity", "", "private key file to keep the peer ID across restarts")
+	net.register(fl, "")
 	fl.Float64Var(&cfg.Slowdown, "slowdown", 1, "emulated slowdown factor (>= 1)")
 	fl.StringVar(&cfg.Region, "region", "", "network region of this worker (plans group stages by region; required by coordinators that emulate links)")
 	fl.Int64Var(&cfg.MemCap, "mem-cap", 0, "memory cap in bytes for the assigned layers (0: none)")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -180,15 +181,27 @@ func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]b
 		}
 		ai.Addrs = append(ai.Addrs, a)
 	}
+	if req.Name == "" {
+		req.Name = from.ShortString()
+	}
+	// Names label plans and tables, so they must be unique: several workers
+	// on one host (srun --ntasks-per-node>1) all send its host name.
+	c.mu.Lock()
+	req.Name = uniqueName(req.Name, func(n string) bool {
+		for _, w := range c.workers {
+			if w.Name == n && w.Peer.ID != from {
+				return true
+			}
+		}
+		return false
+	})
+	c.mu.Unlock()
 	reach, err := c.routes.admit(req.Name, req.Region, ai)
 	if err != nil {
 		return nil, err
 	}
 	if c.routes.pinned() {
 		pinAddrs(c.tr, from, reach.Addrs)
-	}
-	if req.Name == "" {
-		req.Name = from.ShortString()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -210,6 +223,16 @@ func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]b
 	close(c.changed)
 	c.changed = make(chan struct{})
 	return encodeMsg(registerResp{Index: idx}, nil)
+}
+
+// uniqueName returns name, or name-2, name-3, … the first that is not
+// taken.
+func uniqueName(name string, taken func(string) bool) string {
+	n := name
+	for i := 2; taken(n); i++ {
+		n = name + "-" + strconv.Itoa(i)
+	}
+	return n
 }
 
 // Workers returns copies of the registered workers' descriptions.

@@ -75,8 +75,9 @@ type TrainOptions struct {
 
 // TrainResult summarises a Train run.
 type TrainResult struct {
-	// Iterations is the session's iteration count at the end.
-	Iterations int
+	// Iterations is the session's iteration count at the end; Ran is how
+	// many of them this call ran (fewer after a resume from a checkpoint).
+	Iterations, Ran int
 	// Duration is the wall time of the iterations run.
 	Duration time.Duration
 	// Last is the last iteration's stats (zero if none ran).
@@ -122,6 +123,7 @@ func (s *Session) Train(ctx context.Context, o TrainOptions) (TrainResult, error
 			return res, err
 		}
 		res.Last = st
+		res.Ran++
 		lossSum += st.Loss
 		lossN++
 		if enc != nil {

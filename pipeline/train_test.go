@@ -80,7 +80,7 @@ func TestTrainLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := epochs * l.Len()
-	if res.Iterations != want || len(before) != want || len(iters) != want || s.Iter() != want {
+	if res.Iterations != want || res.Ran != want || len(before) != want || len(iters) != want || s.Iter() != want {
 		t.Fatalf("%d iterations, %d BeforeStep and %d OnIteration calls; want %d each", res.Iterations, len(before), len(iters), want)
 	}
 	for i := range want {

@@ -6,11 +6,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 
+	"github.com/libp2p/go-libp2p/gologshim"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -61,15 +64,29 @@ func newRootCmd() *cobra.Command {
 }
 
 func main() {
+	// libp2p logs a failed start (e.g. a port in use) before returning the
+	// error, which skyhive prints once, with a hint; GOLOG_LOG_LEVEL turns
+	// libp2p's logs back on.
+	if os.Getenv("GOLOG_LOG_LEVEL") == "" {
+		gologshim.SetDefaultHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 4}))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	root := newRootCmd()
 	root.SetArgs(legacyTrainArgs(os.Args[1:], os.Stderr))
 	err := root.ExecuteContext(ctx)
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "skyhive:", err)
+		fmt.Fprintln(os.Stderr, "skyhive:", withHint(err))
 		os.Exit(1)
 	}
+}
+
+// withHint adds what to do to errors from below the CLI that name no flag.
+func withHint(err error) error {
+	if strings.Contains(err.Error(), "address already in use") {
+		return fmt.Errorf("%w (a --listen port is taken, perhaps by another skyhive: choose another port, or 0 for a free one)", err)
+	}
+	return err
 }
 
 // startCPUProfile starts a CPU profile written to path ("" does nothing)

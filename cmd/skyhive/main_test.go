@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -188,5 +190,20 @@ func TestTrainLocalJSONAndStats(t *testing.T) {
 	var e train.EpochStats
 	if err := json.Unmarshal([]byte(lines[1]), &e); err != nil || e.Epoch != 2 {
 		t.Fatalf("second line %q: %+v, %v", lines[1], e, err)
+	}
+}
+
+// A port in use is an error that says what to do; it ends the command.
+func TestPortInUseSaysWhatToDo(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	var out syncBuffer
+	err = runCLI(context.Background(), &out, "dht", "--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port))
+	if err == nil || !strings.Contains(withHint(err).Error(), "choose another port") {
+		t.Fatalf("got %v", err)
 	}
 }

@@ -34,9 +34,9 @@ func pipelineSuite() Suite {
 // Pipeline bench geometry. Every emulated device is pipeBaseSlowdown
 // times slower than one core of this machine, times a factor drawn from
 // U[1, pipeMaxSlowdown] as in Sky Computing's experiments. A worker sleeps
-// (F−1)× the CPU time of each op, so eight workers that compute at once
-// need far less than the two cores and co-located processes barely slow
-// each other, as separate machines would not.
+// (F−1)× the busy time of each op (see docs/pipeline.md), so eight workers
+// that compute at once need far less than the two cores and co-located
+// processes barely slow each other, as separate machines would not.
 const (
 	pipeBaseSlowdown = 4.0
 	pipeMaxSlowdown  = 6.0

@@ -61,7 +61,7 @@ func (s *Session) profile(ctx context.Context) error {
 	done := func(w WorkerInfo, resp profileResp) {
 		s.c.setSpeed(w.Index, resp.FLOPS)
 		overs = append(overs, resp.Overshoot)
-		fmt.Fprintf(s.cfg.Log, "worker %-8s slowdown %5.2f  region %-8s %6.2f GFLOP/s  (emulated %.1f ms for %.1f ms CPU at batch %d, %.2f ms late)\n",
+		fmt.Fprintf(s.cfg.Log, "worker %-8s slowdown %5.2f  region %-8s %6.2f GFLOP/s  (emulated %.1f ms for %.1f ms busy at batch %d, %.2f ms late)\n",
 			w.Name, w.Slowdown, regionOf(w), resp.FLOPS/1e9, 1e3*resp.Seconds, 1e3*resp.CPU, mb, 1e3*resp.Overshoot)
 		n++
 	}

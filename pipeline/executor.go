@@ -178,7 +178,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 	var resp iterResp
 	states := make([]nn.State, m)
 	dlogits := make([]*tensor.Tensor, m)
-	var compute, idle, cpu time.Duration
+	var compute, idle, busy time.Duration
 	var opErr error
 	for _, op := range Ops(req.Schedule, st.req.Stage, st.req.Stages, m) {
 		n := req.Sizes[op.Micro]
@@ -232,10 +232,10 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 			result = st.model.Backward(states[op.Micro], in)
 			states[op.Micro], dlogits[op.Micro] = nil, nil
 		}
-		wl, c := clk.stop()
-		cpu += c
+		wl, b := clk.stop()
+		busy += b
 		// The emulated device finishes the op, then its result leaves.
-		w.throttle(ctx, wl, c)
+		w.throttle(ctx, wl, b)
 		compute += time.Since(t0)
 		switch {
 		case !op.Backward && !st.last():
@@ -267,7 +267,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 			resp.GradSq += float64(g) * float64(g)
 		}
 	}
-	resp.Compute, resp.Idle, resp.Comm, resp.CPU = compute.Seconds(), idle.Seconds(), comm.Seconds(), cpu.Seconds()
+	resp.Compute, resp.Idle, resp.Comm, resp.CPU = compute.Seconds(), idle.Seconds(), comm.Seconds(), busy.Seconds()
 	resp.Wall = time.Since(start).Seconds()
 	return resp, nil
 }

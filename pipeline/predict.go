@@ -9,18 +9,18 @@ import (
 )
 
 // costModel holds what the coordinator measured to predict iteration
-// times: every layer's forward and backward CPU seconds at the batch sizes
+// times: every layer's forward and backward busy seconds at the batch sizes
 // the schedules use (timed without slowdown on the first profiled worker,
-// the reference), the reference's whole-model CPU time at the profiling
-// size, and the optimizer step's CPU time per parameter.
+// the reference), the reference's whole-model busy time at the profiling
+// size, and the optimizer step's busy time per parameter.
 //
-// A device's factor φ is its emulated (or real) time per reference CPU
+// A device's factor φ is its emulated (or real) time per reference busy
 // second: φ = FLOPs(profile batch) / (speed · refTotal). An op of c
-// reference CPU seconds takes φ·c on it.
+// reference busy seconds takes φ·c on it.
 type costModel struct {
 	profBatch     int
 	modelFLOPs    float64 // whole-model forward+backward FLOPs at profBatch
-	refTotal      float64 // reference CPU seconds of the whole model at profBatch
+	refTotal      float64 // reference busy seconds of the whole model at profBatch
 	fwd, bwd      map[int][]float64
 	optimPerParam float64
 	// opOverhead is added to every op and every message: the measured
@@ -41,7 +41,7 @@ func (cm *costModel) sizes() []int {
 	return out
 }
 
-// layerTimes returns per-layer forward and backward reference CPU seconds
+// layerTimes returns per-layer forward and backward reference busy seconds
 // for a micro-batch of n examples: measured at n, or scaled linearly from
 // the nearest calibrated size.
 func (cm *costModel) layerTimes(n int) (fwd, bwd []float64) {
@@ -70,14 +70,14 @@ func (cm *costModel) factor(speed float64) float64 {
 // allocModel returns the allocator's model for a batch in m micro-batches:
 // each layer's work is its calibrated time at the micro-batch size, times
 // m, in the FLOP unit of the devices' speeds, so that alloc's stage
-// compute (work/speed) is φ·(reference CPU seconds) for the whole batch.
+// compute (work/speed) is φ·(reference busy seconds) for the whole batch.
 func (cm *costModel) allocModel(base *alloc.Model, batch, m int) *alloc.Model {
 	out := *base
 	out.Layers = append([]alloc.Layer(nil), base.Layers...)
 	out.Batch, out.MicroBatches = batch, m
 	mb := (batch + m - 1) / m
 	fwd, bwd := cm.layerTimes(mb)
-	unit := cm.modelFLOPs / cm.refTotal // FLOPs per reference CPU second
+	unit := cm.modelFLOPs / cm.refTotal // FLOPs per reference busy second
 	for i := range out.Layers {
 		out.Layers[i].FwdFLOPs = fwd[i] * float64(m) * unit
 		out.Layers[i].BwdFLOPs = bwd[i] * float64(m) * unit
@@ -114,7 +114,7 @@ type Prediction struct {
 // simulate replays one iteration of schedule sched with the micro-batch
 // sizes on the stages: every stage runs its ops (Ops) in order, an op
 // starts when its input has arrived and the stage is free and lasts φ
-// times its reference CPU time; a result is sent when the op ends, each
+// times its reference busy time; a result is sent when the op ends, each
 // direction of each link carrying one message at a time (latency plus
 // size/bandwidth). A stage answers when its ops are done and its last
 // message is acknowledged (a round trip). Dispatch sends stage 0 the

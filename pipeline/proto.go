@@ -205,15 +205,15 @@ type profileReq struct {
 type profileResp struct {
 	FLOPS   float64 `json:"flops"`   // FLOP/s at Batch, including the slowdown
 	Seconds float64 `json:"seconds"` // median emulated time of one forward+backward
-	CPU     float64 `json:"cpu"`     // median CPU time of one forward+backward
+	CPU     float64 `json:"cpu"`     // median busy time (see opClock) of one forward+backward
 	// Overshoot is how much later than its emulated time an op ends
 	// (timer and scheduling delays), median over the passes.
 	Overshoot float64 `json:"overshoot"`
-	// Fwd[i][l] and Bwd[i][l] are layer l's forward and backward CPU
+	// Fwd[i][l] and Bwd[i][l] are layer l's forward and backward busy
 	// seconds at batch size Calibrate[i].
 	Fwd [][]float64 `json:"fwd,omitempty"`
 	Bwd [][]float64 `json:"bwd,omitempty"`
-	// OptimPerParam is the CPU seconds of one optimizer step per
+	// OptimPerParam is the busy seconds of one optimizer step per
 	// parameter.
 	OptimPerParam float64 `json:"optim_per_param,omitempty"`
 }
@@ -256,7 +256,7 @@ type iterResp struct {
 	Comm    float64 `json:"comm"`
 	Idle    float64 `json:"idle"`
 	Wall    float64 `json:"wall"`
-	CPU     float64 `json:"cpu"`     // CPU time of the compute (without the emulated slowdown)
+	CPU     float64 `json:"cpu"`     // busy time of the compute (see opClock; without the emulated slowdown)
 	Loss    float64 `json:"loss"`    // last stage: mean loss over the batch
 	Correct int     `json:"correct"` // last stage: correct predictions
 	GradSq  float64 `json:"grad_sq"` // squared L2 norm of the stage's gradients

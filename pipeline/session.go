@@ -119,8 +119,8 @@ type StageTiming struct {
 	Comm    float64 `json:"comm"`
 	Idle    float64 `json:"idle"`
 	Wall    float64 `json:"wall"`
-	// CPU is the CPU time of the forward and backward passes, without
-	// the emulated slowdown.
+	// CPU is the busy time of the forward and backward passes (wall time
+	// less waits for a core, see opClock), without the emulated slowdown.
 	CPU float64 `json:"cpu"`
 	// Speed is the measured FLOP/s of the stage's forward+backward.
 	Speed float64 `json:"speed"`
@@ -142,7 +142,7 @@ type IterStats struct {
 func (s IterStats) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "iter %d  loss %.4f  acc %.3f  %.1f ms  (plan %d)\n", s.Iter, s.Loss, s.Accuracy, 1e3*s.Seconds, s.Gen)
 	for _, st := range s.Stages {
-		fmt.Fprintf(w, "  stage %d %-10s layers [%3d,%3d)  compute %7.1f ms (cpu %6.1f)  comm %6.1f ms  idle %7.1f ms  %6.2f GFLOP/s\n",
+		fmt.Fprintf(w, "  stage %d %-10s layers [%3d,%3d)  compute %7.1f ms (busy %6.1f)  comm %6.1f ms  idle %7.1f ms  %6.2f GFLOP/s\n",
 			st.Stage, st.Worker, st.First, st.Last, 1e3*st.Compute, 1e3*st.CPU, 1e3*st.Comm, 1e3*st.Idle, st.Speed/1e9)
 	}
 	if s.Event != "" {

@@ -34,7 +34,7 @@ type WorkerConfig struct {
 	// limits, idle timeout and logger.
 	Host p2p.Config
 	// Slowdown ≥ 1 emulates a slower device: after each piece of compute
-	// that used c of CPU time, the worker sleeps (Slowdown−1)·c
+	// that kept it busy for c (see opClock), the worker sleeps (Slowdown−1)·c
 	// (swarm.Device.Throttle). 0 means 1. Ignored when Device is set.
 	Slowdown float64
 	// Device, if set, is the emulated device (slowdown, pause gate); e.g.
@@ -213,22 +213,23 @@ func (w *Worker) ID() peer.ID { return w.tr.ID() }
 // e.g. to emulate a device that becomes loaded.
 func (w *Worker) SetSlowdown(f float64) { w.dev.SetSlowdown(f) }
 
-// throttle emulates the device after an op that took wall time and used
-// cpu of CPU time on this machine: the emulated device runs the op in
-// slowdown·cpu, so the worker sleeps until that much time has passed since
-// the op started. The sleep goes through swarm.Device.Throttle, which
-// sleeps (slowdown−1)·d, with d = (slowdown·cpu − wall)/(slowdown−1); it
-// also waits while the device is paused. Aiming at slowdown·cpu rather
-// than slowdown·wall keeps time lost waiting for a core (other processes
-// on the same machine, including co-located workers) out of the emulated
-// speed, as long as the worker gets at least 1/slowdown of a core.
-func (w *Worker) throttle(ctx context.Context, wall, cpu time.Duration) {
+// throttle emulates the device after an op that took wall time, busy of
+// it computing (see opClock), on this machine: the emulated device runs
+// the op in slowdown·busy, so the worker sleeps until that much time has
+// passed since the op started. The sleep goes through
+// swarm.Device.Throttle, which sleeps (slowdown−1)·d, with
+// d = (slowdown·busy − wall)/(slowdown−1); it also waits while the device
+// is paused. Aiming at slowdown·busy rather than slowdown·wall keeps time
+// lost waiting for a core (other processes on the same machine, including
+// co-located workers) out of the emulated speed, as long as the worker
+// gets at least 1/slowdown of a core.
+func (w *Worker) throttle(ctx context.Context, wall, busy time.Duration) {
 	f := w.dev.Slowdown()
 	if f <= 1 {
 		w.dev.Checkpoint(ctx)
 		return
 	}
-	d := time.Duration((f*float64(cpu) - float64(wall)) / (f - 1))
+	d := time.Duration((f*float64(busy) - float64(wall)) / (f - 1))
 	if d <= 0 {
 		w.dev.Checkpoint(ctx) // the op already took its emulated time
 		return

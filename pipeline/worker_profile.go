@@ -16,9 +16,9 @@ import (
 // onProfile times forward and backward of every layer of the whole model:
 // at req.Batch with the emulated slowdown (the device's speed), and
 // without it at each req.Calibrate size (the layers' relative costs), and
-// one optimizer step. Layer times are CPU times of the worker's thread
-// (medians over the repetitions), so other processes' use of the cores
-// does not leak into them.
+// one optimizer step. Layer times are busy times (see opClock; medians
+// over the repetitions), so other processes' use of the cores does not
+// leak into them.
 func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 	var req profileReq
 	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
@@ -49,21 +49,21 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 	resp := profileResp{}
 	// The device: whole-model passes at req.Batch, each followed by the
 	// emulated slowdown.
-	var times, cpus, overs []float64
-	_, _, err = w.timeLayers(ctx, model, req.Seed, req.Batch, req.Reps, func(wall, cpu time.Duration) {
+	var times, busys, overs []float64
+	_, _, err = w.timeLayers(ctx, model, req.Seed, req.Batch, req.Reps, func(wall, busy time.Duration) {
 		t0 := time.Now()
-		w.throttle(ctx, wall, cpu)
+		w.throttle(ctx, wall, busy)
 		slept := time.Since(t0)
 		times = append(times, (wall + slept).Seconds())
-		cpus = append(cpus, cpu.Seconds())
+		busys = append(busys, busy.Seconds())
 		// How late the emulated op ended: timer and scheduling delays.
-		target := max(time.Duration(w.dev.Slowdown()*float64(cpu)), wall)
+		target := max(time.Duration(w.dev.Slowdown()*float64(busy)), wall)
 		overs = append(overs, max(wall+slept-target, 0).Seconds())
 	})
 	if err != nil {
 		return nil, err
 	}
-	resp.Seconds, resp.CPU, resp.Overshoot = stats.Median(times), stats.Median(cpus), stats.Median(overs)
+	resp.Seconds, resp.CPU, resp.Overshoot = stats.Median(times), stats.Median(busys), stats.Median(overs)
 	resp.FLOPS = model.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs() / resp.Seconds
 	for _, n := range req.Calibrate {
 		fwd, bwd, err := w.timeLayers(ctx, model, req.Seed, n, req.Reps, nil)
@@ -79,9 +79,9 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 		for i := range req.Reps + 1 {
 			c := startOp()
 			opt.Step()
-			_, cpu := c.stop()
+			_, busy := c.stop()
 			if i > 0 {
-				steps = append(steps, cpu.Seconds())
+				steps = append(steps, busy.Seconds())
 			}
 		}
 		n := 0
@@ -95,9 +95,9 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 
 // timeLayers runs forward and backward of model on a batch of n random
 // examples reps+1 times (the first warms up) and returns each layer's
-// median forward and backward CPU seconds. after, if set, is called after
-// every pass with its wall and CPU time.
-func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, seed uint64, n, reps int, after func(wall, cpu time.Duration)) (fwd, bwd []float64, err error) {
+// median forward and backward busy seconds. after, if set, is called
+// after every pass with its wall and busy time.
+func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, seed uint64, n, reps int, after func(wall, busy time.Duration)) (fwd, bwd []float64, err error) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	x := tensor.New(n, InputFeatures)
 	tensor.FillNormal(x.Data, rng, 0, 1)
@@ -113,13 +113,13 @@ func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, seed uint
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
 		}
-		var wall, cpu time.Duration
+		var wall, busy time.Duration
 		h := x
 		for i, l := range layers {
 			c := startOp()
 			h, states[i] = l.Module.Forward(nn.Ctx{Train: true}, h)
 			dw, dc := c.stop()
-			wall, cpu = wall+dw, cpu+dc
+			wall, busy = wall+dw, busy+dc
 			if rep > 0 {
 				fs[i] = append(fs[i], dc.Seconds())
 			}
@@ -127,18 +127,18 @@ func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, seed uint
 		c := startOp()
 		_, dy := nn.SoftmaxCrossEntropy(h, y)
 		dw, dc := c.stop()
-		wall, cpu = wall+dw, cpu+dc
+		wall, busy = wall+dw, busy+dc
 		for i := len(layers) - 1; i >= 0 && dy != nil; i-- {
 			c := startOp()
 			dy = layers[i].Module.Backward(states[i], dy)
 			dw, dc := c.stop()
-			wall, cpu = wall+dw, cpu+dc
+			wall, busy = wall+dw, busy+dc
 			if rep > 0 {
 				bs[i] = append(bs[i], dc.Seconds())
 			}
 		}
 		if rep > 0 && after != nil {
-			after(wall, cpu)
+			after(wall, busy)
 		}
 	}
 	fwd, bwd = make([]float64, len(layers)), make([]float64, len(layers))

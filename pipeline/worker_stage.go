@@ -157,8 +157,8 @@ func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 	st.opt.SetLR(req.LR)
 	st.opt.Step()
 	st.opt.ZeroGrad()
-	wall, cpu := clk.stop()
-	w.throttle(ctx, wall, cpu)
+	wall, busy := clk.stop()
+	w.throttle(ctx, wall, busy)
 	st.ready, st.iter = -1, req.Iter+1
 	return encodeMsg(commitResp{Seconds: time.Since(t0).Seconds()}, nil)
 }

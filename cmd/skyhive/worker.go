@@ -23,7 +23,7 @@ func newWorkerCmd() *cobra.Command {
 			"neighbouring stages, step the stage's optimizer, and hand the layers over when the\n" +
 			"coordinator re-plans. The worker exits when the coordinator shuts it down or stops\n" +
 			"answering heartbeats.\n\n" +
-			"--slowdown F emulates a device F times slower (after each op it sleeps (F-1)x the op's CPU time);\n" +
+			"--slowdown F emulates a device F times slower (after each op it sleeps (F-1)x the op's busy time: its CPU time, or while it waits for helper threads, its wall time less waits for a core);\n" +
 			"--mem-cap refuses stages needing more memory than BYTES.",
 		Example: "  skyhive worker --join /ip4/10.0.0.1/tcp/4001/p2p/12D3KooW... --listen /ip4/0.0.0.0/tcp/0\n" +
 			"  skyhive worker --join $COORD --slowdown 2.5 --mem-cap 2000000000",

@@ -173,7 +173,8 @@ type Host struct {
 var _ Transport = (*Host)(nil)
 
 // New starts a host as configured. ctx bounds only the start-up; the host
-// runs until Close.
+// runs until Close. With StaticRelays, New reserves a slot on them and fails
+// with ErrRelay if none grants one.
 func New(ctx context.Context, cfg Config) (*Host, error) {
 	cfg = cfg.withDefaults()
 	if err := ctx.Err(); err != nil {
@@ -199,7 +200,12 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		return nil, fmt.Errorf("p2p: subscribe to reachability: %w", err)
 	}
 	hctx, cancel := context.WithCancel(context.Background())
-	return &Host{h: lh, cfg: cfg, log: cfg.Logger, ctx: hctx, cancel: cancel, reachSub: sub}, nil
+	h := &Host{h: lh, cfg: cfg, log: cfg.Logger, ctx: hctx, cancel: cancel, reachSub: sub}
+	if err := h.checkRelays(ctx); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
 }
 
 func libp2pOptions(cfg Config) ([]libp2p.Option, error) {

@@ -2,11 +2,13 @@ package p2p
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/network"
+	relayclient "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 )
@@ -135,4 +137,26 @@ func classifyReach(r Reachability, addrs []ma.Multiaddr, suffix string) Reach {
 // isRelayed reports whether a is a circuit-relay address.
 func isRelayed(a ma.Multiaddr) bool {
 	return strings.Contains(a.String(), "/p2p-circuit")
+}
+
+// ErrRelay means no static relay granted a reservation.
+var ErrRelay = errors.New("p2p: no relay granted a reservation")
+
+// checkRelays reserves a slot on each of Config.StaticRelays, so that
+// relays that are down or refuse (no relay service, or not publicly
+// reachable) are an error at start rather than a silent absence of relayed
+// addresses. One grant is enough; the host renews its reservations itself.
+func (h *Host) checkRelays(ctx context.Context) error {
+	var errs []error
+	for _, r := range h.cfg.StaticRelays {
+		if _, err := relayclient.Reserve(ctx, h.h, r); err != nil {
+			errs = append(errs, fmt.Errorf("relay %s: %w", r.ID.ShortString(), err))
+			continue
+		}
+		return nil
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrRelay, errors.Join(errs...))
 }

@@ -2,10 +2,12 @@ package p2p
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 )
 
@@ -67,5 +69,35 @@ func TestHostReach(t *testing.T) {
 			t.Errorf("%v: WatchReach reported %+v", c.r, got)
 		}
 		h.Close()
+	}
+}
+
+// A relay with the relay service grants a reservation; a peer without it
+// refuses, and New fails saying which relay.
+func TestCheckRelays(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	loop := []string{"/ip4/127.0.0.1/tcp/0"}
+	relay, err := New(ctx, Config{ListenAddrs: loop, RelayService: true, Reachability: ReachabilityPublic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	plain, err := New(ctx, Config{ListenAddrs: loop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	for _, c := range []struct {
+		relay *Host
+		ok    bool
+	}{{relay, true}, {plain, false}} {
+		h, err := New(ctx, Config{ListenAddrs: loop, StaticRelays: []peer.AddrInfo{c.relay.AddrInfo()}, Reachability: ReachabilityPrivate})
+		if err == nil {
+			h.Close()
+		}
+		if (err == nil) != c.ok || (err != nil && (!errors.Is(err, ErrRelay) || !strings.Contains(err.Error(), c.relay.ID().ShortString()))) {
+			t.Errorf("relay service %v: %v", c.ok, err)
+		}
 	}
 }

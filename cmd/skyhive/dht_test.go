@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/skyhive/skyhive/p2p"
 )
 
 // syncBuffer is a bytes.Buffer safe for one writer and one reader.
@@ -106,6 +109,12 @@ func TestDHTCommands(t *testing.T) {
 	var rep doctorReport
 	if err := json.Unmarshal([]byte(doc.String()), &rep); err != nil || !rep.Reachable || len(rep.Seen) != 1 {
 		t.Fatalf("doctor reported %+v (%v):\n%s", rep, err, doc.String())
+	}
+	// A relay that refuses (the DHT node runs no relay service) is an error
+	// that says what --relay needs.
+	err := runCLI(ctx, &doc, "doctor", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--relay", addr)
+	if !errors.Is(err, p2p.ErrRelay) || !strings.Contains(withHint(err).Error(), "--relay-service") {
+		t.Fatalf("doctor with a refusing relay: %v", err)
 	}
 	if err := runCLI(ctx, &out, "dht", "put", "--bootstrap", "/ip4/127.0.0.1/tcp/1", "k", "v"); err == nil {
 		t.Fatal("bootstrap address without /p2p accepted")

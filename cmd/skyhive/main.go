@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/libp2p/go-libp2p/gologshim"
+	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -83,6 +85,9 @@ func main() {
 
 // withHint adds what to do to errors from below the CLI that name no flag.
 func withHint(err error) error {
+	if errors.Is(err, p2p.ErrRelay) {
+		return fmt.Errorf("%w (--relay must name a publicly reachable peer started with --relay-service)", err)
+	}
 	if strings.Contains(err.Error(), "address already in use") {
 		return fmt.Errorf("%w (a --listen port is taken, perhaps by another skyhive: choose another port, or 0 for a free one)", err)
 	}

@@ -36,6 +36,10 @@ type TopologyOptions struct {
 	// than this for the link is dropped, as a router's tail drop (default
 	// 200 ms, at least one bandwidth-delay product for RTTs up to 200 ms).
 	QueueDelay time.Duration
+	// NAT lists peers behind a NAT that accepts no inbound connections:
+	// packets reach them only on flows they opened (natFilter). They join
+	// a swarm through a relay, or by hole punching.
+	NAT []peer.ID
 }
 
 // TopologyStats counts the router's packets.
@@ -44,6 +48,7 @@ type TopologyStats struct {
 	Lost        uint64 `json:"lost"`        // dropped by the loss model
 	QueueDrops  uint64 `json:"queue_drops"` // tail drops
 	Unreachable uint64 `json:"unreachable"` // partitions, blocks, crashes
+	NATDrops    uint64 `json:"nat_drops"`   // inbound packets a NAT refused
 	Other       uint64 `json:"other"`       // not IPv4 or unknown destination
 }
 
@@ -70,10 +75,12 @@ type Topology struct {
 	linkMu sync.Mutex
 	links  map[[2]int]chan routedPacket
 
+	nat []*natFilter // per peer; nil if not behind a NAT
+
 	closeOnce sync.Once
 	closeErr  error
 
-	forwarded, lost, queueDrops, unreachable, other atomic.Uint64
+	forwarded, lost, queueDrops, unreachable, natDrops, other atomic.Uint64
 }
 
 type routedPacket struct {
@@ -156,6 +163,14 @@ func NewTopology(ctx context.Context, n *Network, peers []peer.ID, opts Topology
 		t.addrs = append(t.addrs, addr)
 		t.index[addr] = i
 		t.byID[id] = i
+	}
+	t.nat = make([]*natFilter, len(t.ids))
+	for _, id := range opts.NAT {
+		i, ok := t.byID[id]
+		if !ok {
+			return nil, fmt.Errorf("netem: NAT peer %s: %w", id, ErrUnknownPeer)
+		}
+		t.nat[i] = newNATFilter()
 	}
 	for i := range t.ids {
 		if err := t.addPeer(i); err != nil {
@@ -339,6 +354,7 @@ func (t *Topology) Stats() TopologyStats {
 		Lost:        t.lost.Load(),
 		QueueDrops:  t.queueDrops.Load(),
 		Unreachable: t.unreachable.Load(),
+		NATDrops:    t.natDrops.Load(),
 		Other:       t.other.Load(),
 	}
 }
@@ -361,6 +377,15 @@ func (t *Topology) readLoop(i int) {
 		if !ok || j == i {
 			t.other.Add(1)
 			continue
+		}
+		if now := t.n.clk.Now(); t.nat[i] != nil || t.nat[j] != nil {
+			if t.nat[i] != nil {
+				t.nat[i].outbound(pkt, now)
+			}
+			if t.nat[j] != nil && !t.nat[j].inbound(pkt, now) {
+				t.natDrops.Add(1)
+				continue
+			}
 		}
 		tr, err := t.n.transmit(t.ids[i], t.ids[j], n, t.opts.QueueDelay)
 		switch {

@@ -155,3 +155,70 @@ func TestAccuracyNamespaces(t *testing.T) {
 			MeasureOptions{Pings: 10, Warmup: 2 * time.Second, Duration: 2 * time.Second})
 	})
 }
+
+// TestTopologyNAT: a peer behind the NAT reaches out and gets answers, but
+// a connection from outside to it never arrives.
+func TestTopologyNAT(t *testing.T) {
+	needNamespaces(t)
+	n := newTestNet(t, LinkParams{Latency: time.Millisecond}, "pub", "home")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	topo, err := NewTopology(ctx, n, []peer.ID{"pub", "home"}, TopologyOptions{Prefix: "skyhive-nat", NAT: []peer.ID{"home"}})
+	if err != nil {
+		t.Skipf("namespaces cannot be created here: %v", err)
+	}
+	defer topo.Close()
+	listen := func(id peer.ID) net.Listener {
+		a, _ := topo.Addr(id)
+		var ln net.Listener
+		if err := topo.Do(id, func() (err error) {
+			ln, err = net.Listen("tcp", netip.AddrPortFrom(a, 7000).String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() { io.Copy(c, c); c.Close() }()
+			}
+		}()
+		return ln
+	}
+	dial := func(from, to peer.ID, timeout time.Duration) (net.Conn, error) {
+		a, _ := topo.Addr(to)
+		var c net.Conn
+		err := topo.Do(from, func() (err error) {
+			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(a, 7000).String(), timeout)
+			return err
+		})
+		return c, err
+	}
+	defer listen("pub").Close()
+	defer listen("home").Close()
+	// Out of the NAT: the flow is opened from inside, the echo comes back.
+	c, err := dial("home", "pub", 5*time.Second)
+	if err != nil {
+		t.Fatalf("home → pub: %v", err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4)
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo through the NAT: %q %v", buf, err)
+	}
+	c.Close()
+	// Into the NAT: the SYN is dropped.
+	if c, err := dial("pub", "home", 500*time.Millisecond); err == nil {
+		c.Close()
+		t.Fatal("pub → home connected through the NAT")
+	}
+	if topo.Stats().NATDrops == 0 {
+		t.Errorf("no NAT drops counted: %+v", topo.Stats())
+	}
+}

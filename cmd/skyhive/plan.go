@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -360,7 +359,5 @@ func writePlanJSON(w io.Writer, f *planFlags, c *alloc.Cluster, m *alloc.Model, 
 		}
 		out.Results = append(out.Results, pr)
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return printJSON(w, out)
 }

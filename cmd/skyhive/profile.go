@@ -1,10 +1,8 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/skyhive/skyhive/profile"
@@ -53,7 +51,7 @@ func newProfileDeviceCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return profileWriteJSON(cmd.OutOrStdout(), struct {
+				return printJSON(cmd.OutOrStdout(), struct {
 					Format string `json:"format"`
 					profile.Device
 				}{profile.DeviceFormat, d})
@@ -101,7 +99,7 @@ func newProfileModelCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return profileWriteJSON(cmd.OutOrStdout(), mp)
+				return printJSON(cmd.OutOrStdout(), mp)
 			}
 			return profile.WriteModel(cmd.OutOrStdout(), mp)
 		},
@@ -168,7 +166,7 @@ regions; measured links can be added to the "links" list (docs/profile.md).`,
 			if out != "" {
 				return profileSave(cmd, out, func() error { return profile.Save(out, cp) })
 			}
-			return profileWriteJSON(cmd.OutOrStdout(), cp)
+			return printJSON(cmd.OutOrStdout(), cp)
 		},
 	}
 	fl := cmd.Flags()
@@ -186,13 +184,6 @@ regions; measured links can be added to the "links" list (docs/profile.md).`,
 	_ = fl.MarkDeprecated("inter-latency-ms", "use --inter-latency with a duration, e.g. 50ms")
 	fl.StringVar(&out, "out", "", "write the profile to this file instead of printing it")
 	return cmd
-}
-
-// profileWriteJSON prints v as indented JSON.
-func profileWriteJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 // profileSave runs save when the --out path is set and says so on stderr.

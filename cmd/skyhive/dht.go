@@ -79,7 +79,7 @@ func newDHTPutCmd() *cobra.Command {
 			if ttl <= 0 {
 				return fmt.Errorf("--ttl must be positive, got %v", ttl)
 			}
-			return withClientNode(cmd.Context(), f, func(ctx context.Context, n *dht.Node) error {
+			return withClientNode(cmd.Context(), f, func(ctx context.Context, _ *p2p.Host, n *dht.Node) error {
 				exp := time.Now().Add(ttl)
 				k, err := n.Store(ctx, args[0], subkey, []byte(args[1]), exp)
 				if err != nil {
@@ -104,7 +104,7 @@ func newDHTGetCmd() *cobra.Command {
 		Short: "Print the freshest value under KEY, one line per subkey",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClientNode(cmd.Context(), f, func(ctx context.Context, n *dht.Node) error {
+			return withClientNode(cmd.Context(), f, func(ctx context.Context, _ *p2p.Host, n *dht.Node) error {
 				items, err := n.Get(ctx, args[0])
 				if err != nil {
 					return err
@@ -236,7 +236,7 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 
 // withClientNode starts a client-mode node, joins through --dht and
 // runs op within --timeout.
-func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *dht.Node) error) error {
+func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *p2p.Host, *dht.Node) error) error {
 	if len(f.net.dht) == 0 {
 		return errors.New("--dht is required: the multiaddr of a DHT node, ending in /p2p/PEER_ID")
 	}
@@ -249,7 +249,7 @@ func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *d
 	defer h.Close()
 	defer n.Close()
 	if err := n.Bootstrap(ctx, seeds); err != nil {
-		return err
+		return fmt.Errorf("join DHT: %w (check the --dht address and that its peer runs)", err)
 	}
-	return op(ctx, n)
+	return op(ctx, h, n)
 }

@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -26,10 +26,9 @@ type doctorReport struct {
 
 func newDoctorCmd() *cobra.Command {
 	var (
-		net     connectFlags
-		out     outputFlags
-		peers   int
-		timeout time.Duration
+		f     dhtFlags
+		out   outputFlags
+		peers int
 	)
 	cmd := &cobra.Command{
 		Use:   "doctor --dht ADDR",
@@ -42,9 +41,15 @@ func newDoctorCmd() *cobra.Command {
 		Example: "  skyhive doctor --dht /ip4/203.0.113.1/tcp/4001/p2p/12D3KooW... --listen /ip4/0.0.0.0/tcp/4002",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			rep, err := runDoctor(ctx, &net, peers)
+			if peers < 1 {
+				return fmt.Errorf("--peers must be at least 1, got %d", peers)
+			}
+			var rep doctorReport
+			err := withClientNode(cmd.Context(), f, func(ctx context.Context, h *p2p.Host, node *dht.Node) (err error) {
+				seeds, _ := f.net.seeds() // parsed before, by withClientNode
+				rep, err = askDialback(ctx, h, node, seeds, peers)
+				return err
+			})
 			if err != nil {
 				return err
 			}
@@ -70,47 +75,20 @@ func newDoctorCmd() *cobra.Command {
 			return nil
 		},
 	}
+	f.register(cmd, "DHT peers of the swarm to ask: multiaddrs ending in /p2p/PEER_ID (required)")
 	fl := cmd.Flags()
-	net.register(fl, "DHT peers of the swarm to ask: multiaddrs ending in /p2p/PEER_ID (required)")
 	fl.BoolVar(&out.json, "json", false, "print the report as JSON on stdout")
 	fl.IntVar(&peers, "peers", 3, "how many of the swarm's peers to ask")
-	fl.DurationVar(&timeout, "timeout", time.Minute, "give up after this long")
+	fl.DurationVar(&f.timeout, "timeout", time.Minute, "give up after this long")
 	return cmd
 }
 
-// runDoctor joins the swarm and asks its peers to dial this host back.
-func runDoctor(ctx context.Context, net *connectFlags, peers int) (doctorReport, error) {
-	var rep doctorReport
-	if len(net.dht) == 0 {
-		return rep, errors.New("--dht is required: the multiaddr of a peer of the swarm, ending in /p2p/PEER_ID")
-	}
-	if peers < 1 {
-		return rep, fmt.Errorf("--peers must be at least 1, got %d", peers)
-	}
-	seeds, err := net.seeds()
-	if err != nil {
-		return rep, err
-	}
-	cfg, err := net.config()
-	if err != nil {
-		return rep, err
-	}
-	h, err := p2p.New(ctx, cfg)
-	if err != nil {
-		return rep, err
-	}
-	defer h.Close()
-	node, err := dht.New(h, dht.Config{ClientMode: true})
-	if err != nil {
-		return rep, err
-	}
-	defer node.Close()
-	if err := node.Bootstrap(ctx, seeds); err != nil {
-		return rep, fmt.Errorf("join DHT: %w (check the --dht address and that its peer runs)", err)
-	}
-	rep.Peer, rep.Reach, rep.Seen = h.ID().String(), h.Reach(), map[string][]p2p.DialResult{}
+// askDialback asks up to peers of the swarm node has joined, the seeds
+// first, to dial h back.
+func askDialback(ctx context.Context, h *p2p.Host, node *dht.Node, seeds []peer.AddrInfo, peers int) (doctorReport, error) {
+	rep := doctorReport{Peer: h.ID().String(), Reach: h.Reach(), Seen: map[string][]p2p.DialResult{}}
 	asked := map[peer.ID]bool{}
-	candidates := append([]peer.AddrInfo(nil), seeds...)
+	candidates := slices.Clone(seeds)
 	for _, id := range node.Peers() {
 		candidates = append(candidates, h.LibP2P().Peerstore().PeerInfo(id))
 	}

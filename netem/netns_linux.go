@@ -81,6 +81,8 @@ type Topology struct {
 	closeErr  error
 
 	forwarded, lost, queueDrops, unreachable, natDrops, other atomic.Uint64
+
+	sent, received []atomic.Uint64 // IP bytes per peer
 }
 
 type routedPacket struct {
@@ -165,6 +167,7 @@ func NewTopology(ctx context.Context, n *Network, peers []peer.ID, opts Topology
 		t.byID[id] = i
 	}
 	t.nat = make([]*natFilter, len(t.ids))
+	t.sent, t.received = make([]atomic.Uint64, len(t.ids)), make([]atomic.Uint64, len(t.ids))
 	for _, id := range opts.NAT {
 		i, ok := t.byID[id]
 		if !ok {
@@ -405,6 +408,7 @@ func (t *Topology) readLoop(i int) {
 		}
 		select {
 		case q <- routedPacket{data: append([]byte(nil), pkt...), at: tr.Arrive}:
+			t.sent[i].Add(uint64(n))
 		default:
 			t.queueDrops.Add(1)
 		}
@@ -427,13 +431,14 @@ func (t *Topology) link(i, j int) chan routedPacket {
 		q = make(chan routedPacket, 8192)
 		t.links[k] = q
 		t.wg.Add(1)
-		go t.deliverLoop(q, t.tuns[j])
+		go t.deliverLoop(q, j)
 	}
 	return q
 }
 
 // deliverLoop writes each packet into the destination TUN at its arrival.
-func (t *Topology) deliverLoop(q chan routedPacket, dst *os.File) {
+func (t *Topology) deliverLoop(q chan routedPacket, j int) {
+	dst := t.tuns[j]
 	defer t.wg.Done()
 	w := waiter{clk: t.n.clk}
 	defer w.stop()
@@ -455,7 +460,18 @@ func (t *Topology) deliverLoop(q chan routedPacket, dst *os.File) {
 			continue
 		}
 		t.forwarded.Add(1)
+		t.received[j].Add(uint64(len(p.data)))
 	}
+}
+
+// PeerBytes returns the IP bytes peer id sent into the network (that the
+// router accepted) and received from it.
+func (t *Topology) PeerBytes(id peer.ID) (sent, received uint64, ok bool) {
+	i, ok := t.byID[id]
+	if !ok {
+		return 0, 0, false
+	}
+	return t.sent[i].Load(), t.received[i].Load(), true
 }
 
 // Close stops the router and deletes the namespaces. It is safe to call

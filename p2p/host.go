@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	relayv2 "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -168,6 +170,8 @@ type Host struct {
 	seen     Reachability       // AutoNAT's last verdict (reachSub drained)
 	reachSub event.Subscription // AutoNAT's verdicts
 	handlers sync.WaitGroup     // running stream handlers
+	circuits []ma.Multiaddr     // relayed addresses of granted reservations
+	renewing sync.WaitGroup     // the reservation renewal loop
 }
 
 var _ Transport = (*Host)(nil)
@@ -262,7 +266,7 @@ func libp2pOptions(cfg Config) ([]libp2p.Option, error) {
 		opts = append(opts, libp2p.EnableAutoRelayWithStaticRelays(cfg.StaticRelays))
 	}
 	if cfg.RelayService {
-		opts = append(opts, libp2p.EnableRelayService())
+		opts = append(opts, libp2p.EnableRelayService(relayv2.WithResources(RelayResources())))
 	}
 	if cfg.HolePunching {
 		opts = append(opts, libp2p.EnableHolePunching())
@@ -284,7 +288,15 @@ func (h *Host) ID() peer.ID { return h.h.ID() }
 
 // AddrInfo is this peer's identity with the addresses it announces.
 func (h *Host) AddrInfo() peer.AddrInfo {
-	return peer.AddrInfo{ID: h.h.ID(), Addrs: h.h.Addrs()}
+	addrs := h.h.Addrs()
+	h.mu.Lock()
+	for _, c := range h.circuits {
+		if !slices.ContainsFunc(addrs, c.Equal) {
+			addrs = append(addrs, c)
+		}
+	}
+	h.mu.Unlock()
+	return peer.AddrInfo{ID: h.h.ID(), Addrs: addrs}
 }
 
 // LibP2P returns the underlying libp2p host, for protocols that need more
@@ -313,6 +325,7 @@ func (h *Host) Close() error {
 	h.closed = true
 	h.mu.Unlock()
 	h.cancel()
+	h.renewing.Wait()
 	h.reachSub.Close()
 	err := h.h.Close()
 	h.handlers.Wait()
@@ -380,4 +393,25 @@ func ctxErr(ctx context.Context, err error) error {
 func isTimeout(err error) bool {
 	var t interface{ Timeout() bool }
 	return errors.As(err, &t) && t.Timeout()
+}
+
+// Limits of a relay service's relayed connections. libp2p's defaults (128
+// KiB and 2 minutes per connection) suit only the signalling before hole
+// punching; a peer behind a NAT that cannot hole-punch trains through
+// its relay, so Skyhive's relays allow long, large connections. Each is
+// still bounded, and so are reservations (128) and circuits per peer (16).
+const (
+	RelayConnData     = 4 << 30 // bytes each way per relayed connection
+	RelayConnDuration = 2 * time.Hour
+	relayBufferSize   = 64 << 10
+)
+
+// RelayResources are the limits of Skyhive's relay service: libp2p's
+// defaults with RelayConnData and RelayConnDuration per relayed connection
+// and 64 KiB copy buffers.
+func RelayResources() relayv2.Resources {
+	r := relayv2.DefaultResources()
+	r.Limit = &relayv2.RelayLimit{Duration: RelayConnDuration, Data: RelayConnData}
+	r.BufferSize = relayBufferSize
+	return r
 }

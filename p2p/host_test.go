@@ -560,13 +560,21 @@ func TestOptionalServices(t *testing.T) {
 	b.SetHandler(echoProto, echo)
 	a := newHost(t, "tcp", Config{RelayClient: true})
 	ctx := ctxT(t, 20*time.Second)
-	// b reserves a slot on its static relay by itself. autorelay advertises
-	// only public relay addresses, so build the loopback circuit address.
-	circuit, err := ma.NewMultiaddr(relay.AddrInfo().Addrs[0].String() + "/p2p/" + relay.ID().String() + "/p2p-circuit")
-	if err != nil {
-		t.Fatal(err)
+	// b reserved a slot on its static relay in New and announces the
+	// circuit address (libp2p's autorelay would announce only public ones).
+	var circuits []ma.Multiaddr
+	for _, a := range b.AddrInfo().Addrs {
+		if strings.Contains(a.String(), "/p2p-circuit") {
+			circuits = append(circuits, a)
+		}
 	}
-	to := peer.AddrInfo{ID: b.ID(), Addrs: []ma.Multiaddr{circuit}}
+	if len(circuits) == 0 {
+		t.Fatalf("b announces no circuit address: %v", b.AddrInfo().Addrs)
+	}
+	if r := b.Reach(); r.Status != "relay" {
+		t.Errorf("b's reachability %q, want relay", r.Status)
+	}
+	to := peer.AddrInfo{ID: b.ID(), Addrs: circuits}
 	for attempt := 0; ; attempt++ {
 		resp, err := a.Call(ctxT(t, 2*time.Second), to, echoProto, []byte("via relay"))
 		if err == nil && string(resp) == "via relay" {

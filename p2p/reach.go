@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -145,18 +148,90 @@ var ErrRelay = errors.New("p2p: no relay granted a reservation")
 // checkRelays reserves a slot on each of Config.StaticRelays, so that
 // relays that are down or refuse (no relay service, or not publicly
 // reachable) are an error at start rather than a silent absence of relayed
-// addresses. One grant is enough; the host renews its reservations itself.
+// addresses. One grant is enough. The granted relays' circuit addresses
+// are announced in AddrInfo (libp2p's autorelay announces only relays with
+// public addresses, which leaves out relays on private networks), and the
+// reservations are renewed while the host runs.
 func (h *Host) checkRelays(ctx context.Context) error {
+	if len(h.cfg.StaticRelays) == 0 {
+		return nil
+	}
+	errs := h.reserve(ctx)
+	h.mu.Lock()
+	granted := len(h.circuits) > 0
+	h.mu.Unlock()
+	if !granted {
+		return fmt.Errorf("%w: %w", ErrRelay, errors.Join(errs...))
+	}
+	h.renewing.Add(1)
+	go h.renewRelays()
+	return nil
+}
+
+// reserve asks every static relay for a slot and records the circuit
+// addresses of those that grant one.
+func (h *Host) reserve(ctx context.Context) []error {
 	var errs []error
+	var circuits []ma.Multiaddr
 	for _, r := range h.cfg.StaticRelays {
-		if _, err := relayclient.Reserve(ctx, h.h, r); err != nil {
+		rctx, cancel := context.WithTimeout(ctx, relayReserveTimeout)
+		_, err := relayclient.Reserve(rctx, h.h, r)
+		cancel()
+		if err != nil {
 			errs = append(errs, fmt.Errorf("relay %s: %w", r.ID.ShortString(), err))
 			continue
 		}
-		return nil
+		circuits = append(circuits, CircuitAddrs(r)...)
 	}
-	if len(errs) == 0 {
-		return nil
+	h.mu.Lock()
+	h.circuits = circuits
+	h.mu.Unlock()
+	return errs
+}
+
+// Reservations last an hour (libp2p's relay service); renew well before.
+const (
+	relayRenewEvery     = 20 * time.Minute
+	relayReserveTimeout = 20 * time.Second
+)
+
+// renewRelays renews the reservations until the host closes. A renewal
+// that no relay grants keeps the previous addresses (the next one may).
+func (h *Host) renewRelays() {
+	defer h.renewing.Done()
+	t := time.NewTicker(relayRenewEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.ctx.Done():
+			return
+		case <-t.C:
+		}
+		prev := h.relayCircuits()
+		if errs := h.reserve(h.ctx); len(h.relayCircuits()) == 0 {
+			h.mu.Lock()
+			h.circuits = prev
+			h.mu.Unlock()
+			h.log.Warn("no relay renewed its reservation", "errors", errors.Join(errs...))
+		}
 	}
-	return fmt.Errorf("%w: %w", ErrRelay, errors.Join(errs...))
+}
+
+func (h *Host) relayCircuits() []ma.Multiaddr {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.circuits
+}
+
+// CircuitAddrs returns the addresses through which a relay's clients are
+// reached: each of its addresses followed by /p2p/RELAY/p2p-circuit.
+func CircuitAddrs(relay peer.AddrInfo) []ma.Multiaddr {
+	var out []ma.Multiaddr
+	for _, a := range relay.Addrs {
+		c, err := ma.NewMultiaddr(a.String() + "/p2p/" + relay.ID.String() + "/p2p-circuit")
+		if err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
 }

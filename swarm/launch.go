@@ -85,6 +85,32 @@ type Processes struct {
 	Env func(p *Peer) []string
 	// Dir holds logs, control and metrics files; it is created if needed.
 	Dir string
+	// Wrap, if set, returns a command prefix for a peer, e.g. `ip netns
+	// exec NS` to start it inside a network namespace (the prefix must exec
+	// the command, so that signals reach it).
+	Wrap func(p *Peer) []string
+	// SplitStdout sends the child's stdout to Dir/NAME.out (its result)
+	// and only its stderr to Dir/NAME.log.
+	SplitStdout bool
+	// Ready, if set, is called after a peer's process started and must
+	// return once the peer is ready for the next one (e.g. listens), or an
+	// error; exited is closed if the process ends. On an error the process
+	// is killed and the launch fails.
+	Ready func(ctx context.Context, p *Peer, exited <-chan struct{}) error
+}
+
+// openOutput opens a peer's output file: truncated at its first start,
+// appended to when it is restarted.
+func openOutput(path string, first bool) (*os.File, error) {
+	flags := os.O_CREATE | os.O_WRONLY | os.O_APPEND
+	if first {
+		flags |= os.O_TRUNC
+	}
+	f, err := os.OpenFile(path, flags, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("swarm: %w", err)
+	}
+	return f, nil
 }
 
 func (pr *Processes) launch(ctx context.Context, p *Peer) (instance, error) {
@@ -100,16 +126,36 @@ func (pr *Processes) launch(ctx context.Context, p *Peer) (instance, error) {
 	if err := writeControl(pi.control, p.Device.Slowdown()); err != nil {
 		return nil, err
 	}
-	log, err := os.Create(base + ".log")
+	first := p.Starts() == 0
+	log, err := openOutput(base+".log", first)
 	if err != nil {
-		return nil, fmt.Errorf("swarm: %w", err)
+		return nil, err
+	}
+	stdout := log
+	if pr.SplitStdout {
+		if stdout, err = openOutput(base+".out", first); err != nil {
+			log.Close()
+			return nil, err
+		}
 	}
 	var args []string
 	if pr.Args != nil {
 		args = pr.Args(p)
 	}
-	cmd := exec.Command(pr.Path, args...)
-	cmd.Stdout, cmd.Stderr = log, log
+	path := pr.Path
+	if pr.Wrap != nil {
+		if w := pr.Wrap(p); len(w) > 0 {
+			path, args = w[0], append(append(w[1:len(w):len(w)], pr.Path), args...)
+		}
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = stdout, log
+	closeOutput := func() {
+		log.Close()
+		if stdout != log {
+			stdout.Close()
+		}
+	}
 	cmd.Env = append(os.Environ(),
 		EnvName+"="+p.Name,
 		EnvIndex+"="+strconv.Itoa(p.Index),
@@ -130,15 +176,22 @@ func (pr *Processes) launch(ctx context.Context, p *Peer) (instance, error) {
 	// child is killed if this process dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		log.Close()
+		closeOutput()
 		return nil, fmt.Errorf("swarm: %w", err)
 	}
 	pi.pid = cmd.Process.Pid
 	go func() {
 		defer close(pi.doneCh)
 		pi.err = cmd.Wait()
-		log.Close()
+		closeOutput()
 	}()
+	if pr.Ready != nil {
+		if err := pr.Ready(ctx, p, pi.doneCh); err != nil {
+			pi.signal(syscall.SIGKILL)
+			<-pi.doneCh
+			return nil, err
+		}
+	}
 	return pi, nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/skyhive/skyhive/netem"
@@ -18,6 +20,16 @@ import (
 // network profile and a failure schedule. Load one with LoadSpec or
 // ParseSpec (see docs/swarm.md), or build it in Go and call Validate.
 type Spec struct {
+	// Name names the swarm in reports (the benchmark protocol's case).
+	Name string
+	// Isolation says how Run starts the peers: IsolationNamespaces (one
+	// network namespace per peer, root only), IsolationProcesses (child
+	// processes on loopback, links not emulated) or "" (namespaces when
+	// possible, else processes).
+	Isolation string
+	// Timeout bounds a Run: peers still running then are stopped and the
+	// run fails (0: DefaultTimeout).
+	Timeout time.Duration
 	// Profile is the network; nil means regions are plain labels and no
 	// links are emulated.
 	Profile *netem.Profile
@@ -42,25 +54,72 @@ type DeviceClass struct {
 	// Regions are assigned to the class's peers round-robin. Empty means
 	// the profile's first region (or "" without a profile).
 	Regions []string `json:"regions"`
+	// Role is what Run starts for each peer of the class (see the Role
+	// constants); empty for swarms of goroutines or custom launchers.
+	Role string `json:"role"`
+	// Args are extra command-line arguments for the role's command; in
+	// each, "{i}" is replaced by the peer's index in its class and "{n}" by
+	// the class's count (e.g. "--shard", "{i}/{n}").
+	Args []string `json:"args"`
+	// Start delays the class's launch: its peers join late.
+	Start time.Duration `json:"-"`
+	// NAT puts the class's peers behind a NAT that accepts no inbound
+	// connections (namespaces only); they join through a relay.
+	NAT bool `json:"nat"`
 }
+
+// Roles: what Run starts for a peer, and the skyhive command it runs.
+const (
+	RoleDHT         = "dht"         // skyhive dht: a bootstrap node (service)
+	RoleRelay       = "relay"       // skyhive dht --relay-service: bootstrap and circuit relay (service)
+	RoleServer      = "server"      // skyhive server: MoE expert server (service)
+	RoleTrainer     = "trainer"     // skyhive train moe: MoE trainer
+	RolePeer        = "peer"        // skyhive peer: group-averaging peer
+	RoleCoordinator = "coordinator" // skyhive train pipeline --join-wait: pipeline coordinator
+	RoleWorker      = "worker"      // skyhive worker: pipeline worker (service)
+)
+
+// Isolation modes of Run.
+const (
+	IsolationNamespaces = "namespaces"
+	IsolationProcesses  = "processes"
+)
+
+// DefaultTimeout bounds a Run whose spec gives no timeout.
+const DefaultTimeout = 10 * time.Minute
+
+// IsService tells whether a role runs until stopped (services) or ends
+// by itself when its work is done (the run waits for those).
+func IsService(role string) bool {
+	switch role {
+	case RoleDHT, RoleRelay, RoleServer, RoleWorker:
+		return true
+	}
+	return false
+}
+
+var knownRoles = []string{RoleDHT, RoleRelay, RoleServer, RoleTrainer, RolePeer, RoleCoordinator, RoleWorker}
 
 // Failure actions.
 const (
-	ActionKill     = "kill"     // crash the peer (SIGKILL, or cancel its context)
-	ActionPause    = "pause"    // SIGSTOP, or close the pause gate
-	ActionResume   = "resume"   // SIGCONT, or reopen the gate
-	ActionSlowdown = "slowdown" // set the slowdown factor
+	ActionKill      = "kill"      // crash the peer (SIGKILL, or cancel its context)
+	ActionPause     = "pause"     // SIGSTOP, or close the pause gate
+	ActionResume    = "resume"    // SIGCONT, or reopen the gate
+	ActionSlowdown  = "slowdown"  // set the slowdown factor
+	ActionPartition = "partition" // cut the peer off from every other (needs a network)
+	ActionRejoin    = "rejoin"    // restart a killed peer, or heal a partitioned one
 )
 
 // Failure is one scheduled action.
 type Failure struct {
 	// At is the offset from the swarm's start.
 	At time.Duration
-	// Action is one of kill, pause, resume, slowdown.
+	// Action is one of kill, pause, resume, slowdown, partition, rejoin.
 	Action string
 	// Peer names the target, e.g. "slow-1".
 	Peer string
-	// For, with pause, schedules the resume after this long.
+	// For, with pause or partition, schedules the resume or rejoin after
+	// this long.
 	For time.Duration
 	// Factor is the new slowdown factor for slowdown.
 	Factor float64
@@ -74,6 +133,13 @@ type PeerSpec struct {
 	Region      string
 	Slowdown    float64
 	MemoryBytes int64
+	Role        string
+	Args        []string
+	Start       time.Duration
+	NAT         bool
+	// ClassIndex and ClassCount place the peer in its class: it is peer
+	// ClassIndex of ClassCount.
+	ClassIndex, ClassCount int
 }
 
 // Peers expands the device classes into peers, in index order.
@@ -99,6 +165,12 @@ func (s *Spec) Peers() []PeerSpec {
 				Region:      region,
 				Slowdown:    slow,
 				MemoryBytes: c.MemoryMB << 20,
+				Role:        c.Role,
+				Args:        classArgs(c.Args, i, c.Count),
+				ClassIndex:  i,
+				ClassCount:  c.Count,
+				Start:       c.Start,
+				NAT:         c.NAT,
 			})
 		}
 	}
@@ -110,12 +182,22 @@ func (s *Spec) Validate() error {
 	if len(s.Devices) == 0 {
 		return errors.New(`swarm: spec: "devices" is empty`)
 	}
+	switch s.Isolation {
+	case "", IsolationNamespaces, IsolationProcesses:
+	default:
+		return fmt.Errorf("swarm: spec: isolation %q: want %q or %q (or leave it out)", s.Isolation, IsolationNamespaces, IsolationProcesses)
+	}
+	if s.Timeout < 0 {
+		return fmt.Errorf("swarm: spec: timeout %v is negative", s.Timeout)
+	}
 	if s.Profile != nil {
 		if err := s.Profile.Validate(); err != nil {
 			return fmt.Errorf("swarm: spec: network: %w", err)
 		}
 	}
 	classes := map[string]bool{}
+	roles := map[string]int{}
+	nat := false
 	for i, c := range s.Devices {
 		where := fmt.Sprintf("swarm: spec: devices[%d] (%q)", i, c.Name)
 		switch {
@@ -129,8 +211,17 @@ func (s *Spec) Validate() error {
 			return fmt.Errorf("%s: slowdown %v must be >= 1", where, c.Slowdown)
 		case c.MemoryMB < 0:
 			return fmt.Errorf("%s: memory_mb %d is negative", where, c.MemoryMB)
+		case c.Start < 0:
+			return fmt.Errorf("%s: start %v is negative", where, c.Start)
+		case c.Role != "" && !slices.Contains(knownRoles, c.Role):
+			return fmt.Errorf("%s: unknown role %q (want one of %v)", where, c.Role, knownRoles)
+		}
+		if err := checkArgs(c.Args); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
 		}
 		classes[c.Name] = true
+		roles[c.Role] += c.Count
+		nat = nat || c.NAT
 		for _, r := range c.Regions {
 			if r == "" {
 				return fmt.Errorf("%s: empty region name", where)
@@ -142,39 +233,146 @@ func (s *Spec) Validate() error {
 			}
 		}
 	}
-	names := map[string]bool{}
+	if err := checkRoles(roles, nat); err != nil {
+		return err
+	}
+	return s.validateFailures()
+}
+
+// checkRoles checks that the roles of a swarm fit together.
+func checkRoles(roles map[string]int, nat bool) error {
+	if roles[""] > 0 && len(roles) > 1 {
+		return errors.New(`swarm: spec: either every device class has a "role" (for swarm run) or none has`)
+	}
+	seeds := roles[RoleDHT] + roles[RoleRelay]
+	switch {
+	case roles[RoleCoordinator] > 1:
+		return fmt.Errorf("swarm: spec: %d coordinators; a pipeline has one", roles[RoleCoordinator])
+	case roles[RoleWorker] > 0 && roles[RoleCoordinator] == 0:
+		return errors.New(`swarm: spec: workers need a device class with "role": "coordinator"`)
+	case roles[RoleCoordinator] > 0 && roles[RoleWorker] == 0:
+		return errors.New(`swarm: spec: the coordinator needs a device class with "role": "worker"`)
+	case roles[RoleServer]+roles[RoleTrainer]+roles[RolePeer] > 0 && seeds == 0:
+		return errors.New(`swarm: spec: servers, trainers and peers join through a DHT: add a device class with "role": "dht" (or "relay")`)
+	case roles[RoleTrainer] > 0 && roles[RoleServer] == 0:
+		return errors.New(`swarm: spec: trainers need expert servers: add a device class with "role": "server"`)
+	case nat && roles[RoleRelay] == 0:
+		return errors.New(`swarm: spec: peers behind a NAT ("nat": true) join through a relay: add a device class with "role": "relay"`)
+	}
+	return nil
+}
+
+// classArgs returns a class's args for its peer i of n: "{i}" becomes i
+// and "{n}" becomes n (e.g. "--shard", "{i}/{n}").
+func classArgs(args []string, i, n int) []string {
+	if args == nil {
+		return nil
+	}
+	r := strings.NewReplacer("{i}", strconv.Itoa(i), "{n}", strconv.Itoa(n))
+	out := make([]string, len(args))
+	for k, a := range args {
+		out[k] = r.Replace(a)
+	}
+	return out
+}
+
+// runnerFlags are set by Run for every peer; a spec may not set them.
+var runnerFlags = []string{"--listen", "--identity", "--dht", "--bootstrap", "--join", "--join-wait", "--relay", "--json", "--name", "--region"}
+
+func checkArgs(args []string) error {
+	for _, a := range args {
+		name, _, _ := strings.Cut(a, "=")
+		if slices.Contains(runnerFlags, name) {
+			return fmt.Errorf("args: %s is set by swarm run for every peer; leave it out", name)
+		}
+	}
+	return nil
+}
+
+// validateFailures checks the schedule, following each peer's state
+// (not started, up, killed, partitioned) through it in time order.
+func (s *Spec) validateFailures() error {
+	start := map[string]time.Duration{}
+	hasNet := s.Profile != nil
 	for _, p := range s.Peers() {
-		names[p.Name] = true
+		start[p.Name] = p.Start
 	}
 	for i, f := range s.Failures {
 		where := fmt.Sprintf("swarm: spec: failures[%d] (%s %s at %v)", i, f.Action, f.Peer, f.At)
-		if !names[f.Peer] {
+		st, ok := start[f.Peer]
+		if !ok {
 			return fmt.Errorf("%s: no peer named %q", where, f.Peer)
 		}
 		if f.At < 0 {
 			return fmt.Errorf("%s: negative time", where)
 		}
+		if f.At < st {
+			return fmt.Errorf("%s: the peer starts only at %v", where, st)
+		}
 		switch f.Action {
-		case ActionKill, ActionResume:
-		case ActionPause:
+		case ActionKill, ActionResume, ActionRejoin:
+		case ActionPause, ActionPartition:
 			if f.For < 0 {
 				return fmt.Errorf("%s: negative \"for\"", where)
+			}
+			if f.Action == ActionPartition && !hasNet {
+				return fmt.Errorf("%s: a partition needs a \"network\"", where)
 			}
 		case ActionSlowdown:
 			if checkSlowdown(f.Factor) != nil {
 				return fmt.Errorf("%s: factor %v must be >= 1", where, f.Factor)
 			}
 		default:
-			return fmt.Errorf("%s: unknown action %q (want kill, pause, resume or slowdown)", where, f.Action)
+			return fmt.Errorf("%s: unknown action %q (want kill, pause, resume, slowdown, partition or rejoin)", where, f.Action)
 		}
-		if f.For != 0 && f.Action != ActionPause {
-			return fmt.Errorf("%s: \"for\" only applies to pause", where)
+		if f.For != 0 && f.Action != ActionPause && f.Action != ActionPartition {
+			return fmt.Errorf("%s: \"for\" only applies to pause and partition", where)
 		}
 		if f.Factor != 0 && f.Action != ActionSlowdown {
 			return fmt.Errorf("%s: \"factor\" only applies to slowdown", where)
 		}
 	}
+	// Follow each peer: a rejoin needs a killed or partitioned peer.
+	down, cut := map[string]bool{}, map[string]bool{}
+	for _, f := range s.schedule() {
+		switch f.Action {
+		case ActionKill:
+			down[f.Peer] = true
+		case ActionPartition:
+			if down[f.Peer] {
+				return fmt.Errorf("swarm: spec: partition %s at %v: the peer was killed", f.Peer, f.At)
+			}
+			cut[f.Peer] = true
+		case ActionRejoin:
+			if !down[f.Peer] && !cut[f.Peer] {
+				return fmt.Errorf("swarm: spec: rejoin %s at %v: the peer is neither killed nor partitioned then", f.Peer, f.At)
+			}
+			down[f.Peer], cut[f.Peer] = false, false
+		}
+	}
 	return nil
+}
+
+// launches returns, per peer, the offsets at which it is (re)started: its
+// class's start, and each rejoin that follows a kill.
+func (s *Spec) launches() map[string][]time.Duration {
+	out := map[string][]time.Duration{}
+	for _, p := range s.Peers() {
+		out[p.Name] = []time.Duration{p.Start}
+	}
+	down := map[string]bool{}
+	for _, f := range s.schedule() {
+		switch f.Action {
+		case ActionKill:
+			down[f.Peer] = true
+		case ActionRejoin:
+			if down[f.Peer] {
+				out[f.Peer] = append(out[f.Peer], f.At)
+			}
+			down[f.Peer] = false
+		}
+	}
+	return out
 }
 
 // schedule expands pauses with a duration into pause + resume and sorts
@@ -183,19 +381,46 @@ func (s *Spec) schedule() []Failure {
 	var out []Failure
 	for _, f := range s.Failures {
 		out = append(out, f)
-		if f.Action == ActionPause && f.For > 0 {
+		switch {
+		case f.Action == ActionPause && f.For > 0:
 			out = append(out, Failure{At: f.At + f.For, Action: ActionResume, Peer: f.Peer})
+		case f.Action == ActionPartition && f.For > 0:
+			out = append(out, Failure{At: f.At + f.For, Action: ActionRejoin, Peer: f.Peer})
 		}
 	}
 	slices.SortStableFunc(out, func(a, b Failure) int { return cmp.Compare(a.At, b.At) })
 	return out
 }
 
+// actionStart is a late class's first start in scheduleWithStarts.
+const actionStart = "start"
+
+// scheduleWithStarts is the schedule with the late classes' starts added.
+func (s *Spec) scheduleWithStarts() []Failure {
+	var out []Failure
+	for _, p := range s.Peers() {
+		if p.Start > 0 {
+			out = append(out, Failure{At: p.Start, Action: actionStart, Peer: p.Name})
+		}
+	}
+	out = append(out, s.schedule()...)
+	slices.SortStableFunc(out, func(a, b Failure) int { return cmp.Compare(a.At, b.At) })
+	return out
+}
+
 type specJSON struct {
-	Network  json.RawMessage `json:"network"`
-	Seed     uint64          `json:"seed"`
-	Devices  []DeviceClass   `json:"devices"`
-	Failures []failureJSON   `json:"failures"`
+	Name      string          `json:"name"`
+	Isolation string          `json:"isolation"`
+	Timeout   string          `json:"timeout"`
+	Network   json.RawMessage `json:"network"`
+	Seed      uint64          `json:"seed"`
+	Devices   []classJSON     `json:"devices"`
+	Failures  []failureJSON   `json:"failures"`
+}
+
+type classJSON struct {
+	DeviceClass
+	Start string `json:"start"`
 }
 
 type failureJSON struct {
@@ -229,7 +454,23 @@ func ParseSpec(data []byte, dir string) (*Spec, error) {
 	if err := dec.Decode(&sj); err != nil {
 		return nil, fmt.Errorf("swarm: decoding spec: %w", err)
 	}
-	s := &Spec{Seed: sj.Seed, Devices: sj.Devices}
+	s := &Spec{Name: sj.Name, Isolation: sj.Isolation, Seed: sj.Seed}
+	if sj.Timeout != "" {
+		var err error
+		if s.Timeout, err = time.ParseDuration(sj.Timeout); err != nil {
+			return nil, fmt.Errorf("swarm: spec: \"timeout\": %w (write e.g. \"4m\")", err)
+		}
+	}
+	for i, cj := range sj.Devices {
+		c := cj.DeviceClass
+		if cj.Start != "" {
+			var err error
+			if c.Start, err = time.ParseDuration(cj.Start); err != nil {
+				return nil, fmt.Errorf("swarm: spec: devices[%d]: \"start\": %w (write e.g. \"20s\")", i, err)
+			}
+		}
+		s.Devices = append(s.Devices, c)
+	}
 	if len(sj.Network) > 0 && string(sj.Network) != "null" {
 		var path string
 		if json.Unmarshal(sj.Network, &path) == nil {

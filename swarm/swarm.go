@@ -18,6 +18,7 @@ import (
 
 // Peer states in the report.
 const (
+	StatePending = "pending" // not started yet (a late class)
 	StateRunning = "running"
 	StateExited  = "exited"  // returned or exited with success
 	StateFailed  = "failed"  // returned an error or exited non-zero
@@ -45,13 +46,40 @@ type Peer struct {
 	// the whole swarm with a fake clock.
 	Clock clock.Clock
 
+	// Role, Args and NAT come from the peer's class (see DeviceClass).
+	Role string
+	Args []string
+	NAT  bool
+
+	launched chan instance // each (re)start's instance, for watch
+
 	mu      sync.Mutex
 	ids     []peer.ID
-	inst    instance
+	inst    instance // the current one; nil before the first start
 	state   string
 	err     error
 	killed  bool
 	stopped bool
+	starts  int
+}
+
+// Starts is how many times the peer was started (more than once after a
+// rejoin that restarted it).
+func (p *Peer) Starts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.starts
+}
+
+// current returns the peer's running instance, or an error naming why
+// there is none.
+func (p *Peer) current() (instance, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inst == nil {
+		return nil, fmt.Errorf("swarm: %s has not started yet", p.Name)
+	}
+	return p.inst, nil
 }
 
 // Register assigns a transport identity of this peer (e.g. its libp2p host
@@ -122,9 +150,14 @@ type Swarm struct {
 	allDone  chan struct{}
 	stopOnce sync.Once
 
-	mu     sync.Mutex
-	events []Event
-	end    time.Time
+	launcher Launcher
+	ctx      context.Context // the peers' context, cancelled by Stop
+	schedEnd chan struct{}   // closed when the schedule returns
+
+	mu       sync.Mutex
+	events   []Event
+	end      time.Time
+	stopping bool // no more launches
 }
 
 // Start validates spec, launches every peer with l and starts the failure
@@ -150,8 +183,10 @@ func Start(ctx context.Context, spec *Spec, l Launcher, opts Options) (*Swarm, e
 	s := &Swarm{
 		spec: spec, net: n, byName: map[string]*Peer{},
 		opts: opts, clk: clk, cancel: cancel, allDone: make(chan struct{}),
+		launcher: l, ctx: ctx, schedEnd: make(chan struct{}),
 	}
 	s.start = clk.Now()
+	launches := spec.launches()
 	for _, ps := range spec.Peers() {
 		dev, err := NewDevice(ps.Class, ps.Slowdown, ps.MemoryBytes, WithClock(clk))
 		if err != nil {
@@ -160,23 +195,25 @@ func Start(ctx context.Context, spec *Spec, l Launcher, opts Options) (*Swarm, e
 		}
 		p := &Peer{
 			Index: ps.Index, Name: ps.Name, Class: ps.Class, Region: ps.Region,
-			Device: dev, Metrics: newRecorder(clk), Network: n, Clock: clk, state: StateRunning,
+			Role: ps.Role, Args: ps.Args, NAT: ps.NAT,
+			Device: dev, Metrics: newRecorder(clk), Network: n, Clock: clk, state: StatePending,
+			launched: make(chan instance, len(launches[ps.Name])),
 		}
-		inst, err := l.launch(ctx, p)
-		if err != nil {
-			s.abort()
-			return nil, fmt.Errorf("swarm: launching %s: %w", p.Name, err)
-		}
-		p.inst = inst
 		s.peers = append(s.peers, p)
 		s.byName[p.Name] = p
+		if ps.Start == 0 {
+			if err := s.launch(p); err != nil {
+				s.abort()
+				return nil, err
+			}
+		}
 	}
 	var watchers sync.WaitGroup
 	for _, p := range s.peers {
 		watchers.Add(1)
 		go func() {
 			defer watchers.Done()
-			s.watch(p)
+			s.watch(p, len(launches[p.Name]))
 		}()
 	}
 	go func() {
@@ -192,29 +229,66 @@ func Start(ctx context.Context, spec *Spec, l Launcher, opts Options) (*Swarm, e
 	return s, nil
 }
 
+// launch starts (or restarts) p, unless the swarm is stopping.
+func (s *Swarm) launch(p *Peer) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return errors.New("swarm: stopping")
+	}
+	if p.Starts() >= cap(p.launched) {
+		return fmt.Errorf("swarm: %s has no (re)start left in the spec's schedule", p.Name)
+	}
+	inst, err := s.launcher.launch(s.ctx, p)
+	if err != nil {
+		return fmt.Errorf("swarm: launching %s: %w", p.Name, err)
+	}
+	p.mu.Lock()
+	p.inst, p.state, p.err, p.killed, p.stopped = inst, StateRunning, nil, false, false
+	p.starts++
+	p.mu.Unlock()
+	p.launched <- inst
+	return nil
+}
+
 // abort stops the peers launched so far by a failed Start.
 func (s *Swarm) abort() {
 	s.cancel()
 	for _, p := range s.peers {
-		p.inst.stop(s.opts.StopTimeout)
+		if inst, err := p.current(); err == nil {
+			inst.stop(s.opts.StopTimeout)
+		}
 	}
 }
 
-// watch records how a peer ended.
-func (s *Swarm) watch(p *Peer) {
-	<-p.inst.done()
-	err := p.inst.result()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	switch {
-	case p.killed:
-		p.state = StateKilled
-	case p.stopped:
-		p.state = StateStopped
-	case err != nil:
-		p.state, p.err = StateFailed, err
-	default:
-		p.state = StateExited
+// watch records how each of a peer's n starts ended. It returns early
+// when the schedule ended before a planned restart.
+func (s *Swarm) watch(p *Peer, n int) {
+	for range n {
+		var inst instance
+		select {
+		case inst = <-p.launched:
+		case <-s.schedEnd:
+			select {
+			case inst = <-p.launched:
+			default:
+				return
+			}
+		}
+		<-inst.done()
+		err := inst.result()
+		p.mu.Lock()
+		switch {
+		case p.killed:
+			p.state = StateKilled
+		case p.stopped:
+			p.state = StateStopped
+		case err != nil:
+			p.state, p.err = StateFailed, err
+		default:
+			p.state = StateExited
+		}
+		p.mu.Unlock()
 	}
 }
 
@@ -248,16 +322,67 @@ func (s *Swarm) Kill(name string) error {
 	if err != nil {
 		return err
 	}
+	inst, err := p.current()
+	if err != nil {
+		return err
+	}
 	p.mu.Lock()
 	p.killed = true
+	p.mu.Unlock()
+	s.cut(p, true)
+	return inst.kill()
+}
+
+// cut crashes (down) or recovers the peer's registered identities in the
+// network.
+func (s *Swarm) cut(p *Peer, down bool) {
+	if s.net == nil {
+		return
+	}
+	p.mu.Lock()
 	ids := append([]peer.ID(nil), p.ids...)
 	p.mu.Unlock()
-	if s.net != nil {
-		for _, id := range ids {
+	for _, id := range ids {
+		if down {
 			s.net.Crash(id)
+		} else {
+			s.net.Recover(id)
 		}
 	}
-	return p.inst.kill()
+}
+
+// Partition cuts the named peer off from every other peer in the network
+// (its process keeps running); Rejoin heals it.
+func (s *Swarm) Partition(name string) error {
+	p, err := s.lookup(name)
+	if err != nil {
+		return err
+	}
+	if s.net == nil {
+		return errors.New("swarm: a partition needs a network")
+	}
+	s.cut(p, true)
+	return nil
+}
+
+// Rejoin brings the named peer back: a killed (or ended) peer is started
+// again with the same identity, a partitioned one is reconnected.
+func (s *Swarm) Rejoin(name string) error {
+	p, err := s.lookup(name)
+	if err != nil {
+		return err
+	}
+	s.cut(p, false)
+	inst, err := p.current()
+	if err != nil {
+		return err
+	}
+	select {
+	case <-inst.done():
+		return s.launch(p)
+	default:
+		return nil // partitioned only
+	}
 }
 
 // Pause freezes the named peer (SIGSTOP, or the device's pause gate).
@@ -266,7 +391,11 @@ func (s *Swarm) Pause(name string) error {
 	if err != nil {
 		return err
 	}
-	return p.inst.pause()
+	inst, err := p.current()
+	if err != nil {
+		return err
+	}
+	return inst.pause()
 }
 
 // Resume undoes Pause.
@@ -275,7 +404,11 @@ func (s *Swarm) Resume(name string) error {
 	if err != nil {
 		return err
 	}
-	return p.inst.resume()
+	inst, err := p.current()
+	if err != nil {
+		return err
+	}
+	return inst.resume()
 }
 
 // SetSlowdown changes the named peer's slowdown factor.
@@ -287,7 +420,11 @@ func (s *Swarm) SetSlowdown(name string, f float64) error {
 	if err := checkSlowdown(f); err != nil {
 		return err
 	}
-	return p.inst.setSlowdown(f)
+	inst, err := p.current()
+	if err != nil {
+		return err
+	}
+	return inst.setSlowdown(f)
 }
 
 func (s *Swarm) apply(f Failure) error {
@@ -300,6 +437,10 @@ func (s *Swarm) apply(f Failure) error {
 		return s.Resume(f.Peer)
 	case ActionSlowdown:
 		return s.SetSlowdown(f.Peer, f.Factor)
+	case ActionPartition:
+		return s.Partition(f.Peer)
+	case ActionRejoin:
+		return s.Rejoin(f.Peer)
 	}
 	return fmt.Errorf("swarm: unknown action %q", f.Action)
 }
@@ -307,13 +448,14 @@ func (s *Swarm) apply(f Failure) error {
 // runSchedule fires the failure schedule until ctx ends or all peers exit.
 func (s *Swarm) runSchedule(ctx context.Context) {
 	defer s.schedWG.Done()
+	defer close(s.schedEnd)
 	var timer clock.Timer
 	defer func() {
 		if timer != nil {
 			timer.Stop()
 		}
 	}()
-	for _, f := range s.spec.schedule() {
+	for _, f := range s.spec.scheduleWithStarts() {
 		d := s.start.Add(f.At).Sub(s.clk.Now())
 		if timer == nil {
 			timer = s.clk.NewTimer(d)
@@ -327,7 +469,12 @@ func (s *Swarm) runSchedule(ctx context.Context) {
 		case <-s.allDone:
 			return
 		}
-		err := s.apply(f)
+		var err error
+		if f.Action == actionStart {
+			err = s.launch(s.byName[f.Peer])
+		} else {
+			err = s.apply(f)
+		}
 		ev := Event{At: f.At, Fired: s.clk.Now().Sub(s.start), Action: f.Action, Peer: f.Peer, Factor: f.Factor}
 		if err != nil {
 			ev.Error = err.Error()
@@ -377,10 +524,17 @@ func (s *Swarm) Stop() error {
 // stopPeers stops the running peers once.
 func (s *Swarm) stopPeers() {
 	s.stopOnce.Do(func() {
+		s.mu.Lock()
+		s.stopping = true
+		s.mu.Unlock()
 		var running []*Peer
 		for _, p := range s.peers {
+			inst, err := p.current()
+			if err != nil {
+				continue
+			}
 			select {
-			case <-p.inst.done():
+			case <-inst.done():
 				continue
 			default:
 			}
@@ -395,7 +549,8 @@ func (s *Swarm) stopPeers() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				p.inst.stop(s.opts.StopTimeout)
+				inst, _ := p.current()
+				inst.stop(s.opts.StopTimeout)
 			}()
 		}
 		wg.Wait()
@@ -413,7 +568,11 @@ func (s *Swarm) Report() Report {
 	}
 	for _, p := range s.peers {
 		st, err := p.State()
-		m, ok := p.inst.metrics()
+		var m PeerMetrics
+		ok := false
+		if inst, ierr := p.current(); ierr == nil {
+			m, ok = inst.metrics()
+		}
 		if !ok {
 			m = p.Metrics.Snapshot()
 		}

@@ -60,6 +60,7 @@ func newRootCmd() *cobra.Command {
 		newServerCmd(),
 		newPeerCmd(),
 		newDoctorCmd(),
+		newSwarmCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
+	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/swarm"
 	"github.com/spf13/cobra"
 )
@@ -43,6 +46,8 @@ type pipelineFlags struct {
 	workerRegions   string
 	coordRegion     string
 	link            linkFlags
+	compare         string
+	compareRounds   int
 }
 
 func newTrainPipelineCmd() *cobra.Command {
@@ -89,6 +94,8 @@ func newTrainPipelineCmd() *cobra.Command {
 	fl.StringVar(&p.workerRegions, "worker-regions", "", "comma-separated region per local worker (default: round-robin over the profile's regions)")
 	fl.StringVar(&p.coordRegion, "coordinator-region", "", "the coordinator's region (default: the profile's first)")
 	p.link.register(fl, "between two regions a and b of local workers (instead of --regions)", 0)
+	fl.StringVar(&p.compare, "compare", "", "before training, measure the iteration time of these strategies' plans in turn (e.g. even,skyhive), then train with --strategy")
+	fl.IntVar(&p.compareRounds, "compare-rounds", 5, "measured iterations per strategy of --compare (alternating, after one warm-up each)")
 	renameFlags(fl, map[string]string{"link-latency": "latency", "link-bandwidth": "bandwidth", "micro-batches": "micro"})
 	return cmd
 }
@@ -193,6 +200,7 @@ type pipelineResult struct {
 	Workers      []pipeline.WorkerInfo  `json:"workers"`
 	Events       []string               `json:"events,omitempty"`
 	Last         *pipeline.IterStats    `json:"last_iteration,omitempty"`
+	Compare      []planMeasurement      `json:"compare,omitempty"`
 	Config       map[string]interface{} `json:"config"`
 }
 
@@ -323,13 +331,19 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 			return local.Kill(w)
 		}
 	}
+	var compared []planMeasurement
+	if p.compare != "" {
+		if compared, err = p.measurePlans(ctx, s, trainSet, f.cfg.BatchSize, f.cfg.Seed, out); err != nil {
+			return err
+		}
+	}
 	tr, err := s.Train(ctx, topts)
 	if err != nil {
 		return err
 	}
 	res := pipelineResult{
 		Iterations: tr.Iterations, Ran: tr.Ran, Seconds: tr.Duration.Seconds(), FinalLoss: tr.Last.Loss, TestLoss: tr.TestLoss, TestAccuracy: tr.TestAccuracy,
-		Plan: s.Plan(), Workers: c.Workers(), Events: tr.Events, Last: &tr.Last,
+		Plan: s.Plan(), Workers: c.Workers(), Events: tr.Events, Last: &tr.Last, Compare: compared,
 		Config: map[string]interface{}{"model": f.cfg.Model, "batch": f.cfg.BatchSize, "micro": p.micro, "schedule": sched.String(), "strategy": p.strategy},
 	}
 	if f.out.json {
@@ -338,6 +352,60 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	fmt.Fprintf(cmd.OutOrStdout(), "pipeline: %d iterations run in %.1fs (%.1f ms/iteration; %d in all), final loss %.4f, test accuracy %.2f%%\n",
 		res.Ran, res.Seconds, 1e3*res.Seconds/float64(max(res.Ran, 1)), res.Iterations, res.FinalLoss, 100*res.TestAccuracy)
 	return nil
+}
+
+// planMeasurement is one strategy's plan measured by --compare.
+type planMeasurement struct {
+	Strategy  string     `json:"strategy"`
+	Plan      alloc.Plan `json:"plan"`
+	Predicted float64    `json:"predicted_seconds"`
+	Median    float64    `json:"measured_seconds"` // median iteration time
+	Times     []float64  `json:"times"`
+}
+
+// measurePlans runs --compare: each strategy's plan for --compare-rounds
+// iterations in turn (real training steps, on batches of their own), then
+// installs --strategy's plan again for the training.
+func (p *pipelineFlags) measurePlans(ctx context.Context, s *pipeline.Session, trainSet *data.Dataset, batch int, seed uint64, out io.Writer) ([]planMeasurement, error) {
+	if p.compareRounds < 1 {
+		return nil, fmt.Errorf("--compare-rounds %d: want at least 1", p.compareRounds)
+	}
+	strategies := strings.Split(p.compare, ",")
+	for _, name := range strategies {
+		if !slices.Contains(alloc.StrategyNames(), name) {
+			return nil, fmt.Errorf("--compare: unknown strategy %q (want some of %s)", name, strings.Join(alloc.StrategyNames(), ", "))
+		}
+	}
+	cmp, err := s.ComparePlans(ctx, strategies)
+	if err != nil {
+		return nil, err
+	}
+	loader, err := data.NewLoader(trainSet, data.BatchOptions{Size: batch, Shuffle: true, Seed: seed + 1, DropLast: true})
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "comparing plans of %s: %d measured iterations each, in turn\n", p.compare, p.compareRounds)
+	if err := s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: pipeline.NewBatches(loader), Rounds: p.compareRounds}); err != nil {
+		return nil, fmt.Errorf("--compare: %w", err)
+	}
+	var res []planMeasurement
+	for _, pc := range cmp {
+		if pc.Err != nil {
+			fmt.Fprintf(out, "  %-8s cannot plan: %v\n", pc.Strategy, pc.Err)
+			continue
+		}
+		m := planMeasurement{Strategy: pc.Strategy, Plan: pc.Plan, Predicted: pc.Prediction.Iteration, Median: stats.Median(pc.Times), Times: pc.Times}
+		fmt.Fprintf(out, "  %-8s measured %.1f ms/iteration (median of %d), predicted %.1f ms\n", m.Strategy, 1e3*m.Median, len(m.Times), 1e3*m.Predicted)
+		res = append(res, m)
+	}
+	plan, err := s.Solve(ctx, p.strategy)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.SetPlan(ctx, plan); err != nil {
+		return nil, err
+	}
+	return res, nil
 }
 
 // pipelineData loads Fashion-MNIST, or Gaussian blobs with --data blobs.

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/skyhive/skyhive/bench"
+	"github.com/skyhive/skyhive/swarm"
+)
+
+func newSwarmCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "swarm",
+		Short: "Run a described swarm of skyhive processes (namespaces, WAN links, NAT, failures)",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(newSwarmRunCmd())
+	return cmd
+}
+
+type swarmRunFlags struct {
+	dir       string
+	isolation string
+	timeout   time.Duration
+	out       outputFlags
+}
+
+func newSwarmRunCmd() *cobra.Command {
+	var f swarmRunFlags
+	cmd := &cobra.Command{
+		Use:   "run SPEC",
+		Short: "Start every peer of a swarm spec as a separate process, fire its failures, report",
+		Long: "Start the swarm SPEC describes (see docs/swarm.md and examples/swarm/): every peer is a\n" +
+			"separate skyhive process (dht, relay, server, trainer, peer, coordinator or worker). As root\n" +
+			"each runs in its own network namespace with its own IP, joined by netem's router, which\n" +
+			"emulates the spec's per-region latency, bandwidth and loss; peers with \"nat\": true sit\n" +
+			"behind a NAT and join through a relay. Without root the peers run on loopback and links are\n" +
+			"not emulated. The failure schedule kills, pauses, slows, partitions and restarts peers.\n" +
+			"The run ends when every training peer has ended; the services are then stopped, and\n" +
+			"nothing is left running. It prints a summary, or with --json the benchmark protocol's\n" +
+			"lines (suite swarm, case the spec's name); every peer's log and result is in --dir.",
+		Example: "  sudo skyhive swarm run examples/swarm/averaging.json\n" +
+			"  sudo skyhive swarm run examples/swarm/pipeline.json --json --dir results/pipeline\n" +
+			"  skyhive swarm run examples/swarm/moe.json --isolation processes   # no root: loopback",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error { return f.run(cmd, args[0]) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.dir, "dir", "", "directory for the peers' logs, results and keys (default: results/swarm-NAME)")
+	fl.StringVar(&f.isolation, "isolation", "", "namespaces (root: a network namespace per peer) or processes (loopback); default: the spec's, else namespaces when possible")
+	fl.DurationVar(&f.timeout, "timeout", 0, "stop the run after this long (default: the spec's timeout, else 10m)")
+	f.out.register(fl, "the benchmark protocol's lines", "the run's result (every peer's state, result and bytes)")
+	return cmd
+}
+
+func (f *swarmRunFlags) run(cmd *cobra.Command, path string) error {
+	spec, err := swarm.LoadSpec(path)
+	if err != nil {
+		return err
+	}
+	if spec.Name == "" {
+		spec.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	}
+	dir := f.dir
+	if dir == "" {
+		dir = filepath.Join("results", "swarm-"+spec.Name)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("locating the skyhive binary: %w", err)
+	}
+	stats, closeStats, err := f.out.openStats()
+	if err != nil {
+		return err
+	}
+	defer closeStats()
+	res, runErr := swarm.Run(cmd.Context(), spec, swarm.RunConfig{
+		Binary: exe, Dir: dir, Isolation: f.isolation, Timeout: f.timeout,
+		Log: cmd.ErrOrStderr(),
+	})
+	if res == nil {
+		return runErr
+	}
+	(&jsonLines{w: stats}).write(res)
+	if f.out.json {
+		lines := &jsonLines{w: cmd.OutOrStdout()}
+		for _, r := range bench.SwarmResults(res) {
+			lines.write(r)
+		}
+	} else {
+		printSwarmSummary(cmd.OutOrStdout(), res)
+	}
+	return runErr
+}
+
+// printSwarmSummary prints a table of the peers and the run's numbers.
+func printSwarmSummary(w io.Writer, r *swarm.RunResult) {
+	fmt.Fprintf(w, "swarm %s: %.1f s, isolation %s\n", r.Name, r.Seconds, r.Isolation)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "peer\trole\tregion\tstate\tstarts\taccuracy\tMB sent\tMB received")
+	for _, p := range r.Peers {
+		acc := "-"
+		if p.TestAccuracy != nil {
+			acc = fmt.Sprintf("%.2f%%", 100**p.TestAccuracy)
+		}
+		region := p.Region
+		if p.NAT {
+			region += " (NAT)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f\n", p.Name, p.Role, region, p.State, p.Starts, acc, float64(p.Sent)/1e6, float64(p.Received)/1e6)
+	}
+	tw.Flush()
+	for _, e := range r.Events {
+		line := fmt.Sprintf("  at %v: %s %s", e.Fired.Round(time.Millisecond), e.Action, e.Peer)
+		if e.Error != "" {
+			line += ": " + e.Error
+		}
+		fmt.Fprintln(w, line)
+	}
+	for _, b := range bench.SwarmResults(r)[1:] {
+		line := fmt.Sprintf("  %s: %.4g %s", b.Metric, b.Value, b.Unit)
+		if b.Baseline != "" {
+			line += fmt.Sprintf(" (%s %.4g, ratio %.2f)", b.Baseline, b.BaselineValue, b.Ratio)
+		}
+		fmt.Fprintln(w, line)
+	}
+	if r.Network != nil {
+		n := r.Network
+		fmt.Fprintf(w, "  router: %d packets forwarded, %d lost, %d tail-dropped, %d unreachable, %d refused by NATs\n",
+			n.Forwarded, n.Lost, n.QueueDrops, n.Unreachable, n.NATDrops)
+	}
+}

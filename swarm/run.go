@@ -1,0 +1,524 @@
+package swarm
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skyhive/skyhive/netem"
+	"github.com/skyhive/skyhive/p2p"
+)
+
+// RunConfig configures Run.
+type RunConfig struct {
+	// Binary is the skyhive executable every peer runs.
+	Binary string
+	// Dir receives each peer's NAME.log (stderr), NAME.out (stdout: its
+	// result), NAME.key (its identity) and the swarm's files. It is
+	// created if needed.
+	Dir string
+	// Env is added to every peer's environment.
+	Env []string
+	// Isolation and Timeout, when set, override the spec's.
+	Isolation string
+	Timeout   time.Duration
+	// Log receives progress lines (nil discards them).
+	Log io.Writer
+	// StopTimeout is how long a stopped peer may take to exit before it is
+	// killed (default 15 s).
+	StopTimeout time.Duration
+}
+
+// RunResult is what a Run measured.
+type RunResult struct {
+	Name      string  `json:"name"`
+	Isolation string  `json:"isolation"`
+	Seconds   float64 `json:"seconds"`
+	// Peers are in index order.
+	Peers  []PeerResult `json:"peers"`
+	Events []Event      `json:"events,omitempty"`
+	// Network counts the namespace router's packets (namespaces only).
+	Network *netem.TopologyStats `json:"network,omitempty"`
+	// TimedOut is set when the spec's timeout stopped the run.
+	TimedOut bool `json:"timed_out,omitempty"`
+}
+
+// PeerResult is one peer of a Run.
+type PeerResult struct {
+	Name   string `json:"name"`
+	Class  string `json:"class"`
+	Role   string `json:"role"`
+	Region string `json:"region,omitempty"`
+	NAT    bool   `json:"nat,omitempty"`
+	// Addr is the multiaddr the peer listened on, with its peer ID.
+	Addr   string `json:"addr"`
+	State  string `json:"state"`
+	Error  string `json:"error,omitempty"`
+	Starts int    `json:"starts"`
+	// Sent and Received are the IP bytes through the namespace router.
+	Sent     uint64 `json:"bytes_sent,omitempty"`
+	Received uint64 `json:"bytes_received,omitempty"`
+	// Result is the last JSON value the peer printed on stdout (--json),
+	// absent for services and peers killed before they finished.
+	Result json.RawMessage `json:"result,omitempty"`
+	// TestAccuracy is Result's test_accuracy, if it has one.
+	TestAccuracy *float64 `json:"test_accuracy,omitempty"`
+	// Log is the path of the peer's stderr.
+	Log string `json:"log"`
+}
+
+// listenPort is every peer's TCP port inside its own namespace.
+const listenPort = 4001
+
+// runPeer is a peer's place in the swarm, fixed before anything starts.
+type runPeer struct {
+	spec PeerSpec
+	id   peer.ID
+	key  string
+	ip   string
+	port int
+}
+
+func (r runPeer) addr() string {
+	return fmt.Sprintf("/ip4/%s/tcp/%d/p2p/%s", r.ip, r.port, r.id)
+}
+
+// namespaces is what Run uses of netem.Topology.
+type namespaces interface {
+	Namespace(id peer.ID) (string, bool)
+	Do(id peer.ID, fn func() error) error
+	Stats() netem.TopologyStats
+	PeerBytes(id peer.ID) (sent, received uint64, ok bool)
+	Close() error
+}
+
+// Run starts the swarm a spec describes as separate skyhive processes,
+// each in its own network namespace joined by netem's router (as root) or
+// on loopback, fires the failure schedule, waits until every peer that
+// ends by itself (trainers, averaging peers, the pipeline coordinator) has
+// ended, stops the services (DHT nodes, relays, expert servers, workers)
+// and returns each peer's result. It leaves nothing running: peers die with
+// this process (Pdeathsig) and the namespaces are deleted on return (or by
+// the next run, if this process was killed).
+func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Binary == "" || cfg.Dir == "" {
+		return nil, errors.New("swarm: run needs the skyhive binary and a directory")
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = 15 * time.Second
+	}
+	logf := func(format string, args ...any) {
+		if cfg.Log != nil {
+			fmt.Fprintf(cfg.Log, format+"\n", args...)
+		}
+	}
+	iso, err := chooseIsolation(spec, cfg.Isolation)
+	if err != nil {
+		return nil, err
+	}
+	timeout := cmp.Or(cfg.Timeout, spec.Timeout, DefaultTimeout)
+	peers := spec.Peers()
+	if err := checkOrder(peers); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("swarm: %w", err)
+	}
+	// Identities first, so every address is known before anything starts.
+	rps := make([]runPeer, len(peers))
+	for i, ps := range peers {
+		rp := runPeer{spec: ps, key: filepath.Join(cfg.Dir, ps.Name+".key")}
+		if rp.id, err = identity(rp.key); err != nil {
+			return nil, err
+		}
+		rps[i] = rp
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var net_ *netem.Network
+	var ns namespaces
+	if iso == IsolationNamespaces {
+		profile := spec.Profile
+		if profile == nil {
+			profile = netem.Uniform(netem.LinkParams{})
+		}
+		if net_, err = netem.New(profile, spec.Seed); err != nil {
+			return nil, err
+		}
+		ids := make([]peer.ID, len(rps))
+		var nat []peer.ID
+		for i, rp := range rps {
+			ids[i] = rp.id
+			region := rp.spec.Region
+			if region == "" {
+				region = profile.Regions[0]
+			}
+			if err := net_.Assign(rp.id, region); err != nil {
+				return nil, err
+			}
+			if rp.spec.NAT {
+				nat = append(nat, rp.id)
+			}
+		}
+		if ns, err = newNamespaces(ctx, net_, ids, nat); err != nil {
+			return nil, fmt.Errorf("swarm: isolation namespaces: %w", err)
+		}
+		defer ns.Close()
+		for i := range rps {
+			rps[i].ip = fmt.Sprintf("10.77.0.%d", i+1)
+			rps[i].port = listenPort
+		}
+	} else {
+		for i := range rps {
+			if rps[i].port, err = freePort(); err != nil {
+				return nil, err
+			}
+			rps[i].ip = "127.0.0.1"
+		}
+		if spec.Profile != nil {
+			logf("isolation processes: every peer on loopback; the network's links are not emulated (run as root for namespaces)")
+		}
+	}
+	byName := map[string]runPeer{}
+	for _, rp := range rps {
+		byName[rp.spec.Name] = rp
+	}
+	argsOf := roleArgs(rps)
+	pr := &Processes{
+		Path: cfg.Binary, Dir: cfg.Dir, SplitStdout: true,
+		Args: func(p *Peer) []string { return argsOf[p.Name] },
+		Env:  func(*Peer) []string { return cfg.Env },
+		Ready: func(ctx context.Context, p *Peer, exited <-chan struct{}) error {
+			if !needsReady(p.Role) {
+				return nil
+			}
+			return waitListening(ctx, byName[p.Name], ns, exited, filepath.Join(cfg.Dir, p.Name+".log"))
+		},
+	}
+	if ns != nil {
+		pr.Wrap = func(p *Peer) []string {
+			name, _ := ns.Namespace(byName[p.Name].id)
+			return []string{"ip", "netns", "exec", name}
+		}
+	}
+	logf("swarm %s: %d peers, isolation %s, logs in %s", cmp.Or(spec.Name, "(unnamed)"), len(rps), iso, cfg.Dir)
+	sw, err := Start(ctx, spec, pr, Options{Network: net_, StopTimeout: cfg.StopTimeout})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range sw.Peers() {
+		if err := p.Register(byName[p.Name].id); err != nil {
+			sw.Stop()
+			return nil, err
+		}
+	}
+	res := &RunResult{Name: spec.Name, Isolation: iso}
+	res.TimedOut = !waitFinite(ctx, sw, spec, timeout, logf)
+	stopErr := sw.Stop()
+	rep := sw.Report()
+	res.Seconds = rep.End.Sub(rep.Start).Seconds()
+	res.Events = rep.Events
+	if ns != nil {
+		st := ns.Stats()
+		res.Network = &st
+	}
+	for i, p := range sw.Peers() {
+		rp := rps[i]
+		st, perr := p.State()
+		pres := PeerResult{
+			Name: p.Name, Class: p.Class, Role: p.Role, Region: p.Region, NAT: p.NAT,
+			Addr: rp.addr(), State: st, Starts: p.Starts(), Log: filepath.Join(cfg.Dir, p.Name+".log"),
+		}
+		if perr != nil {
+			pres.Error = perr.Error() + lastLine(pres.Log)
+		}
+		if ns != nil {
+			pres.Sent, pres.Received, _ = ns.PeerBytes(rp.id)
+		}
+		if v, ok := lastJSON(filepath.Join(cfg.Dir, p.Name+".out")); ok {
+			pres.Result = v
+			var acc struct {
+				TestAccuracy *float64 `json:"test_accuracy"`
+			}
+			if json.Unmarshal(v, &acc) == nil {
+				pres.TestAccuracy = acc.TestAccuracy
+			}
+		}
+		res.Peers = append(res.Peers, pres)
+	}
+	switch {
+	case ctx.Err() != nil:
+		return res, ctx.Err()
+	case res.TimedOut:
+		return res, fmt.Errorf("swarm: %s did not finish within %v (raise \"timeout\" or shorten the training)", cmp.Or(spec.Name, "the swarm"), timeout)
+	}
+	return res, stopErr
+}
+
+// chooseIsolation resolves the isolation mode: namespaces when the spec or
+// the caller asks for them (an error if they cannot run here) or, when
+// neither says, when they can run.
+func chooseIsolation(spec *Spec, override string) (string, error) {
+	iso := cmp.Or(override, spec.Isolation)
+	nsErr := netem.NamespaceSupport()
+	nat := slices.ContainsFunc(spec.Devices, func(c DeviceClass) bool { return c.NAT })
+	switch iso {
+	case "":
+		if nsErr != nil {
+			if nat {
+				return "", fmt.Errorf("swarm: peers behind a NAT need network namespaces: %w", nsErr)
+			}
+			return IsolationProcesses, nil
+		}
+		return IsolationNamespaces, nil
+	case IsolationNamespaces:
+		if nsErr != nil {
+			return "", fmt.Errorf("swarm: isolation namespaces: %w (or use isolation processes)", nsErr)
+		}
+		return iso, nil
+	case IsolationProcesses:
+		if nat {
+			return "", errors.New(`swarm: peers behind a NAT ("nat": true) need isolation namespaces`)
+		}
+		return iso, nil
+	}
+	return "", fmt.Errorf("swarm: isolation %q: want %q or %q", iso, IsolationNamespaces, IsolationProcesses)
+}
+
+// checkOrder requires the classes others join through to come first:
+// each class starts once the ones before it listen.
+func checkOrder(peers []PeerSpec) error {
+	seen := map[string]bool{}
+	for _, p := range peers {
+		var need []string
+		switch p.Role {
+		case RoleServer, RoleTrainer, RolePeer:
+			if !seen[RoleDHT] && !seen[RoleRelay] {
+				need = []string{RoleDHT, RoleRelay}
+			}
+		case RoleWorker:
+			if !seen[RoleCoordinator] {
+				need = []string{RoleCoordinator}
+			}
+		}
+		if p.NAT && !seen[RoleRelay] {
+			need = []string{RoleRelay}
+		}
+		if need != nil {
+			return fmt.Errorf("swarm: spec: class %q (role %s) is listed before a %s class; list the classes others join through first", p.Class, p.Role, strings.Join(need, " or "))
+		}
+		seen[p.Role] = true
+	}
+	return nil
+}
+
+// roleArgs returns every peer's command line (after the binary).
+func roleArgs(rps []runPeer) map[string][]string {
+	var seeds, relays []string
+	var coord string
+	workers := 0
+	for _, rp := range rps {
+		switch rp.spec.Role {
+		case RoleDHT:
+			seeds = append(seeds, rp.addr())
+		case RoleRelay:
+			seeds = append(seeds, rp.addr())
+			relays = append(relays, rp.addr())
+		case RoleCoordinator:
+			coord = rp.addr()
+		case RoleWorker:
+			workers++
+		}
+	}
+	out := map[string][]string{}
+	for _, rp := range rps {
+		p := rp.spec
+		var a []string
+		switch p.Role {
+		case RoleDHT:
+			a = []string{"dht"}
+		case RoleRelay:
+			a = []string{"dht", "--relay-service", "--reachability", "public"}
+		case RoleServer:
+			a = []string{"server", "--dht", strings.Join(seeds, ",")}
+		case RoleTrainer:
+			a = []string{"train", "moe", "--dht", strings.Join(seeds, ","), "--json"}
+		case RolePeer:
+			a = []string{"peer", "--dht", strings.Join(seeds, ","), "--json", "--quiet"}
+		case RoleCoordinator:
+			a = []string{"train", "pipeline", "--join-wait", strconv.Itoa(workers), "--json"}
+		case RoleWorker:
+			a = []string{"worker", "--join", coord, "--name", p.Name}
+			if p.Region != "" {
+				a = append(a, "--region", p.Region)
+			}
+		}
+		a = append(a, "--listen", fmt.Sprintf("/ip4/%s/tcp/%d", rp.ip, rp.port), "--identity", rp.key)
+		if p.NAT {
+			a = append(a, "--relay", strings.Join(relays, ","), "--reachability", "private")
+		}
+		if p.Slowdown != 1 && (p.Role == RolePeer || p.Role == RoleWorker) {
+			a = append(a, "--slowdown", strconv.FormatFloat(p.Slowdown, 'g', -1, 64))
+		}
+		out[p.Name] = append(a, p.Args...)
+	}
+	return out
+}
+
+// needsReady tells whether a role's peer must listen before the next one
+// starts: the ones others join through.
+func needsReady(role string) bool {
+	return role == RoleDHT || role == RoleRelay || role == RoleCoordinator
+}
+
+// waitListening waits until rp accepts TCP connections (from inside its
+// namespace when there is one), or fails if the process exits first.
+func waitListening(ctx context.Context, rp runPeer, ns namespaces, exited <-chan struct{}, log string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	addr := net.JoinHostPort(rp.ip, strconv.Itoa(rp.port))
+	dial := func() error {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		var err error
+		if ns != nil {
+			err = ns.Do(rp.id, dial)
+		} else {
+			err = dial()
+		}
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("%s exited before listening on %s%s", rp.spec.Name, addr, lastLine(log))
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not listen on %s within 30s%s", rp.spec.Name, addr, lastLine(log))
+		case <-t.C:
+		}
+	}
+}
+
+// waitFinite waits until every peer that ends by itself has ended with no
+// restart pending. It reports false if the timeout came first.
+func waitFinite(ctx context.Context, sw *Swarm, spec *Spec, timeout time.Duration, logf func(string, ...any)) bool {
+	launches := spec.launches()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	finite := 0
+	for _, p := range sw.Peers() {
+		if !IsService(p.Role) {
+			finite++
+		}
+	}
+	last := -1
+	for {
+		left := 0
+		for _, p := range sw.Peers() {
+			if IsService(p.Role) {
+				continue
+			}
+			st, _ := p.State()
+			if st == StatePending || st == StateRunning || p.Starts() < len(launches[p.Name]) {
+				left++
+			}
+		}
+		if left != last {
+			logf("%d of %d training peers running", left, finite)
+			last = left
+		}
+		if left == 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return true
+		case <-deadline.C:
+			return false
+		case <-sw.Done():
+		case <-tick.C:
+		}
+	}
+}
+
+// identity creates (or reads) a peer's key file and returns its ID.
+func identity(path string) (peer.ID, error) {
+	key, err := p2p.LoadOrCreateIdentity(path)
+	if err != nil {
+		return "", fmt.Errorf("swarm: identity %s: %w", path, err)
+	}
+	id, err := peer.IDFromPrivateKey(key)
+	if err != nil {
+		return "", fmt.Errorf("swarm: identity %s: %w", path, err)
+	}
+	return id, nil
+}
+
+// freePort asks the kernel for a free loopback TCP port. Another process
+// could take it before the peer listens; the peer then fails to start
+// with a "port in use" error.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("swarm: finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// lastJSON returns the last JSON value in a file of JSON values (lines or
+// indented objects), skipping a truncated tail.
+func lastJSON(path string) (json.RawMessage, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	var last json.RawMessage
+	for {
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			break
+		}
+		last = v
+	}
+	return last, last != nil
+}
+
+// lastLine returns ": " and the last non-empty line of a log, for errors.
+func lastLine(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if l := strings.TrimSpace(lines[len(lines)-1]); l != "" {
+		return fmt.Sprintf(" (%s: %s)", filepath.Base(path), l)
+	}
+	return ""
+}

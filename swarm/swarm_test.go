@@ -3,6 +3,7 @@ package swarm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -96,6 +97,17 @@ func TestParseSpecErrors(t *testing.T) {
 		"factor":         {`{"devices":[{"name":"a","count":1}],"failures":[{"at":"1s","action":"slowdown","peer":"a-0"}]}`, `factor 0 must be >= 1`},
 		"for on kill":    {`{"devices":[{"name":"a","count":1}],"failures":[{"at":"1s","action":"kill","peer":"a-0","for":"2s"}]}`, `"for" only applies to pause`},
 		"typo":           {`{"devices":[{"name":"a","count":1,"slowdwn":2}]}`, `unknown field "slowdwn"`},
+		"role":           {`{"devices":[{"name":"a","count":1,"role":"miner"}]}`, `unknown role "miner"`},
+		"runner flag":    {`{"devices":[{"name":"d","count":1,"role":"dht","args":["--listen=/ip4/1.2.3.4/tcp/1"]}]}`, `--listen is set by swarm run`},
+		"mixed roles":    {`{"devices":[{"name":"d","count":1,"role":"dht"},{"name":"a","count":1}]}`, `either every device class has a "role"`},
+		"no dht":         {`{"devices":[{"name":"p","count":2,"role":"peer"}]}`, `join through a DHT`},
+		"no coordinator": {`{"devices":[{"name":"w","count":2,"role":"worker"}]}`, `workers need a device class with "role": "coordinator"`},
+		"nat no relay":   {`{"devices":[{"name":"d","count":1,"role":"dht"},{"name":"p","count":1,"role":"peer","nat":true}]}`, `join through a relay`},
+		"isolation":      {`{"isolation":"vm","devices":[{"name":"a","count":1}]}`, `isolation "vm"`},
+		"bad start":      {`{"devices":[{"name":"a","count":1,"start":"soon"}]}`, `"start"`},
+		"before start":   {`{"devices":[{"name":"a","count":1,"start":"10s"}],"failures":[{"at":"5s","action":"kill","peer":"a-0"}]}`, `starts only at 10s`},
+		"rejoin":         {`{"devices":[{"name":"a","count":1}],"failures":[{"at":"5s","action":"rejoin","peer":"a-0"}]}`, `neither killed nor partitioned`},
+		"partition":      {`{"devices":[{"name":"a","count":1}],"failures":[{"at":"5s","action":"partition","peer":"a-0"}]}`, `needs a "network"`},
 	}
 	for name, c := range cases {
 		_, err := ParseSpec([]byte(c.json), ".")
@@ -519,5 +531,77 @@ func TestKillCrashesRegisteredIdentity(t *testing.T) {
 	}
 	if err := s.Stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLateStartRejoinAndPartition drives a late start, a kill followed by
+// a rejoin (a second start) and a partition healed after "for" on a fake
+// clock, and checks the peers' states and the network.
+func TestLateStartRejoinAndPartition(t *testing.T) {
+	clk := clock.NewFake(epoch)
+	spec := &Spec{
+		Profile: netem.Uniform(netem.LinkParams{Latency: time.Millisecond}),
+		Devices: []DeviceClass{{Name: "a", Count: 1}, {Name: "late", Count: 1, Start: 100 * time.Millisecond}},
+		Failures: []Failure{
+			{At: 50 * time.Millisecond, Action: ActionKill, Peer: "a-0"},
+			{At: 150 * time.Millisecond, Action: ActionRejoin, Peer: "a-0"},
+			{At: 200 * time.Millisecond, Action: ActionPartition, Peer: "late-0", For: 100 * time.Millisecond},
+		},
+	}
+	if err := spec.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	run := func(ctx context.Context, p *Peer) error {
+		if err := p.Register(peer.ID(p.Name)); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	s, err := Start(context.Background(), spec, Goroutines(run), Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	a, _ := s.Peer("a-0")
+	late, _ := s.Peer("late-0")
+	events := func() int { return len(s.Report().Events) }
+	step := func(to time.Duration, n int) {
+		t.Helper()
+		clk.Advance(to - clk.Now().Sub(epoch))
+		eventually(t, fmt.Sprintf("%d events at %v", n, to), func() bool { return events() == n })
+	}
+	if st, _ := late.State(); st != StatePending {
+		t.Fatalf("late-0 is %s before its start", st)
+	}
+	if err := s.Kill("late-0"); err == nil {
+		t.Error("killing a peer that has not started succeeded")
+	}
+	step(50*time.Millisecond, 1)
+	eventually(t, "a-0 killed", func() bool { st, _ := a.State(); return st == StateKilled })
+	step(100*time.Millisecond, 2)
+	eventually(t, "late-0 started", func() bool { st, _ := late.State(); return st == StateRunning })
+	step(150*time.Millisecond, 3)
+	eventually(t, "a-0 restarted", func() bool { st, _ := a.State(); return st == StateRunning && a.Starts() == 2 })
+	n := s.Network()
+	eventually(t, "a-0 reachable again", func() bool { return n.Reachable("late-0", "a-0") })
+	step(200*time.Millisecond, 4)
+	if n.Reachable("a-0", "late-0") {
+		t.Error("late-0 reachable while partitioned")
+	}
+	if st, _ := late.State(); st != StateRunning {
+		t.Errorf("a partition stopped late-0: %s", st)
+	}
+	step(300*time.Millisecond, 5)
+	if !n.Reachable("a-0", "late-0") {
+		t.Error("late-0 unreachable after the partition healed")
+	}
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range s.Report().Events {
+		if e.Error != "" {
+			t.Errorf("event %s %s: %s", e.Action, e.Peer, e.Error)
+		}
 	}
 }

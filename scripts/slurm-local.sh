@@ -19,6 +19,7 @@
 #   JOB_TIMEOUT  seconds one example may take before it is cancelled (300)
 #   PORT_BASE    first of the ports used: slurmctld, then one per slurmd,
 #                then the examples' DHT/coordinator port (16817)
+#   SKYHIVE      a skyhive binary to use instead of building one
 #   KEEP=1       keep the temporary directory (configs, logs, job outputs)
 #   HOLD=SECONDS  after the examples, keep the cluster up this long for
 #                manual use (it prints the SLURM_CONF to export); Ctrl-C or
@@ -112,11 +113,12 @@ cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
 	set +e
+	[ "$rc" -le 128 ] || say "interrupted: cancelling the jobs, stopping the cluster"
 	[ -z "$HOLD_PID" ] || kill "$HOLD_PID" 2>/dev/null
 	if [ -n "$CTLD_PID" ] && kill -0 "$CTLD_PID" 2>/dev/null; then
 		# Cancel whatever is still queued or running (this cluster's jobs
 		# only: SLURM_CONF names it) and give the steps time to end.
-		scancel --quiet --full $(squeue -h -o %i 2>/dev/null) 2>/dev/null
+		scancel --quiet $(squeue -h -o %i 2>/dev/null) 2>/dev/null
 		for _ in $(seq 30); do
 			[ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
 			sleep 1
@@ -197,7 +199,10 @@ EOF
 
 # --- daemons ----------------------------------------------------------------
 say "starting munged, slurmctld and $NODES slurmd in $T"
-munged -F --socket="$T/munge/munge.socket" --key-file="$T/munge/munge.key" \
+# Each daemon runs in its own session (setsid): a signal to this script's
+# process group (Ctrl-C, timeout) reaches only the script, which then
+# cancels the jobs before it stops the daemons, in that order.
+setsid munged -F --socket="$T/munge/munge.socket" --key-file="$T/munge/munge.key" \
 	--pid-file="$T/munge/munged.pid" --log-file="$T/log/munged.log" \
 	--seed-file="$T/munge/munged.seed" >>"$T/log/munged.out" 2>&1 &
 MUNGED_PID=$!
@@ -207,10 +212,10 @@ for _ in $(seq 50); do
 	sleep 0.2
 done
 
-slurmctld -D -f "$SLURM_CONF" >>"$T/log/slurmctld.out" 2>&1 &
+setsid slurmctld -D -f "$SLURM_CONF" >>"$T/log/slurmctld.out" 2>&1 &
 CTLD_PID=$!
 for k in $(seq "$NODES"); do
-	slurmd -D -N "node$k" -f "$SLURM_CONF" >>"$T/log/slurmd-node$k.out" 2>&1 &
+	setsid slurmd -D -N "node$k" -f "$SLURM_CONF" >>"$T/log/slurmd-node$k.out" 2>&1 &
 	SLURMD_PIDS+=($!)
 done
 up=0
@@ -226,13 +231,24 @@ if [ "$up" != 1 ]; then
 	say "the cluster did not come up"
 	exit 1
 fi
+# setsid execs the daemon (it forks only when it leads a process group,
+# which a background job of this script does not): the PIDs are theirs.
+for pid in "$MUNGED_PID" "$CTLD_PID" "${SLURMD_PIDS[@]}"; do
+	case "$(ps -o comm= -p "$pid")" in munged | slurmctld | slurmd) ;; *) say "PID $pid is not a daemon"; exit 1 ;; esac
+done
 say "cluster up: $(sinfo -h -o '%P %D nodes %T' | head -n1) ($(($(date +%s) - T0)) s)"
 
 # --- skyhive ----------------------------------------------------------------
-say "building skyhive"
-(cd "$ROOT" && go build -o "$T/bin/skyhive" ./cmd/skyhive)
-say "built ($(($(date +%s) - T0)) s)"
-export SKYHIVE=$T/bin/skyhive
+if [ -n "${SKYHIVE:-}" ]; then
+	[ -x "$SKYHIVE" ] || { say "SKYHIVE=$SKYHIVE is not an executable"; exit 1; }
+	say "using $SKYHIVE"
+else
+	say "building skyhive"
+	(cd "$ROOT" && go build -o "$T/bin/skyhive" ./cmd/skyhive)
+	say "built ($(($(date +%s) - T0)) s)"
+	SKYHIVE=$T/bin/skyhive
+fi
+export SKYHIVE
 
 # --- examples ---------------------------------------------------------------
 # Small sizes: each example is the real one with fewer examples, epochs,

@@ -56,9 +56,11 @@ if ((${#missing[@]})); then
 		printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy"
 	fi
 	rc=0
-	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; } || rc=$?
+	log=$(mktemp /tmp/slurm-local-apt.XXXXXX)
+	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge; } >"$log" 2>&1 || rc=$?
 	[ -z "$policy" ] || rm -f "$policy"
-	[ "$rc" -eq 0 ] || { say "apt-get install slurm-wlm munge failed ($rc)"; exit 1; }
+	[ "$rc" -eq 0 ] || { tail -n 20 "$log"; rm -f "$log"; say "apt-get install slurm-wlm munge failed ($rc)"; exit 1; }
+	rm -f "$log"
 fi
 for c in munged munge slurmctld slurmd sbatch srun scontrol sinfo squeue scancel; do
 	command -v "$c" >/dev/null || { say "$c not found after installing slurm-wlm and munge"; exit 1; }

@@ -4,7 +4,7 @@ BIN     := bin/skyhive
 GOBIN   := $(shell $(GO) env GOPATH)/bin
 FUZZTIME ?= 3s
 
-.PHONY: setup build demo test lint unit fuzz bench clean
+.PHONY: setup build demo test lint unit fuzz bench slurm clean
 
 setup:
 	./scripts/setup.sh
@@ -34,6 +34,11 @@ fuzz:
 
 bench: build
 	./$(BIN) bench all
+
+# A one-host Slurm cluster runs every example in examples/slurm to
+# completion (root only; skipped otherwise). See docs/slurm.md.
+slurm:
+	./scripts/slurm-local.sh
 
 clean:
 	rm -rf bin results

@@ -23,6 +23,13 @@ func SwarmResults(r *swarm.RunResult) []Result {
 	line := func(metric string, v float64, unit string) Result {
 		return Result{Suite: "swarm", Case: name, Metric: metric, Value: v, Unit: unit}
 	}
+	// spread is the median of xs with its min and max.
+	spread := func(metric string, xs []float64, unit, note string) Result {
+		s := stats.Summarize(xs)
+		r := line(metric, s.Median, unit)
+		r.Min, r.Max, r.Note = s.Min, s.Max, note
+		return r
+	}
 	out := []Result{line("seconds", r.Seconds, "s")}
 	var acc []float64
 	training, finished := 0, 0
@@ -41,21 +48,13 @@ func SwarmResults(r *swarm.RunResult) []Result {
 		}
 	}
 	if len(acc) > 0 {
-		s := stats.Summarize(acc)
-		res := line("test_accuracy", s.Median, "fraction")
-		res.Min, res.Max = s.Min, s.Max
-		res.Note = "median over the training peers that finished"
-		out = append(out, res)
+		out = append(out, spread("test_accuracy", acc, "fraction", "median over the training peers that finished"))
 	}
 	fin := line("finished", float64(finished), "peers")
 	fin.Note = fmt.Sprintf("of %d training peers (killed ones do not finish)", training)
 	out = append(out, fin)
 	if len(bytes) > 0 {
-		s := stats.Summarize(bytes)
-		res := line("bytes_per_peer", s.Median, "MB")
-		res.Min, res.Max = s.Min, s.Max
-		res.Note = "IP bytes sent+received through the namespace router"
-		out = append(out, res)
+		out = append(out, spread("bytes_per_peer", bytes, "MB", "IP bytes sent+received through the namespace router"))
 	}
 	for _, p := range r.Peers {
 		if p.Role == swarm.RoleCoordinator && p.Result != nil {

@@ -156,21 +156,19 @@ func (h *Host) checkRelays(ctx context.Context) error {
 	if len(h.cfg.StaticRelays) == 0 {
 		return nil
 	}
-	errs := h.reserve(ctx)
-	h.mu.Lock()
-	granted := len(h.circuits) > 0
-	h.mu.Unlock()
-	if !granted {
+	circuits, errs := h.reserve(ctx)
+	if len(circuits) == 0 {
 		return fmt.Errorf("%w: %w", ErrRelay, errors.Join(errs...))
 	}
+	h.setCircuits(circuits)
 	h.renewing.Add(1)
 	go h.renewRelays()
 	return nil
 }
 
-// reserve asks every static relay for a slot and records the circuit
-// addresses of those that grant one.
-func (h *Host) reserve(ctx context.Context) []error {
+// reserve asks every static relay for a slot and returns the circuit
+// addresses of those that grant one, and the others' errors.
+func (h *Host) reserve(ctx context.Context) ([]ma.Multiaddr, []error) {
 	var errs []error
 	var circuits []ma.Multiaddr
 	for _, r := range h.cfg.StaticRelays {
@@ -183,10 +181,13 @@ func (h *Host) reserve(ctx context.Context) []error {
 		}
 		circuits = append(circuits, CircuitAddrs(r)...)
 	}
+	return circuits, errs
+}
+
+func (h *Host) setCircuits(c []ma.Multiaddr) {
 	h.mu.Lock()
-	h.circuits = circuits
+	h.circuits = c
 	h.mu.Unlock()
-	return errs
 }
 
 // Reservations last an hour (libp2p's relay service); renew well before.
@@ -207,20 +208,13 @@ func (h *Host) renewRelays() {
 			return
 		case <-t.C:
 		}
-		prev := h.relayCircuits()
-		if errs := h.reserve(h.ctx); len(h.relayCircuits()) == 0 {
-			h.mu.Lock()
-			h.circuits = prev
-			h.mu.Unlock()
+		circuits, errs := h.reserve(h.ctx)
+		if len(circuits) == 0 {
 			h.log.Warn("no relay renewed its reservation", "errors", errors.Join(errs...))
+			continue
 		}
+		h.setCircuits(circuits)
 	}
-}
-
-func (h *Host) relayCircuits() []ma.Multiaddr {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.circuits
 }
 
 // CircuitAddrs returns the addresses through which a relay's clients are

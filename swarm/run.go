@@ -229,7 +229,7 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 		}
 	}
 	res := &RunResult{Name: spec.Name, Isolation: iso}
-	res.TimedOut = !waitFinite(ctx, sw, spec, timeout, logf)
+	res.TimedOut = !waitFinite(ctx, sw, timeout, logf)
 	stopErr := sw.Stop()
 	rep := sw.Report()
 	res.Seconds = rep.End.Sub(rep.Start).Seconds()
@@ -424,8 +424,7 @@ func waitListening(ctx context.Context, rp runPeer, ns namespaces, exited <-chan
 
 // waitFinite waits until every peer that ends by itself has ended with no
 // restart pending. It reports false if the timeout came first.
-func waitFinite(ctx context.Context, sw *Swarm, spec *Spec, timeout time.Duration, logf func(string, ...any)) bool {
-	launches := spec.launches()
+func waitFinite(ctx context.Context, sw *Swarm, timeout time.Duration, logf func(string, ...any)) bool {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -444,7 +443,7 @@ func waitFinite(ctx context.Context, sw *Swarm, spec *Spec, timeout time.Duratio
 				continue
 			}
 			st, _ := p.State()
-			if st == StatePending || st == StateRunning || p.Starts() < len(launches[p.Name]) {
+			if st == StatePending || st == StateRunning || p.startsLeft() > 0 {
 				left++
 			}
 		}

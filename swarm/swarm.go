@@ -46,12 +46,11 @@ type Peer struct {
 	// the whole swarm with a fake clock.
 	Clock clock.Clock
 
-	// Role, Args and NAT come from the peer's class (see DeviceClass).
+	// Role and NAT come from the peer's class (see DeviceClass).
 	Role string
-	Args []string
 	NAT  bool
 
-	launched chan instance // each (re)start's instance, for watch
+	launched chan instance // each (re)start's instance, for watch; its capacity is the number of starts planned
 
 	mu      sync.Mutex
 	ids     []peer.ID
@@ -70,6 +69,10 @@ func (p *Peer) Starts() int {
 	defer p.mu.Unlock()
 	return p.starts
 }
+
+// startsLeft is how many (re)starts the spec's schedule still has for the
+// peer: its late start, and rejoins after kills.
+func (p *Peer) startsLeft() int { return cap(p.launched) - p.Starts() }
 
 // current returns the peer's running instance, or an error naming why
 // there is none.
@@ -195,7 +198,7 @@ func Start(ctx context.Context, spec *Spec, l Launcher, opts Options) (*Swarm, e
 		}
 		p := &Peer{
 			Index: ps.Index, Name: ps.Name, Class: ps.Class, Region: ps.Region,
-			Role: ps.Role, Args: ps.Args, NAT: ps.NAT,
+			Role: ps.Role, NAT: ps.NAT,
 			Device: dev, Metrics: newRecorder(clk), Network: n, Clock: clk, state: StatePending,
 			launched: make(chan instance, len(launches[ps.Name])),
 		}
@@ -236,7 +239,7 @@ func (s *Swarm) launch(p *Peer) error {
 	if s.stopping {
 		return errors.New("swarm: stopping")
 	}
-	if p.Starts() >= cap(p.launched) {
+	if p.startsLeft() == 0 {
 		return fmt.Errorf("swarm: %s has no (re)start left in the spec's schedule", p.Name)
 	}
 	inst, err := s.launcher.launch(s.ctx, p)
@@ -315,14 +318,23 @@ func (s *Swarm) lookup(name string) (*Peer, error) {
 	return p, nil
 }
 
+// running returns the named peer and its current instance.
+func (s *Swarm) running(name string) (*Peer, instance, error) {
+	p, err := s.lookup(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	inst, err := p.current()
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, inst, nil
+}
+
 // Kill crashes the named peer: SIGKILL for a process, context cancellation
 // for a goroutine; its registered identities are crashed in the network.
 func (s *Swarm) Kill(name string) error {
-	p, err := s.lookup(name)
-	if err != nil {
-		return err
-	}
-	inst, err := p.current()
+	p, inst, err := s.running(name)
 	if err != nil {
 		return err
 	}
@@ -387,11 +399,7 @@ func (s *Swarm) Rejoin(name string) error {
 
 // Pause freezes the named peer (SIGSTOP, or the device's pause gate).
 func (s *Swarm) Pause(name string) error {
-	p, err := s.lookup(name)
-	if err != nil {
-		return err
-	}
-	inst, err := p.current()
+	_, inst, err := s.running(name)
 	if err != nil {
 		return err
 	}
@@ -400,11 +408,7 @@ func (s *Swarm) Pause(name string) error {
 
 // Resume undoes Pause.
 func (s *Swarm) Resume(name string) error {
-	p, err := s.lookup(name)
-	if err != nil {
-		return err
-	}
-	inst, err := p.current()
+	_, inst, err := s.running(name)
 	if err != nil {
 		return err
 	}
@@ -413,14 +417,10 @@ func (s *Swarm) Resume(name string) error {
 
 // SetSlowdown changes the named peer's slowdown factor.
 func (s *Swarm) SetSlowdown(name string, f float64) error {
-	p, err := s.lookup(name)
-	if err != nil {
-		return err
-	}
 	if err := checkSlowdown(f); err != nil {
 		return err
 	}
-	inst, err := p.current()
+	_, inst, err := s.running(name)
 	if err != nil {
 		return err
 	}

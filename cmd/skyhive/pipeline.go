@@ -404,9 +404,13 @@ func (p *pipelineFlags) measurePlans(ctx context.Context, s *pipeline.Session, t
 		fmt.Fprintf(out, "  %-8s measured %.1f ms/iteration (median of %d), predicted %.1f ms\n", m.Strategy, 1e3*m.Median, len(m.Times), 1e3*m.Predicted)
 		res = append(res, m)
 	}
-	plan, err := s.Solve(ctx, p.strategy)
-	if err != nil {
-		return nil, err
+	// Train on --strategy's plan: the one just measured if it was compared.
+	pc, ok := cmp.Get(p.strategy)
+	plan := pc.Plan
+	if !ok || pc.Err != nil {
+		if plan, err = s.Solve(ctx, p.strategy); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.SetPlan(ctx, plan); err != nil {
 		return nil, err

@@ -268,7 +268,43 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 	case res.TimedOut:
 		return res, fmt.Errorf("swarm: %s did not finish within %v (raise \"timeout\" or shorten the training)", cmp.Or(spec.Name, "the swarm"), timeout)
 	}
+	if failed := res.failed(); stopErr != nil && len(failed) > 0 {
+		return res, &PeersFailedError{Dir: cfg.Dir, Peers: failed, err: stopErr}
+	}
 	return res, stopErr
+}
+
+// PeersFailedError is Run's error when peers failed: each failed peer with
+// its error and the last line of its log.
+type PeersFailedError struct {
+	// Dir holds the peers' logs.
+	Dir string
+	// Peers are the failed peers' results.
+	Peers []PeerResult
+	err   error
+}
+
+func (e *PeersFailedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "swarm: %d peer(s) failed (logs in %s):", len(e.Peers), e.Dir)
+	for _, p := range e.Peers {
+		fmt.Fprintf(&b, "\n  %s: %s", p.Name, p.Error)
+	}
+	return b.String()
+}
+
+// Unwrap returns the peers' errors, joined.
+func (e *PeersFailedError) Unwrap() error { return e.err }
+
+// failed returns the peers that failed.
+func (r *RunResult) failed() []PeerResult {
+	var out []PeerResult
+	for _, p := range r.Peers {
+		if p.State == StateFailed {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // chooseIsolation resolves the isolation mode: namespaces when the spec or

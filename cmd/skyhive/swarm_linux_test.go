@@ -23,8 +23,8 @@ func runSwarmExample(t *testing.T, name string) ([]bench.Result, *swarm.RunResul
 	if err := netem.NamespaceSupport(); err != nil {
 		t.Skip(err)
 	}
-	if os.Getenv("SKYHIVE_SWARM_EXAMPLES") == "" {
-		t.Skip("1.5-4 minutes each: set SKYHIVE_SWARM_EXAMPLES=1 to run the swarm examples")
+	if testing.Short() {
+		t.Skip("-short: the swarm examples take 2-3 minutes each")
 	}
 	dir := t.TempDir()
 	stats := filepath.Join(dir, "run.json")
@@ -148,7 +148,7 @@ func TestSwarmMoE(t *testing.T) {
 	checkTraining(t, r, 0.85, "server-3")
 }
 
-// TestSwarmPipeline: a coordinator and 6 workers in 3 regions, 3 of them
+// TestSwarmPipeline: a coordinator and 7 workers in 3 regions, 3 of them
 // 3× slower; the skyhive plan's measured iteration beats even's, and a
 // worker killed during training is re-planned around.
 func TestSwarmPipeline(t *testing.T) {

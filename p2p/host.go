@@ -21,6 +21,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peerstore"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/host/eventbus"
+	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
@@ -119,6 +120,16 @@ type Config struct {
 	// HandlerTimeout bounds a handler's run; its ctx ends then (default 5 min).
 	HandlerTimeout time.Duration
 
+	// MemoryBudget sizes libp2p's resource manager, which bounds the
+	// connections and streams (and their buffers) in total, per peer and per
+	// protocol: the limits scale with it as libp2p's defaults do. Zero means
+	// an eighth of the machine's memory (libp2p's own choice).
+	MemoryBudget int64
+
+	// Admission, when set, closes the swarm to peers that cannot prove
+	// they belong to it (see Admission); nil is an open swarm.
+	Admission *Admission
+
 	// Logger receives handler panics and other events; nil discards them.
 	Logger *slog.Logger
 }
@@ -172,6 +183,7 @@ type Host struct {
 	handlers sync.WaitGroup     // running stream handlers
 	circuits []ma.Multiaddr     // relayed addresses of granted reservations
 	renewing sync.WaitGroup     // the reservation renewal loop
+	admitted map[peer.ID]*admitState
 }
 
 var _ Transport = (*Host)(nil)
@@ -184,18 +196,35 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("p2p: new host: %w", err)
 	}
+	if cfg.Admission != nil {
+		a := *cfg.Admission
+		if a.Timeout <= 0 {
+			a.Timeout = DefaultAdmitTimeout
+		}
+		if err := a.validate(); err != nil {
+			return nil, err
+		}
+		cfg.Admission = &a
+	}
 	cm, err := connmgr.NewConnManager(cfg.ConnLow, cfg.ConnHigh, connmgr.WithGracePeriod(cfg.ConnGrace))
 	if err != nil {
 		return nil, fmt.Errorf("p2p: connection manager: %w", err)
 	}
-	opts, err := libp2pOptions(cfg)
+	acl := &relayACL{}
+	opts, err := libp2pOptions(cfg, acl)
 	if err != nil {
 		cm.Close()
 		return nil, err
 	}
-	lh, err := libp2p.New(append(opts, libp2p.ConnectionManager(cm))...)
+	rm, err := resourceManager(cfg.MemoryBudget)
 	if err != nil {
 		cm.Close()
+		return nil, err
+	}
+	lh, err := libp2p.New(append(opts, libp2p.ConnectionManager(cm), libp2p.ResourceManager(rm))...)
+	if err != nil {
+		cm.Close()
+		rm.Close()
 		return nil, fmt.Errorf("p2p: start libp2p: %w", err)
 	}
 	sub, err := lh.EventBus().Subscribe(new(event.EvtLocalReachabilityChanged), eventbus.BufSize(16))
@@ -204,7 +233,15 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		return nil, fmt.Errorf("p2p: subscribe to reachability: %w", err)
 	}
 	hctx, cancel := context.WithCancel(context.Background())
-	h := &Host{h: lh, cfg: cfg, log: cfg.Logger, ctx: hctx, cancel: cancel, reachSub: sub}
+	h := &Host{h: lh, cfg: cfg, log: cfg.Logger, ctx: hctx, cancel: cancel, reachSub: sub, admitted: map[peer.ID]*admitState{}}
+	if a := cfg.Admission; a != nil {
+		if err := a.checkToken(lh.ID(), h.now()); err != nil {
+			h.Close()
+			return nil, err
+		}
+		acl.h = h
+		h.watchAdmission()
+	}
 	if err := h.checkRelays(ctx); err != nil {
 		h.Close()
 		return nil, err
@@ -212,7 +249,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	return h, nil
 }
 
-func libp2pOptions(cfg Config) ([]libp2p.Option, error) {
+func libp2pOptions(cfg Config, acl *relayACL) ([]libp2p.Option, error) {
 	var key crypto.PrivKey
 	var err error
 	if cfg.IdentityFile != "" {
@@ -266,7 +303,11 @@ func libp2pOptions(cfg Config) ([]libp2p.Option, error) {
 		opts = append(opts, libp2p.EnableAutoRelayWithStaticRelays(cfg.StaticRelays))
 	}
 	if cfg.RelayService {
-		opts = append(opts, libp2p.EnableRelayService(relayv2.WithResources(RelayResources())))
+		ropts := []relayv2.Option{relayv2.WithResources(RelayResources())}
+		if cfg.Admission != nil {
+			ropts = append(ropts, relayv2.WithACL(acl))
+		}
+		opts = append(opts, libp2p.EnableRelayService(ropts...))
 	}
 	if cfg.HolePunching {
 		opts = append(opts, libp2p.EnableHolePunching())
@@ -281,6 +322,24 @@ func libp2pOptions(cfg Config) ([]libp2p.Option, error) {
 		opts = append(opts, libp2p.ForceReachabilityPrivate())
 	}
 	return opts, nil
+}
+
+// resourceManager bounds libp2p's connections and streams; the limits
+// scale with the memory budget (libp2p's default limits, scaled).
+func resourceManager(budget int64) (network.ResourceManager, error) {
+	limits := rcmgr.DefaultLimits
+	libp2p.SetDefaultServiceLimits(&limits)
+	var lc rcmgr.ConcreteLimitConfig
+	if budget > 0 {
+		lc = limits.Scale(budget, fileLimit()/2)
+	} else {
+		lc = limits.AutoScale()
+	}
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(lc))
+	if err != nil {
+		return nil, fmt.Errorf("p2p: resource manager: %w", err)
+	}
+	return rm, nil
 }
 
 // ID is this peer's identity.
@@ -358,6 +417,9 @@ func (h *Host) openStream(ctx context.Context, to peer.AddrInfo, proto protocol.
 	}
 	if len(to.Addrs) > 0 {
 		h.h.Peerstore().AddAddrs(to.ID, to.Addrs, peerstore.TempAddrTTL)
+	}
+	if err := h.admit(ctx, to.ID); err != nil {
+		return nil, nil, ctxErr(ctx, err)
 	}
 	// Relayed (limited) connections are allowed: behind NATs they may be
 	// all there is, and the relay enforces its own data limits.

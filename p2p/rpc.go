@@ -49,6 +49,11 @@ func (h *Host) SetHandler(proto protocol.ID, hd Handler) {
 			return
 		}
 		defer h.handlers.Done()
+		if !h.gate(s.Conn().RemotePeer()) {
+			// Not a member: nothing is read; the caller learns why.
+			replyError(s, &idleWriter{s: s, timeout: h.cfg.IdleTimeout}, errClosedSwarm)
+			return
+		}
 		h.serveCall(s, proto, hd)
 	})
 }

@@ -237,6 +237,16 @@ func (h *Host) SetStreamHandler(proto protocol.ID, sh StreamHandler) {
 			return
 		}
 		defer h.handlers.Done()
+		if !h.gate(s.Conn().RemotePeer()) {
+			// Not a member: nothing is read; the caller learns why.
+			cw := NewChunkWriter(&idleWriter{s: s, timeout: h.cfg.IdleTimeout}, h.cfg.ChunkBytes)
+			if cw.Abort(errClosedSwarm) != nil {
+				s.Reset()
+				return
+			}
+			s.Close()
+			return
+		}
 		h.serveStream(s, proto, sh)
 	})
 }

@@ -24,7 +24,8 @@ import (
 //   - output: --json (the result as JSON on stdout) and --stats FILE (JSON
 //     lines appended while the command runs);
 //   - connectivity: --dht (peers of the swarm's DHT to join), --listen,
-//     --announce, --identity;
+//     --announce, --identity, NAT traversal (--relay, ...), and closing the
+//     swarm (--swarm-secret, or --swarm-key with --member-token);
 //   - emulated links: --latency (one-way, a Go duration) and --bandwidth
 //     (Mbit/s), as in netem's region profiles;
 //   - data: --data-dir and --limit.
@@ -168,6 +169,9 @@ type connectFlags struct {
 	holePunching bool
 	autoNAT      bool
 	reachability string
+	swarmSecret  string
+	swarmKey     string
+	memberToken  string
 }
 
 // register adds the group; dht describes --dht for this command, which
@@ -185,6 +189,9 @@ func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
 	fl.BoolVar(&c.holePunching, "hole-punching", true, "upgrade relayed connections to direct ones by hole punching (DCUtR)")
 	fl.BoolVar(&c.autoNAT, "autonat", true, "learn this peer's reachability from others (AutoNAT) and answer their probes")
 	fl.StringVar(&c.reachability, "reachability", "auto", "auto (AutoNAT decides), public or private (behind a NAT: use --relay)")
+	fl.StringVar(&c.swarmSecret, "swarm-secret", "", "close the swarm: only peers that know this secret file may talk to this one (skyhive keygen secret)")
+	fl.StringVar(&c.swarmKey, "swarm-key", "", "close the swarm: only peers with a member token signed by this swarm key may talk to this one (the .pub file of skyhive keygen swarm; needs --member-token)")
+	fl.StringVar(&c.memberToken, "member-token", "", "this peer's member token for --swarm-key (skyhive keygen token)")
 }
 
 // config is the host configuration the flags describe.
@@ -194,6 +201,9 @@ func (c *connectFlags) config() (p2p.Config, error) {
 	var err error
 	if cfg.StaticRelays, err = p2p.ParseAddrInfos(c.relays); err != nil {
 		return cfg, fmt.Errorf("--relay: %w", err)
+	}
+	if cfg.Admission, err = c.admission(); err != nil {
+		return cfg, err
 	}
 	switch c.reachability {
 	case "auto":
@@ -205,6 +215,40 @@ func (c *connectFlags) config() (p2p.Config, error) {
 		return cfg, fmt.Errorf("--reachability: want auto, public or private, got %q", c.reachability)
 	}
 	return cfg, nil
+}
+
+// admission reads --swarm-secret or --swarm-key and --member-token; nil is
+// an open swarm.
+func (c *connectFlags) admission() (*p2p.Admission, error) {
+	switch {
+	case c.swarmSecret != "" && c.swarmKey != "":
+		return nil, errors.New("--swarm-secret and --swarm-key: choose one way to close the swarm")
+	case c.swarmSecret != "":
+		if c.memberToken != "" {
+			return nil, errors.New("--member-token goes with --swarm-key, not --swarm-secret")
+		}
+		s, err := p2p.ReadSwarmSecret(c.swarmSecret)
+		if err != nil {
+			return nil, fmt.Errorf("--swarm-secret: %w", err)
+		}
+		return &p2p.Admission{Secret: s}, nil
+	case c.swarmKey != "":
+		if c.memberToken == "" {
+			return nil, errors.New("--swarm-key needs --member-token: this peer's token, made with skyhive keygen token --peer ID")
+		}
+		k, err := p2p.ReadSwarmPublicKey(c.swarmKey)
+		if err != nil {
+			return nil, fmt.Errorf("--swarm-key: %w", err)
+		}
+		t, err := p2p.ReadMemberToken(c.memberToken)
+		if err != nil {
+			return nil, fmt.Errorf("--member-token: %w", err)
+		}
+		return &p2p.Admission{SwarmKey: k, Token: t}, nil
+	case c.memberToken != "":
+		return nil, errors.New("--member-token needs --swarm-key")
+	}
+	return nil, nil
 }
 
 // seeds parses --dht.

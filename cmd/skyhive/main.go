@@ -61,6 +61,7 @@ func newRootCmd() *cobra.Command {
 		newPeerCmd(),
 		newDoctorCmd(),
 		newSwarmCmd(),
+		newKeygenCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

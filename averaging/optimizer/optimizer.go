@@ -186,7 +186,9 @@ type Optimizer struct {
 	delta     []float32 // averaging results not yet applied
 	round     int       // round counter of the published model
 	joined    map[string]int
-	dead      map[peer.ID]bool
+	dead      map[peer.ID]bool // fixed roster: members dropped (see note)
+	seen      map[peer.ID]bool // fixed roster: members that took part once
+	misses    map[peer.ID]int  // fixed roster: all-reduces missed in a row
 	stats     Stats
 	progress  progressTracker
 	serving   map[peer.ID]*download
@@ -270,7 +272,7 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 		cfg: cfg, avg: avg, inner: inner, params: params, n: n, layout: layout,
 		bgCtx: ctx, cancelBG: cancel,
 		inflight: make(chan struct{}, cfg.MaxInflight), flat: make([]float32, n), lastGlobal: -1,
-		joined: map[string]int{}, dead: map[peer.ID]bool{},
+		joined: map[string]int{}, dead: map[peer.ID]bool{}, seen: map[peer.ID]bool{}, misses: map[peer.ID]int{},
 		published: make([]float32, n), delta: make([]float32, n),
 		serving: map[peer.ID]*download{},
 	}
@@ -467,7 +469,7 @@ func (o *Optimizer) applyDeltaLocked() {
 
 // note records the outcome of a collective, giving up on members that
 // failed or did not contribute (MatchRanks).
-func (o *Optimizer) note(ctx context.Context, res averaging.Result, err error) {
+func (o *Optimizer) note(ctx context.Context, members []averaging.Member, res averaging.Result, err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.stats.BytesSent += res.Sent
@@ -478,12 +480,40 @@ func (o *Optimizer) note(ctx context.Context, res averaging.Result, err error) {
 	if err != nil || len(res.Failed) > 0 || len(res.Missing) > 0 {
 		o.stats.Failures++
 	}
-	if o.mm == nil {
-		for _, id := range append(res.Failed, res.Missing...) {
-			o.dead[id] = true
+	if o.mm != nil {
+		return
+	}
+	// A member that took part before and then missed is dead (killed,
+	// crashed, left). One that never took part may just be slow to start
+	// (loading data, a late joiner of a fixed roster): it is dropped only
+	// after neverSeenMisses all-reduces in a row without it, or everyone
+	// would train alone after a slow start.
+	bad := map[peer.ID]bool{}
+	for _, id := range append(res.Failed, res.Missing...) {
+		bad[id] = true
+	}
+	self := o.avg.Transport().ID()
+	for _, m := range members {
+		id := m.Peer.ID
+		switch {
+		case id == self:
+		case !bad[id]:
+			if err == nil {
+				o.seen[id] = true
+			}
+			delete(o.misses, id)
+		default:
+			o.misses[id]++
+			if o.seen[id] || o.misses[id] >= neverSeenMisses {
+				o.dead[id] = true
+			}
 		}
 	}
 }
+
+// neverSeenMisses is how many all-reduces in a row a member of a fixed
+// roster that never took part may miss before it is dropped.
+const neverSeenMisses = 5
 
 // syncAverage averages vec with every live peer, blocking. It returns
 // ctx's error if ctx ended.
@@ -492,7 +522,7 @@ func (o *Optimizer) syncAverage(ctx context.Context, id string, vec []float32) e
 	ms := o.alive(o.allRanks())
 	if len(ms) > 1 {
 		res, err := o.avg.AllReduce(ctx, averaging.Session{ID: id, Members: ms}, vec)
-		o.note(ctx, res, err)
+		o.note(ctx, ms, res, err)
 	}
 	o.mu.Lock()
 	o.stats.GlobalSyncs++
@@ -507,7 +537,7 @@ func (o *Optimizer) syncAverage(ctx context.Context, id string, vec []float32) e
 func (o *Optimizer) averageInto(ctx context.Context, s averaging.Session, snap []float32) (averaging.Result, error) {
 	avg := slices.Clone(snap)
 	res, err := o.avg.AllReduce(ctx, s, avg)
-	o.note(ctx, res, err)
+	o.note(ctx, s.Members, res, err)
 	if err != nil && ctx.Err() != nil {
 		return res, err
 	}

@@ -368,6 +368,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if res.Joined > 0 || res.Resumed {
 		t.evaluate() // how good the state we start from is
 	}
+	if cfg.Matchmaking == averaging.MatchRanks {
+		if err := startBarrier(ctx, cfg, node, h.ID(), ocfg.Roster); err != nil {
+			return res, err
+		}
+	}
 	runErr := t.loop(ctx)
 	// Leave the swarm first (groups in flight are told at once), then
 	// evaluate and save.
@@ -420,6 +425,41 @@ func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, nod
 		}
 		if err := clock.Sleep(ctx, min(cfg.RoundInterval, time.Second)); err != nil {
 			return nil, err
+		}
+	}
+}
+
+// startBarrier makes the peers of a fixed roster take their first step
+// together: each marks itself ready in the DHT once it can step, and waits
+// until every member is. Rounds of a fixed roster are in lockstep, so a
+// member that started later than an all-reduce's wait would stay a round
+// behind the others and never average with them again.
+func startBarrier(ctx context.Context, cfg Config, node *dht.Node, self libp2ppeer.ID, roster []averaging.Member) error {
+	key := cfg.RunID + "/ready"
+	deadline := time.Now().Add(cfg.WaitPeers)
+	stored := false
+	for {
+		sctx, cancel := context.WithTimeout(ctx, max(cfg.RoundInterval, time.Second))
+		if !stored {
+			_, err := node.Store(sctx, key, self.String(), []byte{1}, time.Now().Add(cfg.WaitPeers+time.Minute))
+			stored = err == nil
+		}
+		items, _ := node.Get(sctx, key)
+		cancel()
+		ready := 0
+		for _, m := range roster {
+			if _, ok := items[m.Peer.ID.String()]; ok || m.Peer.ID == self {
+				ready++
+			}
+		}
+		if ready == len(roster) && stored {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %d of the %d peers of run %q were ready to step within %v", ErrNoSwarm, ready, len(roster), cfg.RunID, cfg.WaitPeers)
+		}
+		if err := clock.Sleep(ctx, 200*time.Millisecond); err != nil {
+			return err
 		}
 	}
 }

@@ -63,6 +63,8 @@ type PeerResult struct {
 	Role   string `json:"role"`
 	Region string `json:"region,omitempty"`
 	NAT    bool   `json:"nat,omitempty"`
+	// Stranger is set for peers left out of a closed swarm.
+	Stranger bool `json:"stranger,omitempty"`
 	// Addr is the multiaddr the peer listened on, with its peer ID.
 	Addr   string `json:"addr"`
 	State  string `json:"state"`
@@ -199,7 +201,17 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 	for _, rp := range rps {
 		byName[rp.spec.Name] = rp
 	}
-	argsOf := roleArgs(rps)
+	secret := ""
+	if spec.Closed {
+		// One secret per run directory: a rejoining peer keeps it.
+		secret = filepath.Join(cfg.Dir, "swarm.secret")
+		if _, err := os.Stat(secret); err != nil {
+			if err := p2p.NewSwarmSecret(secret); err != nil {
+				return nil, err
+			}
+		}
+	}
+	argsOf := roleArgs(rps, secret)
 	pr := &Processes{
 		Path: cfg.Binary, Dir: cfg.Dir, SplitStdout: true,
 		Args: func(p *Peer) []string { return argsOf[p.Name] },
@@ -242,7 +254,7 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 		rp := rps[i]
 		st, perr := p.State()
 		pres := PeerResult{
-			Name: p.Name, Class: p.Class, Role: p.Role, Region: p.Region, NAT: p.NAT,
+			Name: p.Name, Class: p.Class, Role: p.Role, Region: p.Region, NAT: p.NAT, Stranger: byName[p.Name].spec.Stranger,
 			Addr: rp.addr(), State: st, Starts: p.Starts(), Log: filepath.Join(cfg.Dir, p.Name+".log"),
 		}
 		if perr != nil {
@@ -268,7 +280,14 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 	case res.TimedOut:
 		return res, fmt.Errorf("swarm: %s did not finish within %v (raise \"timeout\" or shorten the training)", cmp.Or(spec.Name, "the swarm"), timeout)
 	}
-	if failed := res.failed(); stopErr != nil && len(failed) > 0 {
+	if stopErr == nil {
+		return res, nil
+	}
+	failed := res.failed()
+	if len(failed) == 0 && slices.ContainsFunc(res.Peers, func(p PeerResult) bool { return p.Stranger && p.State == StateFailed }) {
+		return res, nil // only strangers failed: the swarm refused them
+	}
+	if len(failed) > 0 {
 		return res, &PeersFailedError{Dir: cfg.Dir, Peers: failed, err: stopErr}
 	}
 	return res, stopErr
@@ -296,11 +315,12 @@ func (e *PeersFailedError) Error() string {
 // Unwrap returns the peers' errors, joined.
 func (e *PeersFailedError) Unwrap() error { return e.err }
 
-// failed returns the peers that failed.
+// failed returns the peers that failed, but the strangers (whose failure
+// a closed swarm expects).
 func (r *RunResult) failed() []PeerResult {
 	var out []PeerResult
 	for _, p := range r.Peers {
-		if p.State == StateFailed {
+		if p.State == StateFailed && !p.Stranger {
 			out = append(out, p)
 		}
 	}
@@ -364,8 +384,9 @@ func checkOrder(peers []PeerSpec) error {
 	return nil
 }
 
-// roleArgs returns every peer's command line (after the binary).
-func roleArgs(rps []runPeer) map[string][]string {
+// roleArgs returns every peer's command line (after the binary); secret,
+// if set, closes the swarm to all but the strangers.
+func roleArgs(rps []runPeer, secret string) map[string][]string {
 	var seeds, relays []string
 	var coord string
 	workers := 0
@@ -379,7 +400,9 @@ func roleArgs(rps []runPeer) map[string][]string {
 		case RoleCoordinator:
 			coord = rp.addr()
 		case RoleWorker:
-			workers++
+			if !rp.spec.Stranger {
+				workers++
+			}
 		}
 	}
 	out := map[string][]string{}
@@ -408,6 +431,9 @@ func roleArgs(rps []runPeer) map[string][]string {
 		a = append(a, "--listen", fmt.Sprintf("/ip4/%s/tcp/%d", rp.ip, rp.port), "--identity", rp.key)
 		if p.NAT {
 			a = append(a, "--relay", strings.Join(relays, ","), "--reachability", "private")
+		}
+		if secret != "" && !p.Stranger {
+			a = append(a, "--swarm-secret", secret)
 		}
 		if p.Slowdown != 1 && (p.Role == RolePeer || p.Role == RoleWorker) {
 			a = append(a, "--slowdown", strconv.FormatFloat(p.Slowdown, 'g', -1, 64))

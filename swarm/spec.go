@@ -39,6 +39,10 @@ type Spec struct {
 	Devices []DeviceClass
 	// Failures is the failure schedule.
 	Failures []Failure
+	// Closed closes the swarm to strangers: Run makes a swarm secret in
+	// its directory and gives it (--swarm-secret) to every peer but the
+	// Stranger classes'.
+	Closed bool
 }
 
 // DeviceClass is a group of identical peers.
@@ -66,6 +70,10 @@ type DeviceClass struct {
 	// NAT puts the class's peers behind a NAT that accepts no inbound
 	// connections (namespaces only); they join through a relay.
 	NAT bool `json:"nat"`
+	// Stranger leaves the class's peers out of a closed swarm: they get no
+	// secret, so the others must refuse them. Their failure is expected
+	// and does not fail the run.
+	Stranger bool `json:"stranger"`
 }
 
 // Roles: what Run starts for a peer, and the skyhive command it runs.
@@ -137,6 +145,7 @@ type PeerSpec struct {
 	Args        []string
 	Start       time.Duration
 	NAT         bool
+	Stranger    bool
 	// ClassIndex and ClassCount place the peer in its class: it is peer
 	// ClassIndex of ClassCount.
 	ClassIndex, ClassCount int
@@ -171,6 +180,7 @@ func (s *Spec) Peers() []PeerSpec {
 				ClassCount:  c.Count,
 				Start:       c.Start,
 				NAT:         c.NAT,
+				Stranger:    c.Stranger,
 			})
 		}
 	}
@@ -215,6 +225,8 @@ func (s *Spec) Validate() error {
 			return fmt.Errorf("%s: start %v is negative", where, c.Start)
 		case c.Role != "" && !slices.Contains(knownRoles, c.Role):
 			return fmt.Errorf("%s: unknown role %q (want one of %v)", where, c.Role, knownRoles)
+		case c.Stranger && !s.Closed:
+			return fmt.Errorf(`%s: "stranger" needs "closed": true (in an open swarm everyone is welcome)`, where)
 		}
 		if err := checkArgs(c.Args); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
@@ -277,7 +289,7 @@ func classArgs(args []string, i, n int) []string {
 }
 
 // runnerFlags are set by Run for every peer; a spec may not set them.
-var runnerFlags = []string{"--listen", "--identity", "--dht", "--bootstrap", "--join", "--join-wait", "--relay", "--json", "--name", "--region"}
+var runnerFlags = []string{"--listen", "--identity", "--dht", "--bootstrap", "--join", "--join-wait", "--relay", "--json", "--name", "--region", "--swarm-secret", "--swarm-key", "--member-token"}
 
 func checkArgs(args []string) error {
 	for _, a := range args {
@@ -416,6 +428,7 @@ type specJSON struct {
 	Seed      uint64          `json:"seed"`
 	Devices   []classJSON     `json:"devices"`
 	Failures  []failureJSON   `json:"failures"`
+	Closed    bool            `json:"closed"`
 }
 
 type classJSON struct {
@@ -454,7 +467,7 @@ func ParseSpec(data []byte, dir string) (*Spec, error) {
 	if err := dec.Decode(&sj); err != nil {
 		return nil, fmt.Errorf("swarm: decoding spec: %w", err)
 	}
-	s := &Spec{Name: sj.Name, Isolation: sj.Isolation, Seed: sj.Seed}
+	s := &Spec{Name: sj.Name, Isolation: sj.Isolation, Seed: sj.Seed, Closed: sj.Closed}
 	if sj.Timeout != "" {
 		var err error
 		if s.Timeout, err = time.ParseDuration(sj.Timeout); err != nil {

@@ -102,6 +102,8 @@ func TestParseSpecErrors(t *testing.T) {
 		"mixed roles":    {`{"devices":[{"name":"d","count":1,"role":"dht"},{"name":"a","count":1}]}`, `either every device class has a "role"`},
 		"no dht":         {`{"devices":[{"name":"p","count":2,"role":"peer"}]}`, `join through a DHT`},
 		"no coordinator": {`{"devices":[{"name":"w","count":2,"role":"worker"}]}`, `workers need a device class with "role": "coordinator"`},
+		"stranger open":  {`{"devices":[{"name":"d","count":1,"role":"dht"},{"name":"p","count":1,"role":"peer","stranger":true}]}`, `"stranger" needs "closed": true`},
+		"secret in args": {`{"closed":true,"devices":[{"name":"d","count":1,"role":"dht","args":["--swarm-secret","x"]}]}`, `--swarm-secret is set by swarm run`},
 		"nat no relay":   {`{"devices":[{"name":"d","count":1,"role":"dht"},{"name":"p","count":1,"role":"peer","nat":true}]}`, `join through a relay`},
 		"isolation":      {`{"isolation":"vm","devices":[{"name":"a","count":1}]}`, `isolation "vm"`},
 		"bad start":      {`{"devices":[{"name":"a","count":1,"start":"soon"}]}`, `"start"`},

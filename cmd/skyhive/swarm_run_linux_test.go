@@ -174,3 +174,57 @@ func TestSwarmRunKilledLeavesNothing(t *testing.T) {
 	<-p.done
 	requireNothingRunning(t, peers)
 }
+
+// A closed swarm (the runner makes a secret and gives it to every member)
+// refuses a stranger: the stranger fails to join with an error saying the
+// swarm is closed, the members train, and the run succeeds.
+func TestSwarmRunClosedRefusesStranger(t *testing.T) {
+	dir := t.TempDir()
+	spec := writeSpec(t, dir, `{
+  "name": "closed",
+  "isolation": "processes",
+  "timeout": "2m",
+  "closed": true,
+  "devices": [
+    {"name": "dht", "count": 1, "role": "dht"},
+    {"name": "peer", "count": 2, "role": "peer",
+     "args": ["--algo", "allreduce", "--min-peers", "2", "--steps", "20", "--batch", "32", "--run-id", "closed"]},
+    {"name": "intruder", "count": 1, "role": "peer", "stranger": true,
+     "args": ["--algo", "allreduce", "--min-peers", "2", "--steps", "20", "--run-id", "closed", "--join-timeout", "10s"]}
+  ]
+}`)
+	peers := filepath.Join(dir, "peers")
+	stats := filepath.Join(dir, "run.json")
+	p := startCLI(t, nil, "swarm", "run", spec, "--stats", stats, "--dir", peers)
+	if err := p.wait(t, 2*time.Minute); err != nil {
+		t.Fatalf("swarm run: %v\n%s", err, tail(p.stderr.String()))
+	}
+	b, err := os.ReadFile(stats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Peers []struct {
+			Name, State, Error string
+			Stranger           bool
+			TestAccuracy       *float64 `json:"test_accuracy"`
+		}
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	for _, pr := range res.Peers {
+		switch {
+		case pr.Stranger:
+			if pr.State != "failed" || !strings.Contains(pr.Error, "not admitted") {
+				t.Errorf("stranger %s: state %s, error %q", pr.Name, pr.State, pr.Error)
+			}
+		case strings.HasPrefix(pr.Name, "peer-") && (pr.State != "exited" || pr.TestAccuracy == nil):
+			t.Errorf("member %s: state %s: %s", pr.Name, pr.State, pr.Error)
+		}
+	}
+	if st, err := os.Stat(filepath.Join(peers, "swarm.secret")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("swarm secret: %v, %v", st, err)
+	}
+	requireNothingRunning(t, peers)
+}

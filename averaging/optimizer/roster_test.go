@@ -41,7 +41,7 @@ func TestFixedRosterDropsOnlyMembersThatLeft(t *testing.T) {
 		m   *nn.Sequential
 	}
 	start := func(p int) *member {
-		a := averaging.New(ps[p], averaging.Config{Timeout: 500 * time.Millisecond, ChunkElems: 64})
+		a := averaging.New(ps[p], averaging.Config{Timeout: 5 * time.Second, ReduceWait: time.Second, ChunkElems: 64})
 		m := nn.MLP([]int{8, 8, 3}, 0, rand.New(rand.NewPCG(1, 2)))
 		o, err := New(a, optim.NewSGD(m.Params(), optim.SGDConfig{LR: 0.1}), Config{Algo: AllReduce, Rank: p, Roster: roster})
 		if err != nil {

@@ -152,11 +152,12 @@ func TestSwarmMoE(t *testing.T) {
 }
 
 // TestSwarmPipeline: a coordinator and 7 workers in 3 regions, 3 of them
-// 3× slower; the skyhive plan's measured iteration beats even's, and a
-// worker killed during training is re-planned around.
+// 3× slower; the skyhive plan's measured iteration beats even's, and the
+// workers in the coordinator's region are killed during training and
+// re-planned around.
 func TestSwarmPipeline(t *testing.T) {
 	lines, r := runSwarmExample(t, "pipeline")
-	checkTraining(t, r, 0.5, "fast-0")
+	checkTraining(t, r, 0.5, "fast-0", "fast-2")
 	found := false
 	for _, l := range lines {
 		if l.Metric == "iteration_skyhive" {
@@ -173,7 +174,9 @@ func TestSwarmPipeline(t *testing.T) {
 		Events []string `json:"events"`
 	}
 	json.Unmarshal(peerResult(t, r, "coordinator-0").Result, &cr)
-	if !strings.Contains(strings.Join(cr.Events, "\n"), "fast-0") {
-		t.Errorf("the coordinator's events do not mention the killed worker: %q", cr.Events)
+	// Both workers in the coordinator's region are killed, so the one the
+	// plan uses is among them.
+	if ev := strings.Join(cr.Events, "\n"); !strings.Contains(ev, "fast-0") && !strings.Contains(ev, "fast-2") {
+		t.Errorf("the coordinator's events do not mention a killed worker: %q", cr.Events)
 	}
 }

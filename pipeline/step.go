@@ -20,6 +20,10 @@ func (s *Session) Step(ctx context.Context, b data.Batch) (IterStats, error) {
 	if b.Len() < s.cfg.Schedule.Micro(s.cfg.Micro) || b.Len() > maxBatch || b.X == nil || b.X.Len() != b.Len()*InputFeatures {
 		return IterStats{}, fmt.Errorf("pipeline: batch of %d examples does not fit the session", b.Len())
 	}
+	if b.Len() > s.cfg.Batch {
+		// Stages accept at most a batch of activations per iteration.
+		return IterStats{}, fmt.Errorf("pipeline: batch of %d examples, over the session's batch size %d", b.Len(), s.cfg.Batch)
+	}
 	var event string
 	for attempt := 0; ; attempt++ {
 		st, committed, err := s.tryIter(ctx, b)
@@ -34,7 +38,7 @@ func (s *Session) Step(ctx context.Context, b data.Batch) (IterStats, error) {
 				}
 			}
 			if reason := s.drifted(st); reason != "" {
-				changed, err := s.replan(ctx, reason)
+				changed, err := s.replan(ctx, reason, false)
 				if err != nil {
 					return st, err
 				}

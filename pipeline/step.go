@@ -114,7 +114,12 @@ func (s *Session) tryIter(ctx context.Context, b data.Batch) (IterStats, bool, e
 		return IterStats{}, false, firstErr
 	}
 	var sq float64
-	for _, r := range resps {
+	for k, r := range resps {
+		// A stage's report feeds the clipping scale and the statistics:
+		// an impossible one fails the iteration like the stage failed.
+		if r.GradSq < 0 || math.IsInf(r.GradSq, 0) || math.IsInf(r.Loss, 0) || r.Correct < 0 || r.Correct > n {
+			return IterStats{}, false, &stageError{worker: s.stages[k].worker, err: fmt.Errorf("stage %d (%s): impossible report %+v", k, s.c.worker(s.stages[k].worker).Name, r)}
+		}
 		sq += r.GradSq
 	}
 	loss := resps[S-1].Loss

@@ -563,3 +563,60 @@ func FuzzActStream(f *testing.F) {
 		}
 	})
 }
+
+// TestImpossibleReportsRefused: a stage whose iteration report or fetched
+// state is impossible (a negative squared gradient norm; NaN weights) is
+// handled like a failed stage: nothing is committed, and its state does
+// not reach the snapshot.
+func TestImpossibleReportsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, s := twoStages(t, ctx)
+	bs := batches(t, blobs(t, 120, 4), 30, 2)
+	if _, err := s.Step(ctx, bs[0]); err != nil {
+		t.Fatal(err)
+	}
+	w := cl.workers[1]
+	lying := func(ctx context.Context, from peer.ID, b []byte) ([]byte, error) {
+		out, err := w.onIter(ctx, b)
+		if err != nil {
+			return nil, err
+		}
+		var r iterResp
+		if err := decodeHeader(out, &r); err != nil {
+			return nil, err
+		}
+		r.GradSq = -1 // would turn the clipping scale into NaN
+		return encodeMsg(r, nil)
+	}
+	before, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.tr.SetHandler(ProtoIter, lying)
+	_, err = s.Step(ctx, bs[1])
+	w.control(ProtoIter, w.onIter)
+	if err == nil || !strings.Contains(err.Error(), "impossible report") {
+		t.Fatalf("step with a stage reporting a negative squared norm: %v", err)
+	}
+	after, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n, p := range before.Params {
+		if !slicesEqual(p.Data, after.Params[n].Data) {
+			t.Fatalf("the refused iteration changed weights %s", n)
+		}
+	}
+	if _, err := s.Step(ctx, bs[1]); err != nil {
+		t.Fatalf("honest step afterwards: %v", err)
+	}
+
+	// NaN weights on a stage are refused when fetched.
+	w.runMu.Lock()
+	w.st.params[0].Value.Data[0] = float32(math.NaN())
+	w.runMu.Unlock()
+	if _, err := s.Snapshot(ctx); err == nil || !strings.Contains(err.Error(), "NaN") {
+		t.Fatalf("snapshot of a stage holding NaN: %v", err)
+	}
+}

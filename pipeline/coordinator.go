@@ -34,9 +34,17 @@ type CoordinatorConfig struct {
 	// --join address), relays and NAT traversal. Its MaxMessageBytes and
 	// Logger come from the fields below.
 	Host p2p.Config
-	// MaxMessageBytes bounds one RPC message (default
-	// DefaultMaxMessageBytes).
+	// MaxMessageBytes bounds one message of a call to a worker or its
+	// reply (default DefaultMaxMessageBytes); a stage's weights travel in
+	// one. Plain calls on the host the coordinator starts (registrations,
+	// heartbeats) are bounded to 8 MiB + 64 KiB.
 	MaxMessageBytes int
+	// MaxWorkers bounds the workers the coordinator accepts (default
+	// DefaultMaxWorkers, at most 1024). Each peer ID holds one
+	// registration; a worker that joins again replaces its own. Once the
+	// table is full, further peers are refused, except into the place of a
+	// worker that died before it was ever profiled.
+	MaxWorkers int
 	// Logger receives events; nil discards them.
 	Logger *slog.Logger
 	// Network, if set, emulates the links: every connection between the
@@ -86,13 +94,20 @@ type Coordinator struct {
 	// or through the emulated links' proxies.
 	routes router
 
+	maxWorkers int
+	maxMsg     int // bound of a control message (a reply over ProtoControl)
+
 	mu      sync.Mutex
 	workers []*WorkerInfo
 	changed chan struct{} // closed and replaced when workers change
 }
 
-// maxWorkers bounds registrations.
-const maxWorkers = maxStages
+// DefaultMaxWorkers is CoordinatorConfig.MaxWorkers's default.
+const DefaultMaxWorkers = 256
+
+// ErrCoordinatorFull is wrapped by the error a worker gets when the
+// coordinator already holds CoordinatorConfig.MaxWorkers workers.
+var ErrCoordinatorFull = errors.New("pipeline: coordinator full")
 
 // NewCoordinator starts the coordinator on cfg.Transport or on a libp2p
 // host of its own. Workers join it with `skyhive worker --join` one of
@@ -110,10 +125,17 @@ func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, e
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	c := &Coordinator{tr: cfg.Transport, log: cfg.Logger, routes: direct{}, changed: make(chan struct{})}
+	if cfg.MaxWorkers <= 0 {
+		cfg.MaxWorkers = DefaultMaxWorkers
+	}
+	cfg.MaxWorkers = min(cfg.MaxWorkers, maxStages)
+	c := &Coordinator{tr: cfg.Transport, log: cfg.Logger, routes: direct{}, changed: make(chan struct{}), maxWorkers: cfg.MaxWorkers, maxMsg: cfg.MaxMessageBytes}
 	if c.tr == nil {
 		hcfg := cfg.Host
-		hcfg.MaxMessageBytes, hcfg.Logger = cfg.MaxMessageBytes, cfg.Logger
+		// Plain calls (registrations, heartbeats) are small; replies
+		// of workers that carry tensors come over control streams.
+		hcfg.MaxMessageBytes, hcfg.Logger = callBytes, cfg.Logger
+		hcfg.MaxStreamBytes = int64(cfg.MaxMessageBytes) + 1<<20
 		h, err := p2p.New(ctx, hcfg)
 		if err != nil {
 			return nil, fmt.Errorf("pipeline: coordinator host: %w", err)
@@ -165,9 +187,21 @@ func (c *Coordinator) Close() error {
 	return err
 }
 
+// onRegister admits a worker: one registration per peer ID (a worker
+// that joins again replaces its own), at most maxWorkers of them. A
+// newcomer may take the place of a worker that died before it was ever
+// profiled (it holds no layers and is in no plan), so registrations that
+// never complete profiling do not keep their places.
 func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]byte, error) {
+	// Refuse a full coordinator before parsing anything.
+	c.mu.Lock()
+	_, _, err := c.placeLocked(from)
+	c.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 	var req registerReq
-	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
+	if err := decodeHeader(b, &req); err != nil {
 		return nil, err
 	}
 	if !(req.Slowdown >= 1) || math.IsInf(req.Slowdown, 0) || req.MemCap < 0 || len(req.Name) > 64 || !utf8.ValidString(req.Name) || len(req.Addrs) > maxAddrs || len(req.Region) > 64 || !utf8.ValidString(req.Region) {
@@ -205,24 +239,47 @@ func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]b
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	idx := -1
-	for _, w := range c.workers {
-		if w.Peer.ID == from {
-			idx = w.Index
-			w.Peer, w.real, w.Name, w.Slowdown, w.MemCap, w.Region, w.Alive, w.Speed = reach, ai, req.Name, req.Slowdown, req.MemCap, req.Region, true, 0
-		}
+	idx, known, err := c.placeLocked(from)
+	if err != nil {
+		return nil, err
 	}
-	if idx < 0 {
-		if len(c.workers) >= maxWorkers {
-			return nil, fmt.Errorf("pipeline: coordinator full (%d workers)", maxWorkers)
-		}
-		idx = len(c.workers)
-		c.workers = append(c.workers, &WorkerInfo{Index: idx, Name: req.Name, Peer: reach, real: ai, Slowdown: req.Slowdown, MemCap: req.MemCap, Region: req.Region, Alive: true})
+	rec := &WorkerInfo{Index: idx, Name: req.Name, Peer: reach, real: ai, Slowdown: req.Slowdown, MemCap: req.MemCap, Region: req.Region, Alive: true}
+	switch {
+	case known:
+		w := c.workers[idx]
+		w.Peer, w.real, w.Name, w.Slowdown, w.MemCap, w.Region, w.Alive, w.Speed = reach, ai, req.Name, req.Slowdown, req.MemCap, req.Region, true, 0
+	case idx < len(c.workers):
+		c.log.Info("pipeline: place of a worker that was never profiled reused", "index", idx, "name", c.workers[idx].Name)
+		c.workers[idx] = rec
+	default:
+		c.workers = append(c.workers, rec)
 	}
 	c.log.Info("pipeline: worker joined", "index", idx, "name", req.Name, "slowdown", req.Slowdown)
 	close(c.changed)
 	c.changed = make(chan struct{})
 	return encodeMsg(registerResp{Index: idx}, nil)
+}
+
+// placeLocked returns the index a registration of from takes: its own
+// (known), that of a worker that died without being profiled, or a new
+// one; it fails when the coordinator is full. c.mu is held.
+func (c *Coordinator) placeLocked(from peer.ID) (idx int, known bool, err error) {
+	free := -1
+	for _, w := range c.workers {
+		if w.Peer.ID == from {
+			return w.Index, true, nil
+		}
+		if free < 0 && !w.Alive && w.Speed == 0 {
+			free = w.Index
+		}
+	}
+	switch {
+	case len(c.workers) < c.maxWorkers:
+		return len(c.workers), false, nil
+	case free >= 0:
+		return free, false, nil
+	}
+	return 0, false, fmt.Errorf("%w: %d workers registered, the most it accepts (CoordinatorConfig.MaxWorkers)", ErrCoordinatorFull, c.maxWorkers)
 }
 
 // uniqueName returns name, or name-2, name-3, … the first that is not
@@ -294,7 +351,7 @@ func (c *Coordinator) Shutdown(ctx context.Context) {
 		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			if _, err := c.tr.Call(cctx, w.Peer, ProtoShutdown, nil); err != nil {
+			if _, err := c.raw(cctx, w.Peer, ProtoShutdown, nil); err != nil {
 				c.log.Debug("pipeline: shutdown", "worker", w.Name, "err", err)
 			}
 		})
@@ -351,7 +408,7 @@ func (c *Coordinator) call(ctx context.Context, i int, proto protocol.ID, req an
 	c.mu.Lock()
 	ai := w.Peer
 	c.mu.Unlock()
-	out, err := c.tr.Call(ctx, ai, proto, b)
+	out, err := c.raw(ctx, ai, proto, b)
 	if err != nil {
 		return nil, err
 	}

@@ -17,7 +17,16 @@ import (
 
 // onActs receives a neighbour's stream of activations or gradients (a
 // sequence of length-prefixed act messages) and queues each in the inbox.
+// The sender must be the current plan's neighbour stage in the direction
+// it sends: anyone else is refused before a byte is read. Each message's
+// length is checked against what one micro-batch of the stage's real
+// shape takes before anything is allocated, and its buffer grows as the
+// bytes arrive; the host's idle timeout cuts off a sender that stalls.
 func (w *Worker) onActs(ctx context.Context, from peer.ID, r io.Reader, _ io.Writer) error {
+	src, err := w.actSource(from)
+	if err != nil {
+		return err
+	}
 	var hdr [4]byte
 	for {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
@@ -27,11 +36,13 @@ func (w *Worker) onActs(ctx context.Context, from peer.ID, r io.Reader, _ io.Wri
 			return err
 		}
 		n := binary.BigEndian.Uint32(hdr[:])
-		if uint64(n) > uint64(w.cfg.MaxMessageBytes) {
-			return fmt.Errorf("%w: activation of %d bytes", errMsg, n)
+		if int64(n) > src.frame {
+			err := fmt.Errorf("%w: activation message of %d bytes, at most %d for this stage", errMsg, n, src.frame)
+			w.failIter(src.gen, err)
+			return err
 		}
-		b := make([]byte, n)
-		if _, err := io.ReadFull(r, b); err != nil {
+		b, err := readFrame(r, int(n))
+		if err != nil {
 			return err
 		}
 		if err := w.onAct(from, b); err != nil {
@@ -43,26 +54,109 @@ func (w *Worker) onActs(ctx context.Context, from peer.ID, r io.Reader, _ io.Wri
 	}
 }
 
-// onAct queues one activation or gradient from a neighbour.
+// actSrc is what a worker accepts from one neighbour: the direction it
+// sends, the generation and inbox of the current plan and the size bounds
+// of its messages.
+type actSrc struct {
+	backward bool
+	gen      uint64
+	box      *inbox
+	frame    int64 // bytes of one message, length prefix excluded
+}
+
+// actSource checks that from is a neighbour stage of the current plan and
+// returns what the worker accepts from it.
+func (w *Worker) actSource(from peer.ID) (actSrc, error) {
+	w.mu.Lock()
+	src := actSrc{gen: w.gen, box: w.box}
+	prev, next := w.prev, w.next
+	w.mu.Unlock()
+	switch {
+	case from == "":
+		return actSrc{}, errors.New("pipeline: activation from an unknown peer")
+	case from == prev:
+	case from == next:
+		src.backward = true
+	default:
+		return actSrc{}, fmt.Errorf("pipeline: %s is not a neighbour stage of this worker", from.ShortString())
+	}
+	src.frame = src.box.frameBytes(src.backward)
+	if src.frame <= 0 {
+		return actSrc{}, errors.New("pipeline: no stage to receive activations")
+	}
+	return src, nil
+}
+
+// readFrame reads exactly n bytes, growing its buffer as data arrives, so
+// a length prefix alone costs little.
+func readFrame(r io.Reader, n int) ([]byte, error) {
+	const first = 64 << 10
+	buf := make([]byte, 0, min(n, first))
+	for len(buf) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(3*cap(buf), n-len(buf)))
+		}
+		k, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+k]
+		if err != nil && len(buf) < n {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+	}
+	return buf, nil
+}
+
+// onAct queues one activation or gradient from a neighbour. The sender is
+// checked before the message is decoded; a tensor of the wrong shape or
+// with NaN or Inf values is refused and fails the iteration waiting for
+// it, which the coordinator handles as a failed stage.
 func (w *Worker) onAct(from peer.ID, b []byte) error {
-	var m actMsg
-	ts, err := decodeMsg(b, &m, actLimits)
+	src, err := w.actSource(from)
 	if err != nil {
 		return err
 	}
-	if len(ts) != 1 || ts[0].Name != "t" {
-		return fmt.Errorf("%w: want one tensor \"t\"", errMsg)
+	if int64(len(b)) > src.frame {
+		return fmt.Errorf("%w: activation message of %d bytes, at most %d for this stage", errMsg, len(b), src.frame)
 	}
-	w.mu.Lock()
-	gen, box, prev, next := w.gen, w.box, w.prev, w.next
-	w.mu.Unlock()
+	var m actMsg
+	ts, err := decodeMsg(b, &m, src.box.limits(src.backward))
+	if err == nil && (len(ts) != 1 || ts[0].Name != "t") {
+		err = fmt.Errorf("%w: want one tensor \"t\"", errMsg)
+	}
+	if err != nil {
+		w.failIter(src.gen, err)
+		return err
+	}
 	switch {
-	case m.Gen != gen:
-		return fmt.Errorf("pipeline: activation of generation %d, current %d", m.Gen, gen)
-	case !m.Backward && from != prev, m.Backward && from != next:
-		return fmt.Errorf("pipeline: unexpected %v activation from %s", map[bool]string{false: "forward", true: "backward"}[m.Backward], from.ShortString())
+	case m.Gen != src.gen:
+		return fmt.Errorf("pipeline: activation of generation %d, current %d", m.Gen, src.gen)
+	case m.Backward != src.backward:
+		return fmt.Errorf("pipeline: unexpected %s activation from %s", direction(m.Backward), from.ShortString())
 	}
-	return box.put(actKey{iter: m.Iter, micro: m.Micro, backward: m.Backward}, ts[0].Tensor)
+	err = src.box.put(actKey{iter: m.Iter, micro: m.Micro, backward: m.Backward}, ts[0].Tensor)
+	if errors.Is(err, errBadAct) {
+		w.failIter(src.gen, fmt.Errorf("%s from %s: %w", direction(m.Backward), from.ShortString(), err))
+	}
+	return err
+}
+
+func direction(backward bool) string {
+	if backward {
+		return "backward"
+	}
+	return "forward"
+}
+
+// failIter stops the running iteration of generation gen, if any, with
+// err as its cause.
+func (w *Worker) failIter(gen uint64, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.gen == gen && w.cancelIter != nil {
+		w.cancelIter(err)
+	}
 }
 
 // onIter runs one iteration of the current stage.

@@ -79,7 +79,7 @@ func measurePing(ctx context.Context, h p2p.Transport, to peer.AddrInfo) (alloc.
 // onProbe measures the link to the requested peer.
 func (w *Worker) onProbe(ctx context.Context, b []byte) ([]byte, error) {
 	var req probeReq
-	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
+	if err := decodeHeader(b, &req); err != nil {
 		return nil, err
 	}
 	ai, err := req.Peer.addrInfo()

@@ -43,8 +43,8 @@ const streamIdleTimeout = 10 * time.Minute
 
 // Size bounds of what a peer accepts.
 const (
-	// DefaultMaxMessageBytes bounds one RPC message (weights of a stage
-	// travel in one message).
+	// DefaultMaxMessageBytes bounds one message of the coordinator's
+	// calls (weights of a stage travel in one message).
 	DefaultMaxMessageBytes = 512 << 20
 	maxHeaderBytes         = 64 << 10
 	maxAddrs               = 32
@@ -54,12 +54,10 @@ const (
 	maxLayers              = 4096
 )
 
-// limits bound the tensors of bulk messages (setup, fetch, iteration
-// inputs); actLimits those of one activation.
-var (
-	bulkLimits = wire.Limits{MaxElements: 1 << 27, MaxDims: 8, MaxTensors: 1 << 14}
-	actLimits  = wire.Limits{MaxElements: 1 << 26, MaxDims: 8, MaxTensors: 2}
-)
+// bulkLimits bound the tensors of bulk messages (setup, fetch, iteration
+// inputs); those of one activation follow from the stage's shapes (see
+// inbox.limits).
+var bulkLimits = wire.Limits{MaxElements: 1 << 27, MaxDims: 8, MaxTensors: 1 << 14}
 
 // A message is a uint32 big-endian length, a JSON header of that length,
 // and optionally a wire message of named tensors.
@@ -106,6 +104,18 @@ func decodeMsg(b []byte, hdr any, lim wire.Limits) ([]wire.Named, error) {
 		return nil, fmt.Errorf("%w: %w", errMsg, err)
 	}
 	return ts, nil
+}
+
+// decodeHeader parses a message that carries no tensors into hdr.
+func decodeHeader(b []byte, hdr any) error {
+	if len(b) < 4 {
+		return fmt.Errorf("%w: %d bytes", errMsg, len(b))
+	}
+	if n := binary.BigEndian.Uint32(b); uint64(n) != uint64(len(b)-4) {
+		return fmt.Errorf("%w: header of %d bytes in a message of %d", errMsg, n, len(b))
+	}
+	_, err := decodeMsg(b, hdr, wire.Limits{})
+	return err
 }
 
 // namedMap turns tensors into a map (wire rejects duplicate names).

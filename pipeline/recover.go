@@ -35,7 +35,10 @@ func (s *Session) recover(ctx context.Context, cause error) error {
 		})
 	}
 	wg.Wait()
-	_, err := s.replan(ctx, "failure")
+	// Even on the same plan, the stages are installed anew: the new
+	// generation drops the failed attempt's abort and activations, so
+	// the batch can be retried.
+	_, err := s.replan(ctx, "failure", true)
 	return err
 }
 
@@ -55,8 +58,9 @@ func (s *Session) samePlan(plan alloc.Plan) bool {
 }
 
 // replan gathers the state, profiles newcomers, solves the allocation
-// on the live workers and installs the result.
-func (s *Session) replan(ctx context.Context, reason string) (changed bool, err error) {
+// on the live workers and installs the result: only if it differs from
+// the running plan, unless force is set.
+func (s *Session) replan(ctx context.Context, reason string, force bool) (changed bool, err error) {
 	for attempt := 0; ; attempt++ {
 		snap, err := s.gather(ctx)
 		if err != nil {
@@ -69,7 +73,7 @@ func (s *Session) replan(ctx context.Context, reason string) (changed bool, err 
 		if err != nil {
 			return false, err
 		}
-		if s.samePlan(plan) {
+		if !force && s.samePlan(plan) {
 			// Only the speeds changed: keep the layers where they are and
 			// measure new baselines.
 			fmt.Fprintf(s.cfg.Log, "%s plan unchanged at iteration %d (%s)\n", time.Now().Format("15:04:05.000"), s.iter, reason)

@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/skyhive/skyhive/checkpoint"
 	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/tensor"
 )
 
 // initialSnapshot is the model's initial weights and a fresh optimizer
@@ -36,7 +39,7 @@ func (s *Session) initialSnapshot() (Snapshot, error) {
 func (s *Session) Snapshot(ctx context.Context) (Snapshot, error) {
 	out := Snapshot{}
 	for k, a := range s.stages {
-		part, err := s.fetch(ctx, a.worker)
+		part, err := s.fetch(ctx, a)
 		if err != nil {
 			return Snapshot{}, &stageError{worker: a.worker, err: fmt.Errorf("pipeline: fetching stage %d: %w", k, err)}
 		}
@@ -45,15 +48,42 @@ func (s *Session) Snapshot(ctx context.Context) (Snapshot, error) {
 	return out, nil
 }
 
-func (s *Session) fetch(ctx context.Context, worker int) (Snapshot, error) {
+// fetch returns the state of stage a: only its own layers' parameters
+// and optimizer state, with their shapes and finite values, so a broken
+// stage can neither write into other stages' layers nor poison the
+// checkpoint.
+func (s *Session) fetch(ctx context.Context, a assignment) (Snapshot, error) {
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	var resp fetchResp
-	ts, err := s.c.call(cctx, worker, ProtoFetch, fetchReq{Gen: s.gen}, nil, &resp, bulkLimits)
+	ts, err := s.c.call(cctx, a.worker, ProtoFetch, fetchReq{Gen: s.gen}, nil, &resp, bulkLimits)
 	if err != nil {
 		return Snapshot{}, err
 	}
-	return snapshotFrom(namedMap(ts), resp.Step)
+	snap, err := snapshotFrom(namedMap(ts), resp.Step)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	params := s.ref.Slice(a.first, a.last).Params()
+	own, err := snap.forParams(params)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	for _, p := range params {
+		if v := own.Params[p.Name]; !slices.Equal(v.Shape, p.Value.Shape) {
+			return Snapshot{}, fmt.Errorf("pipeline: fetched %s of shape %v, want %v", p.Name, v.Shape, p.Value.Shape)
+		}
+	}
+	for _, m := range []map[string]*tensor.Tensor{own.Params, own.Optim} {
+		for name, t := range m {
+			for _, v := range t.Data {
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+					return Snapshot{}, fmt.Errorf("pipeline: fetched %s holds %v", name, v)
+				}
+			}
+		}
+	}
+	return own, nil
 }
 
 // gather collects the current state from the live stages and fills what
@@ -68,7 +98,7 @@ func (s *Session) gather(ctx context.Context) (Snapshot, error) {
 			errs[k] = errors.New("dead")
 			continue
 		}
-		wg.Go(func() { parts[k], errs[k] = s.fetch(ctx, a.worker) })
+		wg.Go(func() { parts[k], errs[k] = s.fetch(ctx, a) })
 	}
 	wg.Wait()
 	if ctx.Err() != nil {

@@ -20,6 +20,10 @@ func (s *Session) Step(ctx context.Context, b data.Batch) (IterStats, error) {
 	if b.Len() < s.cfg.Schedule.Micro(s.cfg.Micro) || b.Len() > maxBatch || b.X == nil || b.X.Len() != b.Len()*InputFeatures {
 		return IterStats{}, fmt.Errorf("pipeline: batch of %d examples does not fit the session", b.Len())
 	}
+	if b.Len() > s.cfg.Batch {
+		// Stages accept at most a batch of activations per iteration.
+		return IterStats{}, fmt.Errorf("pipeline: batch of %d examples, over the session's batch size %d", b.Len(), s.cfg.Batch)
+	}
 	var event string
 	for attempt := 0; ; attempt++ {
 		st, committed, err := s.tryIter(ctx, b)
@@ -34,7 +38,7 @@ func (s *Session) Step(ctx context.Context, b data.Batch) (IterStats, error) {
 				}
 			}
 			if reason := s.drifted(st); reason != "" {
-				changed, err := s.replan(ctx, reason)
+				changed, err := s.replan(ctx, reason, false)
 				if err != nil {
 					return st, err
 				}
@@ -110,7 +114,12 @@ func (s *Session) tryIter(ctx context.Context, b data.Batch) (IterStats, bool, e
 		return IterStats{}, false, firstErr
 	}
 	var sq float64
-	for _, r := range resps {
+	for k, r := range resps {
+		// A stage's report feeds the clipping scale and the statistics:
+		// an impossible one fails the iteration like the stage failed.
+		if r.GradSq < 0 || math.IsInf(r.GradSq, 0) || math.IsInf(r.Loss, 0) || r.Correct < 0 || r.Correct > n {
+			return IterStats{}, false, &stageError{worker: s.stages[k].worker, err: fmt.Errorf("stage %d (%s): impossible report %+v", k, s.c.worker(s.stages[k].worker).Name, r)}
+		}
 		sq += r.GradSq
 	}
 	loss := resps[S-1].Loss

@@ -14,7 +14,6 @@ import (
 
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/swarm"
-	"github.com/skyhive/skyhive/wire"
 )
 
 // WorkerConfig configures a stage worker.
@@ -52,8 +51,10 @@ type WorkerConfig struct {
 	// Run returns.
 	Heartbeat       time.Duration
 	HeartbeatMisses int
-	// MaxMessageBytes bounds one RPC message (default
-	// DefaultMaxMessageBytes).
+	// MaxMessageBytes bounds one setup or iteration message from the
+	// coordinator (default DefaultMaxMessageBytes); a stage's weights
+	// travel in one. Plain calls on the host the worker starts are bounded
+	// to 8 MiB + 64 KiB, activations to a batch of the stage's shape.
 	MaxMessageBytes int
 	// Logger receives events; nil discards them.
 	Logger *slog.Logger
@@ -76,6 +77,10 @@ type Worker struct {
 	dial  actDialer // how the executor reaches its neighbours
 
 	dev *swarm.Device // emulated device: slowdown and pause gate
+
+	// controls are the calls only the coordinator may make, by protocol;
+	// filled in NewWorker, read-only afterwards.
+	controls map[protocol.ID]controlHandler
 
 	// runMu serialises everything that touches the stage's layers:
 	// setup, iterations, commits, fetches and profiling.
@@ -135,10 +140,13 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	w := &Worker{cfg: cfg, tr: cfg.Transport, log: cfg.Logger, coord: *coord, dev: dev, box: newInbox(0, nil, nil), stop: make(chan struct{})}
+	w := &Worker{cfg: cfg, tr: cfg.Transport, log: cfg.Logger, coord: *coord, dev: dev, box: newInbox(0, nil, nil), stop: make(chan struct{}), controls: map[protocol.ID]controlHandler{}}
 	if w.tr == nil {
 		hcfg := cfg.Host
-		hcfg.MaxMessageBytes = cfg.MaxMessageBytes
+		// Plain calls are small (heartbeats, link probes); the
+		// coordinator's calls come over control streams, activations over
+		// streams of their own, each bounded once the sender is known.
+		hcfg.MaxMessageBytes = callBytes
 		hcfg.MaxStreamBytes = int64(cfg.MaxMessageBytes) * maxMicro
 		// An activation stream stays open for a whole iteration and may
 		// wait for a slow neighbour's compute between messages.
@@ -172,6 +180,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	w.handle(ProtoAct, func(_ context.Context, from peer.ID, b []byte) ([]byte, error) { return nil, w.onAct(from, b) })
 	if st, ok := w.tr.(streamer); ok {
 		st.SetStreamHandler(ProtoActs, w.onActs)
+		st.SetStreamHandler(ProtoControl, w.onControl)
 	}
 	return w, nil
 }
@@ -196,8 +205,10 @@ func (w *Worker) stopped() bool {
 	}
 }
 
-// control registers a handler that only the coordinator may call.
-func (w *Worker) control(p protocol.ID, h func(ctx context.Context, req []byte) ([]byte, error)) {
+// control registers a handler that only the coordinator may call, as a
+// plain call and as a call over ProtoControl.
+func (w *Worker) control(p protocol.ID, h controlHandler) {
+	w.controls[p] = h
 	w.handle(p, func(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
 		if from != w.coord.ID {
 			return nil, fmt.Errorf("pipeline: %s accepts calls from the coordinator only", p)
@@ -302,7 +313,7 @@ func (w *Worker) register(ctx context.Context) error {
 		cancel()
 		if err == nil {
 			var r registerResp
-			if _, err := decodeMsg(resp, &r, wire.Limits{}); err != nil {
+			if err := decodeHeader(resp, &r); err != nil {
 				return err
 			}
 			w.log.Info("pipeline: joined coordinator", "index", r.Index)

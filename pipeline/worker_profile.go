@@ -10,7 +10,6 @@ import (
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/tensor"
-	"github.com/skyhive/skyhive/wire"
 )
 
 // onProfile times forward and backward of every layer of the whole model:
@@ -21,7 +20,7 @@ import (
 // leak into them.
 func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 	var req profileReq
-	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
+	if err := decodeHeader(b, &req); err != nil {
 		return nil, err
 	}
 	if req.Batch < 1 || req.Batch > maxBatch || req.Reps < 1 || req.Reps > 50 || len(req.Calibrate) > 4 {

@@ -68,7 +68,9 @@ func (w *Worker) onSetup(_ context.Context, b []byte) ([]byte, error) {
 	}
 	w.mu.Lock()
 	if w.gen == req.Gen {
-		w.box = newInbox(req.Iter, st.in, st.out)
+		box := newInbox(req.Iter, st.in, st.out)
+		box.rows = req.Batch // a micro-batch holds at most the batch
+		w.box = box
 		w.prev, w.next = st.prev.ID, st.next.ID
 	}
 	w.mu.Unlock()
@@ -135,7 +137,7 @@ func (w *Worker) buildStage(req setupReq, ts []wire.Named) (*stage, error) {
 // onCommit steps the optimizer over the gradients of a finished iteration.
 func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 	var req commitReq
-	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
+	if err := decodeHeader(b, &req); err != nil {
 		return nil, err
 	}
 	w.runMu.Lock()
@@ -166,7 +168,7 @@ func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 // onAbort stops a running iteration of the given generation.
 func (w *Worker) onAbort(_ context.Context, b []byte) ([]byte, error) {
 	var req abortReq
-	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
+	if err := decodeHeader(b, &req); err != nil {
 		return nil, err
 	}
 	w.mu.Lock()
@@ -181,7 +183,7 @@ func (w *Worker) onAbort(_ context.Context, b []byte) ([]byte, error) {
 // onFetch returns the stage's weights and optimizer state.
 func (w *Worker) onFetch(_ context.Context, b []byte) ([]byte, error) {
 	var req fetchReq
-	if _, err := decodeMsg(b, &req, wire.Limits{}); err != nil {
+	if err := decodeHeader(b, &req); err != nil {
 		return nil, err
 	}
 	w.runMu.Lock()

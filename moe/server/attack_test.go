@@ -272,6 +272,16 @@ func TestWorkingMemoryBudget(t *testing.T) {
 	expectRemote(t, "backward over budget", err, "working memory")
 	_, err = e.call(ctx, moe.ForwardProtocol, "t.0", wire.Named{Name: "x", Tensor: randTensor(1, 1, 4096, 64)})
 	expectRemote(t, "forward over budget", err, "working memory")
+	// The estimate is checked on the shape alone, before the data is
+	// read: a header announcing [1, 200000, 64] (150 GiB of attention
+	// weights) without any data is refused for its memory, not for the
+	// missing data.
+	small := must(moe.EncodeRequest("t.0", []wire.Named{{Name: "x", Tensor: tensor.New(1, 7, 64)}}, wire.Options{}))
+	seqAt := 5 + len("t.0") + 6 + 2 + 8 + 4
+	req := slices.Clone(small[:seqAt+8])
+	binary.LittleEndian.PutUint32(req[seqAt:], 200000)
+	_, err = e.client.Call(ctx, e.srv.AddrInfo(), moe.ForwardProtocol, req)
+	expectRemote(t, "[1, 200000, 64] header", err, "working memory")
 	if _, err := e.call(ctx, moe.ForwardProtocol, "t.0", wire.Named{Name: "x", Tensor: randTensor(2, 1, 64, 64)}); err != nil {
 		t.Fatalf("honest forward after refusals: %v", err)
 	}
@@ -499,5 +509,57 @@ func TestRefusedRequestDoesNotMaterialize(t *testing.T) {
 	expectRemote(t, "Inf forward", err, "finite")
 	if s.ExpertWeights("ffn.0") != nil {
 		t.Fatal("a refused request created the expert")
+	}
+}
+
+// A checkpoint that holds non-finite weights (written by an older server,
+// or edited) does not bring them back: the expert is loaded from the
+// previous generation if that one is good, else it starts afresh.
+func TestLoadSkipsNonFiniteExpert(t *testing.T) {
+	e := newEnv(t)
+	path := filepath.Join(t.TempDir(), "experts.safetensors")
+	cfg := Config{Transport: e.srv, Experts: []string{"ffn.0", "ffn.1"}, Hidden: 8, Seed: 3, CheckpointPath: path}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := s.ExpertWeights("ffn.1")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Poison both experts in the latest file; ffn.0 also in the previous
+	// generation, so it can only start afresh; ffn.1 has a good previous
+	// state, marked by a changed weight.
+	f, err := checkpoint.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Tensors["ffn.1/ffn.fc1.weight"].Data[0] = 0.5
+	f.Tensors["ffn.0/ffn.fc1.weight"].Data[0] = float32(math.NaN())
+	if err := checkpoint.Save(path+PrevSuffix, f.Tensors, f.Meta); err != nil {
+		t.Fatal(err)
+	}
+	good1 := f.Tensors["ffn.1/ffn.fc1.weight"].Clone()
+	f.Tensors["ffn.1/opt/ffn.fc1.weight.v"].Data[0] = float32(math.Inf(1))
+	if err := checkpoint.Save(path, f.Tensors, f.Meta); err != nil {
+		t.Fatal(err)
+	}
+	cfg.CheckpointPath = "" // load by hand below, so Close does not save
+	s2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if err := s2.load(path); err != nil {
+		t.Fatal(err)
+	}
+	if w := s2.ExpertWeights("ffn.0"); !tensorsFinite(w) {
+		t.Fatal("ffn.0 loaded with NaN weights")
+	}
+	if d := maxDiff(s2.ExpertWeights("ffn.1")["ffn.fc1.weight"].Data, good1.Data); d != 0 {
+		t.Fatalf("ffn.1 not loaded from the previous generation (differs by %g)", d)
+	}
+	if weightsEqual(fresh, s2.ExpertWeights("ffn.1")) {
+		t.Fatal("ffn.1 started afresh although the previous generation was good")
 	}
 }

@@ -164,11 +164,19 @@ func (c *Config) checkRequest(e *expert, x, dy *tensor.Tensor, backward bool) (i
 			return 0, fmt.Errorf("x %v and dy %v differ in shape", x.Shape, dy.Shape)
 		}
 	}
-	work := c.workBytes(x.Shape, backward)
-	if work > c.RequestMemory {
-		return 0, fmt.Errorf("input %v needs about %d MiB of working memory, over the per-request budget of %d MiB", x.Shape, work>>20, c.RequestMemory>>20)
+	if err := c.checkWork(x.Shape, backward); err != nil {
+		return 0, err
 	}
-	return work, nil
+	return c.workBytes(x.Shape, backward), nil
+}
+
+// checkWork refuses an input shape (already checked by checkShape) whose
+// forward or backward pass needs more than RequestMemory.
+func (c *Config) checkWork(shape []int, backward bool) error {
+	if work := c.workBytes(shape, backward); work > c.RequestMemory {
+		return fmt.Errorf("input %v needs about %d MiB of working memory, over the per-request budget of %d MiB", shape, work>>20, c.RequestMemory>>20)
+	}
+	return nil
 }
 
 // allFinite reports whether every value of data is finite.

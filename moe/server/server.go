@@ -332,9 +332,11 @@ func (s *Server) Close() error {
 
 // request decodes a call for one of the hosted experts. The expert is
 // looked up before any tensor is decoded, and every tensor's shape is
-// checked against the expert's input before its data is allocated. On
-// error, the expert is returned if the request named a hosted one.
-func (s *Server) request(req []byte) (*expert, []wire.Named, error) {
+// checked against the expert's input, and the working memory of a forward
+// or backward pass (as backward says) on it against the per-request
+// budget, before its data is allocated. On error, the expert is returned
+// if the request named a hosted one.
+func (s *Server) request(req []byte, backward bool) (*expert, []wire.Named, error) {
 	var e *expert
 	_, msg, err := moe.DecodeRequestFor(req, func(uid string) (wire.Limits, error) {
 		e = s.experts[uid]
@@ -344,6 +346,9 @@ func (s *Server) request(req []byte) (*expert, []wire.Named, error) {
 		lim := s.limits
 		lim.Shape = func(shape []int) error {
 			if err := s.cfg.checkShape(e.spec, shape); err != nil {
+				return fmt.Errorf("expert %s: %w", e.uid, err)
+			}
+			if err := s.cfg.checkWork(shape, backward); err != nil {
 				return fmt.Errorf("expert %s: %w", e.uid, err)
 			}
 			return nil
@@ -407,7 +412,7 @@ func (s *Server) serve(ctx context.Context, req []byte, backward bool) ([]byte, 
 // expert, the input, the output gradient (backward only) and the working
 // memory the request needs.
 func (s *Server) parse(req []byte, backward bool) (e *expert, x, dy *tensor.Tensor, work int64, err error) {
-	e, msg, err := s.request(req)
+	e, msg, err := s.request(req, backward)
 	if err != nil {
 		if e != nil {
 			e.recordError(backward)
@@ -429,7 +434,7 @@ func (s *Server) parse(req []byte, backward bool) (e *expert, x, dy *tensor.Tens
 }
 
 func (s *Server) handleInfo(_ context.Context, _ peer.ID, req []byte) ([]byte, error) {
-	e, _, err := s.request(req)
+	e, _, err := s.request(req, false)
 	if err != nil {
 		return nil, err
 	}

@@ -337,6 +337,15 @@ func EncodeRequest(uid string, msg []wire.Named, o wire.Options) ([]byte, error)
 // DecodeRequest parses an expert request, checking every size against lim
 // before allocating for it.
 func DecodeRequest(b []byte, lim wire.Limits) (string, []wire.Named, error) {
+	return DecodeRequestFor(b, func(string) (wire.Limits, error) { return lim, nil })
+}
+
+// DecodeRequestFor parses an expert request like DecodeRequest, with the
+// limits that limits returns for the request's UID. It is called before
+// any tensor is decoded, so a server can refuse an expert it does not host
+// and hold each tensor to that expert's input shape (wire.Limits.Shape)
+// before allocating for it; its error is returned wrapped in ErrRequest.
+func DecodeRequestFor(b []byte, limits func(uid string) (wire.Limits, error)) (string, []wire.Named, error) {
 	if len(b) < 5 || !bytes.Equal(b[:4], requestMagic[:]) {
 		return "", nil, fmt.Errorf("%w: bad header", ErrRequest)
 	}
@@ -345,6 +354,10 @@ func DecodeRequest(b []byte, lim wire.Limits) (string, []wire.Named, error) {
 		return "", nil, fmt.Errorf("%w: truncated uid", ErrRequest)
 	}
 	uid := string(b[5 : 5+n])
+	lim, err := limits(uid)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %w", ErrRequest, err)
+	}
 	msg, err := wire.UnmarshalMessage(b[5+n:], lim)
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %w", ErrRequest, err)

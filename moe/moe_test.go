@@ -2,6 +2,7 @@ package moe
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"testing"
 
@@ -98,29 +99,6 @@ func TestRequestRoundTrip(t *testing.T) {
 	}
 }
 
-func FuzzDecodeRequest(f *testing.F) {
-	x := tensor.FromSlice([]float32{1, 2, 3, 4}, 2, 2)
-	b, _ := EncodeRequest("ffn.0.1", []wire.Named{{Name: "x", Tensor: x}, {Name: "dy", Tensor: x}}, wire.Options{})
-	f.Add(b)
-	e, _ := EncodeRequest("", nil, wire.Options{})
-	f.Add(e)
-	f.Add([]byte("SKX\x01\xff"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		uid, msg, err := DecodeRequest(b, wire.Limits{MaxElements: 1 << 12})
-		if err != nil {
-			return
-		}
-		b2, err := EncodeRequest(uid, msg, wire.Options{})
-		if err != nil {
-			t.Fatalf("re-encode: %v", err)
-		}
-		uid2, msg2, err := DecodeRequest(b2, wire.Limits{MaxElements: 1 << 12})
-		if err != nil || uid2 != uid || len(msg2) != len(msg) {
-			t.Fatalf("round trip changed the request: %v", err)
-		}
-	})
-}
-
 func FuzzUnmarshalInfo(f *testing.F) {
 	f.Add([]byte(`{"uid":"ffn.1.2","peer":{"ID":"12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA","Addrs":["/ip4/127.0.0.1/tcp/1"]}}`))
 	f.Add([]byte(`{}`))
@@ -133,4 +111,73 @@ func FuzzUnmarshalInfo(f *testing.F) {
 			t.Fatalf("valid info does not re-encode: %v", err)
 		}
 	})
+}
+
+// FuzzDecodeRequest checks that DecodeRequest never panics, never returns
+// more than its limits allow, and that what it accepts re-encodes to a
+// request that decodes to the same tensors.
+func FuzzDecodeRequest(f *testing.F) {
+	lim := wire.Limits{MaxElements: 256, MaxDims: 3, MaxTensors: 2}
+	x := tensor.New(2, 3)
+	for i := range x.Data {
+		x.Data[i] = float32(i) - 2.5
+	}
+	for _, o := range []wire.Options{{}, {Codec: wire.CodecFP16}, {Codec: wire.CodecUniform8}} {
+		req, err := EncodeRequest("ffn.1.2", []wire.Named{{Name: "x", Tensor: x}, {Name: "dy", Tensor: x}}, o)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(req)
+		f.Add(req[:len(req)-1])
+	}
+	f.Add(must(EncodeRequest("", nil, wire.Options{})))
+	f.Add([]byte("SKX\x01\xff"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		uid, msg, err := DecodeRequest(b, lim)
+		if err != nil {
+			if !errors.Is(err, ErrRequest) {
+				t.Fatalf("error %v does not wrap ErrRequest", err)
+			}
+			return
+		}
+		if len(uid) > MaxUIDLen || len(msg) > lim.MaxTensors {
+			t.Fatalf("uid of %d bytes, %d tensors", len(uid), len(msg))
+		}
+		total := 0
+		for _, m := range msg {
+			if len(m.Tensor.Shape) > lim.MaxDims {
+				t.Fatalf("tensor %q of rank %d", m.Name, len(m.Tensor.Shape))
+			}
+			total += m.Tensor.Len()
+		}
+		if total > lim.MaxElements {
+			t.Fatalf("%d elements decoded, limit %d", total, lim.MaxElements)
+		}
+		again, err := EncodeRequest(uid, msg, wire.Options{})
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		uid2, msg2, err := DecodeRequest(again, lim)
+		if err != nil || uid2 != uid || len(msg2) != len(msg) {
+			t.Fatalf("round trip: %v", err)
+		}
+		for i := range msg {
+			a, b := msg[i].Tensor, msg2[i].Tensor
+			if msg[i].Name != msg2[i].Name || !slices.Equal(a.Shape, b.Shape) || len(a.Data) != len(b.Data) {
+				t.Fatalf("round trip changed tensor %q", msg[i].Name)
+			}
+			for j := range a.Data {
+				if math.Float32bits(a.Data[j]) != math.Float32bits(b.Data[j]) {
+					t.Fatalf("round trip changed %q[%d]", msg[i].Name, j)
+				}
+			}
+		}
+	})
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

@@ -127,6 +127,11 @@ type Limits struct {
 	MaxDims int
 	// MaxTensors bounds the tensors of one message (default 64).
 	MaxTensors int
+	// Shape, if set, is called with each tensor's shape after the size
+	// limits and before anything is allocated for its data; an error
+	// refuses the tensor (wrapped with ErrLimit). Decoders use it to hold
+	// a tensor to the shape they expect before paying for it.
+	Shape func(shape []int) error
 }
 
 // DefaultLimits returns the limits used for zero fields.
@@ -317,6 +322,11 @@ func decode(r io.Reader, lim Limits, budget int) (*tensor.Tensor, error) {
 			return nil, fmt.Errorf("%w: shape %v over %d elements", ErrLimit, shape[:i+1], budget)
 		}
 		n *= d
+	}
+	if lim.Shape != nil {
+		if err := lim.Shape(shape); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrLimit, err)
+		}
 	}
 	var data []float32
 	var err error

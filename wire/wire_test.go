@@ -429,3 +429,32 @@ func TestParseCodec(t *testing.T) {
 		t.Error("ParseCodec accepted int4")
 	}
 }
+
+// Limits.Shape sees each tensor's shape before its data is read: a
+// message whose data is missing altogether is refused by the shape check,
+// not by the truncation, and a shape it accepts decodes as usual.
+func TestLimitsShapeBeforeData(t *testing.T) {
+	x := tensor.New(2, 3)
+	b, err := MarshalMessage([]Named{{Name: "x", Tensor: x}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errShape := errors.New("wrong shape")
+	only23 := Limits{Shape: func(s []int) error {
+		if len(s) != 2 || s[0] != 2 || s[1] != 3 {
+			return errShape
+		}
+		return nil
+	}}
+	if _, err := UnmarshalMessage(b, only23); err != nil {
+		t.Fatalf("accepted shape refused: %v", err)
+	}
+	y, err := MarshalMessage([]Named{{Name: "x", Tensor: tensor.New(3, 2)}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	headerOnly := y[:len(y)-6*4]
+	if _, err := UnmarshalMessage(headerOnly, only23); !errors.Is(err, errShape) || !errors.Is(err, ErrLimit) {
+		t.Fatalf("got %v, want the shape error wrapped in ErrLimit", err)
+	}
+}

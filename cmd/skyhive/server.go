@@ -29,6 +29,10 @@ type serverFlags struct {
 	batchTimeout time.Duration
 	workers      int
 	lr           float64
+	clip         float64
+	maxSeqLen    int
+	requestMiB   int64
+	queueMiB     int64
 	stepRows     int
 	zeroInit     bool
 	seed         uint64
@@ -68,6 +72,10 @@ func newServerCmd() *cobra.Command {
 	fl.DurationVar(&f.batchTimeout, "batch-timeout", 2*time.Millisecond, "longest wait for --min-batch rows")
 	fl.IntVar(&f.workers, "parallel-batches", 1, "batches processed at once")
 	fl.Float64Var(&f.lr, "lr", 1e-3, "experts' AdamW learning rate")
+	fl.Float64Var(&f.clip, "clip", server.DefaultClipNorm, "gradient-norm clip of each expert step (negative disables; steps with non-finite gradients are always skipped)")
+	fl.IntVar(&f.maxSeqLen, "max-seq-len", server.DefaultMaxSeqLen, "longest sequence a transformer expert accepts")
+	fl.Int64Var(&f.requestMiB, "request-memory", 0, "working memory one request or batch may need, in MiB, estimated before it runs (0: 1024 or what the largest valid request needs)")
+	fl.Int64Var(&f.queueMiB, "queue-memory", server.DefaultQueueMemory>>20, "MiB of request tensors queued or running at once; beyond it requests are refused as busy")
 	fl.BoolVar(&f.zeroInit, "zero-init", false, "start each FFN expert as the identity (zero output layer)")
 	fl.IntVar(&f.stepRows, "step-rows", 1, "backward rows an expert accumulates per optimizer step (1: a step per backward batch)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the initial weights (with each expert's UID)")
@@ -128,7 +136,8 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	srv, err := server.New(server.Config{
 		Transport: h, DHT: node, Experts: uids, Type: f.expertType, Hidden: f.hidden, Heads: f.heads,
 		MinBatch: f.minBatch, MaxBatch: f.maxBatch, BatchTimeout: f.batchTimeout, Workers: f.workers,
-		LR: f.lr, StepRows: f.stepRows, ZeroInit: f.zeroInit, Seed: f.seed, Lazy: f.lazy,
+		LR: f.lr, ClipNorm: f.clip, StepRows: f.stepRows, MaxSeqLen: f.maxSeqLen,
+		RequestMemory: f.requestMiB << 20, QueueMemory: f.queueMiB << 20, ZeroInit: f.zeroInit, Seed: f.seed, Lazy: f.lazy,
 		Limits:       wireLimitsFor(f.maxBatch, f.hidden),
 		DeclareEvery: f.declareEvery, CheckpointPath: f.checkpoint, CheckpointEvery: f.ckptEvery,
 		Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
@@ -178,17 +187,17 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 func printServerStats(w io.Writer, st server.Stats) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "uptime %.0fs, last declared %s, %d failed DHT stores\n", st.UptimeSeconds, st.LastDeclared.Format(time.TimeOnly), st.DeclareFailures)
-	fmt.Fprintln(tw, "EXPERT\tFWD REQ\tFWD BATCH\tFWD LAT\tBWD REQ\tBWD BATCH\tBWD LAT\tUPDATES\tERRORS")
+	fmt.Fprintln(tw, "EXPERT\tFWD REQ\tFWD BATCH\tFWD LAT\tBWD REQ\tBWD BATCH\tBWD LAT\tUPDATES\tSKIPPED\tERRORS")
 	shown := 0
 	for _, e := range st.Experts {
 		if e.Forward.Requests+e.Backward.Requests+e.Forward.Errors+e.Backward.Errors == 0 {
 			continue
 		}
 		shown++
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%v\t%d\t%.1f\t%v\t%d\t%d\n", e.UID,
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%v\t%d\t%.1f\t%v\t%d\t%d\t%d\n", e.UID,
 			e.Forward.Requests, e.Forward.MeanBatch(), e.Forward.MeanLatency().Round(10*time.Microsecond),
 			e.Backward.Requests, e.Backward.MeanBatch(), e.Backward.MeanLatency().Round(10*time.Microsecond),
-			e.Updates, e.Forward.Errors+e.Backward.Errors)
+			e.Updates, e.SkippedSteps, e.Forward.Errors+e.Backward.Errors)
 	}
 	if shown == 0 {
 		fmt.Fprintln(tw, "(no requests yet)")

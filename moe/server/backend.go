@@ -1,8 +1,8 @@
 package server
 
 import (
-	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -91,10 +91,12 @@ func (e *expert) forward(x *tensor.Tensor) *tensor.Tensor {
 
 // backward recomputes the forward pass on x, backpropagates dy and returns
 // the gradient with respect to x. The parameter gradients accumulate until
-// they cover Config.StepRows rows; then their mean is clipped and applied
-// in one optimizer step. It reports whether a step was taken. The caller
-// holds e.mu.
-func (e *expert) backward(x, dy *tensor.Tensor) (*tensor.Tensor, bool) {
+// they cover Config.StepRows rows; then their mean is checked, clipped and
+// applied in one optimizer step. A step whose gradients are not finite is
+// skipped: the accumulated gradients are dropped and the weights stay as
+// they were (a request cannot make them NaN). It reports whether a step
+// was taken, clipped or skipped. The caller holds e.mu.
+func (e *expert) backward(x, dy *tensor.Tensor) (*tensor.Tensor, outcome) {
 	e.materialize()
 	if e.pendingBatches == 0 {
 		e.opt.ZeroGrad()
@@ -104,34 +106,61 @@ func (e *expert) backward(x, dy *tensor.Tensor) (*tensor.Tensor, bool) {
 	e.pendingBatches++
 	e.pendingRows += x.Shape[0]
 	if e.pendingRows < e.cfg.StepRows {
-		return dx, false
+		return dx, outcome{}
 	}
+	params := e.opt.Params()
 	if e.pendingBatches > 1 {
-		for _, p := range e.opt.Params() {
+		for _, p := range params {
 			tensor.Scale(1/float32(e.pendingBatches), p.Grad.Data)
 		}
 	}
-	if e.cfg.ClipNorm > 0 {
-		optim.ClipGradNorm(e.opt.Params(), e.cfg.ClipNorm)
+	e.pendingRows, e.pendingBatches = 0, 0
+	// The norm is accumulated in float64, so it is finite exactly when
+	// every gradient is; ClipGradNorm leaves non-finite gradients alone.
+	norm := optim.ClipGradNorm(params, e.clipNorm())
+	if math.IsNaN(norm) || math.IsInf(norm, 0) {
+		return dx, outcome{skipped: true, norm: norm}
 	}
 	e.opt.Step()
-	e.pendingRows, e.pendingBatches = 0, 0
-	return dx, true
+	return dx, outcome{stepped: true, clipped: norm > e.clipNorm(), norm: norm}
+}
+
+// outcome is what a backward batch did to the expert's weights.
+type outcome struct {
+	stepped, clipped, skipped bool
+	// norm is the gradient norm of the step, taken or skipped.
+	norm float64
+}
+
+// clipNorm is the norm optim.ClipGradNorm clips to (+Inf: never).
+func (e *expert) clipNorm() float64 {
+	if e.cfg.ClipNorm <= 0 {
+		return math.Inf(1)
+	}
+	return e.cfg.ClipNorm
 }
 
 // record adds one processed batch to the statistics.
-func (e *expert) record(backward, stepped bool, tasks, rows int, latency, run time.Duration) {
+// It returns the number of skipped steps so far.
+func (e *expert) record(backward bool, o outcome, tasks, rows int, latency, run time.Duration) int64 {
 	e.statsMu.Lock()
 	defer e.statsMu.Unlock()
 	s := &e.stats
 	if backward {
 		s.Backward.add(tasks, rows, latency, run)
-		if stepped {
+		if o.stepped {
 			s.Updates++
+		}
+		if o.clipped {
+			s.ClippedSteps++
+		}
+		if o.skipped {
+			s.SkippedSteps++
 		}
 	} else {
 		s.Forward.add(tasks, rows, latency, run)
 	}
+	return s.SkippedSteps
 }
 
 func (e *expert) recordError(backward bool) {
@@ -158,6 +187,15 @@ type ExpertStats struct {
 	// Updates counts optimizer steps (one per backward batch unless
 	// Config.StepRows accumulates several).
 	Updates int64 `json:"updates"`
+	// ClippedSteps counts the updates whose gradient norm was clipped to
+	// Config.ClipNorm.
+	ClippedSteps int64 `json:"clipped_steps"`
+	// SkippedSteps counts the steps skipped because their gradients were
+	// not finite (the weights were left as they were).
+	SkippedSteps int64 `json:"skipped_steps"`
+	// Rollbacks counts the times a checkpoint found the expert's weights
+	// or optimizer state not finite and restored its last good state.
+	Rollbacks int64 `json:"rollbacks"`
 }
 
 // CallStats count one kind of call of one expert.
@@ -199,19 +237,4 @@ func (c CallStats) MeanLatency() time.Duration {
 		return 0
 	}
 	return time.Duration(c.LatencySeconds / float64(c.Requests) * float64(time.Second))
-}
-
-func checkShape(spec moe.Spec, x *tensor.Tensor, name string) error {
-	if x == nil {
-		return fmt.Errorf("missing tensor %q", name)
-	}
-	if len(x.Shape) != spec.InputDims || x.Shape[len(x.Shape)-1] != spec.Hidden || x.Shape[0] < 1 {
-		return fmt.Errorf("tensor %q has shape %v, expert %s wants %d dims ending in %d", name, x.Shape, spec.UID, spec.InputDims, spec.Hidden)
-	}
-	for _, v := range x.Data {
-		if v != v || v > 3.4e38 || v < -3.4e38 {
-			return fmt.Errorf("tensor %q holds a non-finite value", name)
-		}
-	}
-	return nil
 }

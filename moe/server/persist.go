@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -150,28 +151,63 @@ func (s *Server) checkpointLoop(ctx context.Context) {
 // Save writes every materialized expert's weights and optimizer state to
 // path atomically. Tensors are named "UID/PARAM" and "UID/opt/BUFFER"; the
 // metadata records each expert's optimizer step as "UID/step".
+//
+// The file being replaced is kept as path + PrevSuffix, so one earlier
+// generation survives a bad save. An expert whose weights or optimizer
+// state are not finite is never written: the state it had in the file
+// being replaced (its last good state) is carried over into the new file
+// and restored in memory, or, if the file has none, the expert starts
+// afresh from its initial weights and is left out of the file. Such a
+// rollback is logged and counted in ExpertStats.Rollbacks.
 func (s *Server) Save(path string) error {
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
 	tensors := map[string]*tensor.Tensor{}
 	meta := map[string]string{"format": "skyhive-moe-experts/1", "type": s.cfg.Type, "hidden": strconv.Itoa(s.cfg.Hidden)}
+	var prev *checkpoint.File // the file being replaced, read only if needed
+	var prevErr error
 	for _, uid := range s.order {
 		e := s.experts[uid]
 		e.mu.Lock()
-		if e.module != nil {
-			for name, t := range nn.ExportParams(e.module.Params()) {
-				tensors[uid+"/"+name] = t
-			}
-			st := e.opt.State()
-			for name, t := range st.Tensors {
-				tensors[uid+"/opt/"+name] = t
-			}
-			meta[uid+"/step"] = strconv.FormatInt(st.Step, 10)
+		if e.module == nil {
+			e.mu.Unlock()
+			continue
 		}
-		e.mu.Unlock()
+		params := nn.ExportParams(e.module.Params())
+		st := e.opt.State()
+		if !tensorsFinite(params) || !tensorsFinite(st.Tensors) {
+			if prev == nil && prevErr == nil {
+				prev, prevErr = checkpoint.Load(path)
+			}
+			var ok bool
+			params, st, ok = s.restore(e, prev)
+			e.mu.Unlock()
+			e.statsMu.Lock()
+			e.stats.Rollbacks++
+			e.statsMu.Unlock()
+			s.cfg.Logger.Error("checkpoint: expert weights not finite; not saved, last good state restored",
+				"expert", uid, "from_checkpoint", ok, "prev_err", prevErr)
+			if !ok {
+				continue
+			}
+		} else {
+			e.mu.Unlock()
+		}
+		for name, t := range params {
+			tensors[uid+"/"+name] = t
+		}
+		for name, t := range st.Tensors {
+			tensors[uid+"/opt/"+name] = t
+		}
+		meta[uid+"/step"] = strconv.FormatInt(st.Step, 10)
 	}
 	if dir := filepath.Dir(path); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("moe/server: checkpoint: %w", err)
 		}
+	}
+	if err := keepPrevious(path); err != nil {
+		return fmt.Errorf("moe/server: checkpoint: keep previous generation: %w", err)
 	}
 	if err := checkpoint.Save(path, tensors, meta); err != nil {
 		return fmt.Errorf("moe/server: checkpoint: %w", err)
@@ -179,53 +215,139 @@ func (s *Server) Save(path string) error {
 	return nil
 }
 
+// PrevSuffix names the previous checkpoint generation: Save keeps the file
+// it replaces as path + PrevSuffix, and New loads it if path is damaged.
+const PrevSuffix = ".prev"
+
+// keepPrevious makes path + PrevSuffix a copy of path (a hard link when
+// the file system allows it), replacing the older one atomically. A
+// missing path is no error.
+func keepPrevious(path string) error {
+	prev := path + PrevSuffix
+	tmp := prev + ".tmp"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := os.Link(path, tmp); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		// No hard links here: copy instead.
+		if err := checkpoint.WriteAtomic(tmp, func(w io.Writer) error {
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.Copy(w, f)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return os.Rename(tmp, prev)
+}
+
+// restore puts e back to its last good state: the one in f (the checkpoint
+// being replaced) if f holds a finite one, else its initial weights and a
+// fresh optimizer. It returns the restored weights and optimizer state and
+// whether they came from f (only then are they worth saving). The caller
+// holds e.mu.
+func (s *Server) restore(e *expert, f *checkpoint.File) (map[string]*tensor.Tensor, optim.State, bool) {
+	e.pendingRows, e.pendingBatches = 0, 0
+	if f != nil {
+		if err := s.loadExpert(e, f); err == nil && paramsFinite(e.module.Params()) && tensorsFinite(e.opt.State().Tensors) {
+			return nn.ExportParams(e.module.Params()), e.opt.State(), true
+		}
+	}
+	e.module, e.opt = nil, nil
+	e.materialize()
+	return nil, optim.State{}, false
+}
+
 // load restores the experts found in the checkpoint at path, if it exists.
+// If the file is damaged, the previous generation (path + PrevSuffix) is
+// loaded instead. An expert whose saved state is missing from the file or
+// not finite starts from its initial weights (or its state in the previous
+// generation, if that one is good).
 func (s *Server) load(path string) error {
 	f, err := checkpoint.Load(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
+	var prev *checkpoint.File
 	if err != nil {
-		return fmt.Errorf("moe/server: load checkpoint: %w", err)
+		var perr error
+		prev, perr = checkpoint.Load(path + PrevSuffix)
+		if perr != nil {
+			return fmt.Errorf("moe/server: load checkpoint: %w", err)
+		}
+		s.cfg.Logger.Error("checkpoint damaged; loading the previous generation", "path", path, "err", err)
+		f, prev = prev, nil
 	}
 	if f.Meta["type"] != s.cfg.Type || f.Meta["hidden"] != strconv.Itoa(s.cfg.Hidden) {
 		return fmt.Errorf("moe/server: checkpoint %s holds %s experts of hidden %s, not %s/%d", path, f.Meta["type"], f.Meta["hidden"], s.cfg.Type, s.cfg.Hidden)
 	}
 	for _, uid := range s.order {
-		stepStr, ok := f.Meta[uid+"/step"]
-		if !ok {
+		if _, ok := f.Meta[uid+"/step"]; !ok {
 			continue
 		}
-		step, err := strconv.ParseInt(stepStr, 10, 64)
-		if err != nil {
-			return fmt.Errorf("moe/server: checkpoint step of %s: %w", uid, err)
-		}
 		e := s.experts[uid]
-		e.materialize()
-		params := map[string]*tensor.Tensor{}
-		st := optim.State{Step: step, Tensors: map[string]*tensor.Tensor{}}
-		for _, p := range e.module.Params() {
-			params[p.Name] = f.Tensors[uid+"/"+p.Name]
-		}
-		for name := range e.opt.State().Tensors {
-			st.Tensors[name] = f.Tensors[uid+"/opt/"+name]
-		}
-		for name, t := range params {
-			if t == nil {
-				return fmt.Errorf("moe/server: checkpoint lacks %s/%s", uid, name)
+		e.mu.Lock()
+		err := s.loadExpert(e, f)
+		if err == nil && !(paramsFinite(e.module.Params()) && tensorsFinite(e.opt.State().Tensors)) {
+			if prev == nil {
+				prev, _ = checkpoint.Load(path + PrevSuffix)
 			}
+			_, _, ok := s.restore(e, prev)
+			s.cfg.Logger.Error("checkpoint: expert weights not finite; not loaded", "expert", uid, "from_previous", ok)
 		}
-		if err := nn.ImportParams(e.module.Params(), params); err != nil {
-			return fmt.Errorf("moe/server: checkpoint of %s: %w", uid, err)
+		e.mu.Unlock()
+		if err != nil {
+			return err
 		}
-		for name, t := range st.Tensors {
-			if t == nil {
-				return fmt.Errorf("moe/server: checkpoint lacks optimizer state %s/%s", uid, name)
-			}
+	}
+	return nil
+}
+
+// loadExpert imports e's weights and optimizer state from f; on error e is
+// left unchanged. The caller holds e.mu.
+func (s *Server) loadExpert(e *expert, f *checkpoint.File) error {
+	uid := e.uid
+	stepStr, ok := f.Meta[uid+"/step"]
+	if !ok {
+		return fmt.Errorf("moe/server: checkpoint lacks %s", uid)
+	}
+	step, err := strconv.ParseInt(stepStr, 10, 64)
+	if err != nil {
+		return fmt.Errorf("moe/server: checkpoint step of %s: %w", uid, err)
+	}
+	e.materialize()
+	params := map[string]*tensor.Tensor{}
+	st := optim.State{Step: step, Tensors: map[string]*tensor.Tensor{}}
+	for _, p := range e.module.Params() {
+		params[p.Name] = f.Tensors[uid+"/"+p.Name]
+	}
+	for name := range e.opt.State().Tensors {
+		st.Tensors[name] = f.Tensors[uid+"/opt/"+name]
+	}
+	for name, t := range params {
+		if t == nil {
+			return fmt.Errorf("moe/server: checkpoint lacks %s/%s", uid, name)
 		}
-		if err := e.opt.LoadState(st); err != nil {
-			return fmt.Errorf("moe/server: checkpoint of %s: %w", uid, err)
+	}
+	for name, t := range st.Tensors {
+		if t == nil {
+			return fmt.Errorf("moe/server: checkpoint lacks optimizer state %s/%s", uid, name)
 		}
+	}
+	old := nn.ExportParams(e.module.Params())
+	if err := nn.ImportParams(e.module.Params(), params); err != nil {
+		return fmt.Errorf("moe/server: checkpoint of %s: %w", uid, err)
+	}
+	if err := e.opt.LoadState(st); err != nil {
+		_ = nn.ImportParams(e.module.Params(), old) // same names and shapes
+		return fmt.Errorf("moe/server: checkpoint of %s: %w", uid, err)
 	}
 	return nil
 }

@@ -17,6 +17,10 @@ type task struct {
 	x, dy *tensor.Tensor
 	enq   time.Time
 	done  chan result // buffered, capacity 1
+	// bytes is the size of x and dy, counted against Config.QueueMemory
+	// until the task leaves the runtime; work is the working memory its
+	// rows add to a batch (see workBytes).
+	bytes, work int64
 }
 
 type result struct {
@@ -43,12 +47,18 @@ type runtime struct {
 	busy map[*expert]bool
 	// queued lists pools with at least one task.
 	queued []*pool
-	closed bool
-	wake   chan struct{}
+	// queuedBytes sums the bytes of the tasks queued or running.
+	queuedBytes int64
+	closed      bool
+	wake        chan struct{}
 }
 
 var errClosed = errors.New("moe/server: server closed")
 var errQueueFull = errors.New("moe/server: queue full")
+
+// errBusy reports a request refused because the tensors of the requests
+// already queued or running fill Config.QueueMemory.
+var errBusy = errors.New("moe/server: server busy")
 
 func newRuntime(cfg *Config) *runtime {
 	return &runtime{cfg: cfg, busy: map[*expert]bool{}, wake: make(chan struct{}, 1)}
@@ -61,9 +71,13 @@ func (r *runtime) signal() {
 	}
 }
 
-// submit queues a request and waits for its result or ctx.
-func (r *runtime) submit(ctx context.Context, p *pool, x, dy *tensor.Tensor) (*tensor.Tensor, error) {
-	t := &task{ctx: ctx, x: x, dy: dy, enq: time.Now(), done: make(chan result, 1)}
+// submit queues a request whose rows need work bytes of working memory
+// and waits for its result or ctx.
+func (r *runtime) submit(ctx context.Context, p *pool, x, dy *tensor.Tensor, work int64) (*tensor.Tensor, error) {
+	t := &task{ctx: ctx, x: x, dy: dy, enq: time.Now(), done: make(chan result, 1), bytes: 4 * int64(x.Len()), work: work}
+	if dy != nil {
+		t.bytes += 4 * int64(dy.Len())
+	}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -73,6 +87,12 @@ func (r *runtime) submit(ctx context.Context, p *pool, x, dy *tensor.Tensor) (*t
 		r.mu.Unlock()
 		return nil, fmt.Errorf("%w: %d requests waiting for %s", errQueueFull, len(p.tasks), p.expert.uid)
 	}
+	if r.queuedBytes+t.bytes > r.cfg.QueueMemory {
+		held := r.queuedBytes
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: requests queued or running hold %d bytes, %d more would exceed the budget of %d", errBusy, held, t.bytes, r.cfg.QueueMemory)
+	}
+	r.queuedBytes += t.bytes
 	if len(p.tasks) == 0 {
 		r.queued = append(r.queued, p)
 	}
@@ -111,21 +131,25 @@ func (r *runtime) next(now time.Time) (*pool, []*task, time.Duration) {
 	if best == nil {
 		return nil, nil, wait
 	}
-	// Take tasks oldest first up to MaxBatch rows; a transformer batch
-	// needs one sequence length, so later tasks of another shape wait.
+	// Take tasks oldest first up to MaxBatch rows and RequestMemory bytes
+	// of working memory; a transformer batch needs one sequence length, so
+	// later tasks of another shape wait.
 	shape := best.tasks[0].x.Shape[1:]
 	var batch []*task
 	rows := 0
+	var work int64
 	rest := best.tasks[:0:0]
 	for _, t := range best.tasks {
 		n := t.x.Shape[0]
 		if t.ctx.Err() != nil {
 			best.rows -= n
+			r.queuedBytes -= t.bytes
 			continue // the caller is gone
 		}
-		if (len(batch) == 0 || rows+n <= r.cfg.MaxBatch) && slices.Equal(t.x.Shape[1:], shape) {
+		if (len(batch) == 0 || (rows+n <= r.cfg.MaxBatch && work+t.work <= r.cfg.RequestMemory)) && slices.Equal(t.x.Shape[1:], shape) {
 			batch = append(batch, t)
 			rows += n
+			work += t.work
 			best.rows -= n
 			continue
 		}
@@ -186,6 +210,11 @@ func (r *runtime) close() {
 	r.closed = true
 	queued := r.queued
 	r.queued = nil
+	for _, p := range queued {
+		for _, t := range p.tasks {
+			r.queuedBytes -= t.bytes
+		}
+	}
 	r.mu.Unlock()
 	for _, p := range queued {
 		for _, t := range p.tasks {
@@ -208,8 +237,15 @@ func (r *runtime) process(p *pool, batch []*task) {
 		dy = concatRows(batch, func(t *task) *tensor.Tensor { return t.dy }, rows)
 	}
 	start := time.Now()
-	out, stepped, err := r.run(e, p.backward, x, dy)
+	out, oc, err := r.run(e, p.backward, x, dy)
 	end := time.Now()
+	// The inputs are no longer needed: release their budget before the
+	// callers hear back, so that their next requests find it free.
+	r.mu.Lock()
+	for _, t := range batch {
+		r.queuedBytes -= t.bytes
+	}
+	r.mu.Unlock()
 	if err != nil {
 		for _, t := range batch {
 			t.done <- result{err: err}
@@ -217,38 +253,60 @@ func (r *runtime) process(p *pool, batch []*task) {
 		}
 		return
 	}
+	// Stats and the log are written before the callers hear back, so a
+	// caller that reads them after its answer sees its own batch.
 	var latency time.Duration
+	results := make([]result, len(batch))
 	off := 0
-	for _, t := range batch {
+	answered := 0
+	for i, t := range batch {
 		n := t.x.Shape[0]
 		per := out.Len() / rows
-		shape := append([]int{n}, out.Shape[1:]...)
-		o := tensor.New(shape...)
-		copy(o.Data, out.Data[off*per:(off+n)*per])
+		data := out.Data[off*per : (off+n)*per]
 		off += n
 		latency += end.Sub(t.enq)
-		t.done <- result{out: o}
+		if !allFinite(data) {
+			// Never hand a caller NaN or Inf: with validated inputs and
+			// finite weights this does not happen, but if it does the
+			// caller sees a failed expert instead of a poisoned answer.
+			results[i] = result{err: fmt.Errorf("expert %s: %w", e.uid, errNonFiniteOutput)}
+			e.recordError(p.backward)
+			continue
+		}
+		o := tensor.New(append([]int{n}, out.Shape[1:]...)...)
+		copy(o.Data, data)
+		results[i] = result{out: o}
+		answered++
 	}
-	e.record(p.backward, stepped, len(batch), rows, latency, end.Sub(start))
+	skipped := e.record(p.backward, oc, answered, rows, latency, end.Sub(start))
+	if oc.skipped && skipped&(skipped-1) == 0 {
+		// Logged at the 1st, 2nd, 4th, 8th… skip, so a stream of bad
+		// gradients cannot flood the log; the count is in the stats.
+		r.cfg.Logger.Warn("expert step skipped: gradients not finite; weights unchanged",
+			"expert", e.uid, "norm", oc.norm, "rows", rows, "requests", len(batch), "skipped_total", skipped)
+	}
+	for i, t := range batch {
+		t.done <- results[i]
+	}
 }
 
 // run executes the expert, turning a panic of the tensor code (a shape the
 // validation missed) into an error so the server keeps serving.
-func (r *runtime) run(e *expert, backward bool, x, dy *tensor.Tensor) (out *tensor.Tensor, stepped bool, err error) {
+func (r *runtime) run(e *expert, backward bool, x, dy *tensor.Tensor) (out *tensor.Tensor, oc outcome, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	defer func() {
 		if p := recover(); p != nil {
-			out, stepped, err = nil, false, fmt.Errorf("expert %s failed: %v", e.uid, p)
+			out, oc, err = nil, outcome{}, fmt.Errorf("expert %s failed: %v", e.uid, p)
 			// Drop gradients a failed backward may have half accumulated.
 			e.pendingRows, e.pendingBatches = 0, 0
 		}
 	}()
 	if backward {
-		out, stepped = e.backward(x, dy)
-		return out, stepped, nil
+		out, oc = e.backward(x, dy)
+		return out, oc, nil
 	}
-	return e.forward(x), false, nil
+	return e.forward(x), outcome{}, nil
 }
 
 func concatRows(batch []*task, get func(*task) *tensor.Tensor, rows int) *tensor.Tensor {

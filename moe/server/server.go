@@ -9,6 +9,14 @@
 // keeps no activations between calls, so a trainer may never call backward
 // at all), backpropagates, takes one optimizer step per backward batch and
 // answers with the gradient with respect to the input.
+//
+// Any peer may call an expert, so nothing a request carries is trusted:
+// it is decoded within limits sized to the largest valid request, checked
+// in every dimension against the expert's input, its values must be finite
+// and bounded, and its working memory is estimated and budgeted before it
+// runs. Gradient norms are clipped, a step with non-finite gradients is
+// skipped, and an expert whose weights are found non-finite at a
+// checkpoint is rolled back to its last good state instead of being saved.
 package server
 
 import (
@@ -17,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -59,8 +68,12 @@ type Config struct {
 	// engine already uses every core within a batch).
 	Workers int
 
-	// LR, WeightDecay and ClipNorm configure each expert's AdamW
-	// (1e-3, 0, 0 = no clipping).
+	// LR, WeightDecay and ClipNorm configure each expert's AdamW (1e-3,
+	// 0, DefaultClipNorm). ClipNorm bounds the global L2 norm of the
+	// gradient of each optimizer step, so no single step can move an
+	// expert far; a negative ClipNorm disables clipping. Either way a step
+	// whose gradients are not finite is skipped, logged and counted
+	// (ExpertStats.SkippedSteps), leaving the weights as they were.
 	LR, WeightDecay, ClipNorm float64
 	// StepRows makes an expert accumulate the gradients of backward
 	// batches until they cover at least this many rows, and then take one
@@ -83,8 +96,30 @@ type Config struct {
 	Lazy bool
 
 	// Limits bound decoded requests (default: 16M elements, 4 dims, 4
-	// tensors).
+	// tensors); the server tightens them to the largest valid request (two
+	// tensors of the experts' rank and at most MaxBatch rows).
 	Limits wire.Limits
+	// MaxSeqLen bounds the sequence length of transformer experts' inputs
+	// (DefaultMaxSeqLen).
+	MaxSeqLen int
+	// MaxAbsValue bounds the magnitude of every value of a request's
+	// tensors (DefaultMaxAbsValue); larger values are refused like NaN
+	// and Inf, so that no sum of the forward or backward pass overflows
+	// float32.
+	MaxAbsValue float64
+	// RequestMemory bounds the working memory (activations, their
+	// gradients, attention weights) that one request, and one batch of
+	// requests, may need; it is estimated from the input's shape before
+	// anything runs, and larger requests are refused (default: the larger
+	// of DefaultRequestMemory and the need of the largest valid request,
+	// MaxBatch rows for FFN experts or one sequence of MaxSeqLen tokens for
+	// transformer experts).
+	RequestMemory int64
+	// QueueMemory bounds the bytes of the input tensors of all requests
+	// queued or running at once (DefaultQueueMemory); requests beyond it
+	// are refused as busy. A server's memory thus stays below its weights
+	// plus QueueMemory plus Workers × RequestMemory.
+	QueueMemory int64
 	// Codec encodes responses (CodecNone).
 	Codec wire.Codec
 
@@ -172,6 +207,26 @@ func (c *Config) defaults() error {
 	if c.Limits.MaxTensors <= 0 {
 		c.Limits.MaxTensors = 4
 	}
+	if c.ClipNorm == 0 {
+		c.ClipNorm = DefaultClipNorm
+	}
+	def(&c.MaxSeqLen, DefaultMaxSeqLen)
+	if c.MaxAbsValue <= 0 {
+		c.MaxAbsValue = DefaultMaxAbsValue
+	}
+	if math.IsNaN(c.ClipNorm) || math.IsNaN(c.MaxAbsValue) {
+		return errors.New("moe/server: ClipNorm and MaxAbsValue must be numbers")
+	}
+	if c.RequestMemory <= 0 {
+		largest := []int{c.MaxBatch, c.Hidden}
+		if c.Type == TypeTransformer {
+			largest = []int{1, c.MaxSeqLen, c.Hidden}
+		}
+		c.RequestMemory = max(DefaultRequestMemory, c.workBytes(largest, true))
+	}
+	if c.QueueMemory <= 0 {
+		c.QueueMemory = DefaultQueueMemory
+	}
 	if c.FailRate < 0 || c.FailRate >= 1 {
 		return fmt.Errorf("moe/server: FailRate %v not in [0, 1)", c.FailRate)
 	}
@@ -184,6 +239,7 @@ func (c *Config) defaults() error {
 // Server hosts experts. Create it with New, stop it with Close.
 type Server struct {
 	cfg     Config
+	limits  wire.Limits // cfg.requestLimits()
 	experts map[string]*expert
 	order   []string
 	rt      *runtime
@@ -197,6 +253,8 @@ type Server struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	// saveMu serializes Save, which rotates the previous generation.
+	saveMu sync.Mutex
 
 	declRound    sync.Mutex
 	lastExp      time.Time
@@ -218,6 +276,7 @@ func New(cfg Config) (*Server, error) {
 		start:   time.Now(),
 		failRng: rand.New(rand.NewPCG(cfg.Seed, 0xfa11)),
 	}
+	s.limits = s.cfg.requestLimits()
 	s.rt = newRuntime(&s.cfg)
 	for _, uid := range s.order {
 		if s.experts[uid] != nil {
@@ -271,15 +330,33 @@ func (s *Server) Close() error {
 	return s.closeErr
 }
 
-// request decodes and validates a call for one of the hosted experts.
-func (s *Server) request(req []byte) (*expert, []wire.Named, error) {
-	uid, msg, err := moe.DecodeRequest(req, s.cfg.Limits)
+// request decodes a call for one of the hosted experts. The expert is
+// looked up before any tensor is decoded, and every tensor's shape is
+// checked against the expert's input, and the working memory of a forward
+// or backward pass (as backward says) on it against the per-request
+// budget, before its data is allocated. On error, the expert is returned
+// if the request named a hosted one.
+func (s *Server) request(req []byte, backward bool) (*expert, []wire.Named, error) {
+	var e *expert
+	_, msg, err := moe.DecodeRequestFor(req, func(uid string) (wire.Limits, error) {
+		e = s.experts[uid]
+		if e == nil {
+			return wire.Limits{}, fmt.Errorf("expert %q is not hosted here", uid)
+		}
+		lim := s.limits
+		lim.Shape = func(shape []int) error {
+			if err := s.cfg.checkShape(e.spec, shape); err != nil {
+				return fmt.Errorf("expert %s: %w", e.uid, err)
+			}
+			if err := s.cfg.checkWork(shape, backward); err != nil {
+				return fmt.Errorf("expert %s: %w", e.uid, err)
+			}
+			return nil
+		}
+		return lim, nil
+	})
 	if err != nil {
-		return nil, nil, err
-	}
-	e := s.experts[uid]
-	if e == nil {
-		return nil, nil, fmt.Errorf("moe/server: expert %q is not hosted here", uid)
+		return e, nil, err // e is nil unless the expert is hosted
 	}
 	return e, msg, nil
 }
@@ -294,67 +371,70 @@ func (s *Server) fail() bool {
 }
 
 func (s *Server) handleForward(ctx context.Context, _ peer.ID, req []byte) ([]byte, error) {
-	e, msg, err := s.request(req)
-	if err != nil {
-		return nil, err
-	}
-	x := wire.Get(msg, "x")
-	if err := s.validate(e, x, "x"); err != nil {
-		e.recordError(false)
-		return nil, err
-	}
-	if s.fail() {
-		e.recordError(false)
-		return nil, fmt.Errorf("expert %s: simulated failure", e.uid)
-	}
-	y, err := s.rt.submit(ctx, e.fwd, x, nil)
-	if err != nil {
-		return nil, fmt.Errorf("expert %s: forward: %w", e.uid, err)
-	}
-	return wire.MarshalMessage([]wire.Named{{Name: "y", Tensor: y}}, wire.Options{Codec: s.cfg.Codec})
+	return s.serve(ctx, req, false)
 }
 
 func (s *Server) handleBackward(ctx context.Context, _ peer.ID, req []byte) ([]byte, error) {
-	e, msg, err := s.request(req)
-	if err != nil {
-		return nil, err
-	}
-	x, dy := wire.Get(msg, "x"), wire.Get(msg, "dy")
-	if err := s.validate(e, x, "x"); err != nil {
-		e.recordError(true)
-		return nil, err
-	}
-	if err := s.validate(e, dy, "dy"); err != nil {
-		e.recordError(true)
-		return nil, err
-	}
-	if !slices.Equal(x.Shape, dy.Shape) {
-		e.recordError(true)
-		return nil, fmt.Errorf("expert %s: x %v and dy %v differ in shape", e.uid, x.Shape, dy.Shape)
-	}
-	if s.fail() {
-		e.recordError(true)
-		return nil, fmt.Errorf("expert %s: simulated failure", e.uid)
-	}
-	dx, err := s.rt.submit(ctx, e.bwd, x, dy)
-	if err != nil {
-		return nil, fmt.Errorf("expert %s: backward: %w", e.uid, err)
-	}
-	return wire.MarshalMessage([]wire.Named{{Name: "dx", Tensor: dx}}, wire.Options{Codec: s.cfg.Codec})
+	return s.serve(ctx, req, true)
 }
 
-func (s *Server) validate(e *expert, x *tensor.Tensor, name string) error {
-	if err := checkShape(e.spec, x, name); err != nil {
-		return fmt.Errorf("expert %s: %w", e.uid, err)
+// serve answers a forward or backward request.
+func (s *Server) serve(ctx context.Context, req []byte, backward bool) ([]byte, error) {
+	call, out := "forward", "y"
+	if backward {
+		call, out = "backward", "dx"
 	}
-	if x.Shape[0] > s.cfg.MaxBatch {
-		return fmt.Errorf("expert %s: %d rows exceed the server's max batch %d", e.uid, x.Shape[0], s.cfg.MaxBatch)
+	e, x, dy, work, err := s.parse(req, backward)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if s.fail() {
+		e.recordError(backward)
+		return nil, fmt.Errorf("expert %s: simulated failure", e.uid)
+	}
+	pool := e.fwd
+	if backward {
+		pool = e.bwd
+	}
+	y, err := s.rt.submit(ctx, pool, x, dy, work)
+	if err != nil {
+		if errors.Is(err, errBusy) {
+			e.recordError(backward)
+		}
+		return nil, fmt.Errorf("expert %s: %s: %w", e.uid, call, err)
+	}
+	return wire.MarshalMessage([]wire.Named{{Name: out, Tensor: y}}, wire.Options{Codec: s.cfg.Codec})
+}
+
+// parse decodes a forward or backward request within the server's limits
+// and checks it against the expert's real input and the per-request memory
+// budget, before anything is allocated or computed for it. It returns the
+// expert, the input, the output gradient (backward only) and the working
+// memory the request needs.
+func (s *Server) parse(req []byte, backward bool) (e *expert, x, dy *tensor.Tensor, work int64, err error) {
+	e, msg, err := s.request(req, backward)
+	if err != nil {
+		if e != nil {
+			e.recordError(backward)
+		}
+		return nil, nil, nil, 0, err
+	}
+	x = wire.Get(msg, "x")
+	call := "forward"
+	if backward {
+		dy = wire.Get(msg, "dy")
+		call = "backward"
+	}
+	work, err = s.cfg.checkRequest(e, x, dy, backward)
+	if err != nil {
+		e.recordError(backward)
+		return nil, nil, nil, 0, fmt.Errorf("expert %s: %s refused: %w", e.uid, call, err)
+	}
+	return e, x, dy, work, nil
 }
 
 func (s *Server) handleInfo(_ context.Context, _ peer.ID, req []byte) ([]byte, error) {
-	e, _, err := s.request(req)
+	e, _, err := s.request(req, false)
 	if err != nil {
 		return nil, err
 	}

@@ -425,14 +425,53 @@ func (h *expHeap) Pop() any {
 	return x
 }
 
-// merge folds items from several replicas into the freshest per subkey,
-// with the same rules as storage.
+// merge folds the answers of several replicas (one set each) into one
+// item per subkey, with the storage's rules for plain values and
+// dictionaries. When replicas disagree on who wrote a subkey, the writer
+// that most replicas hold wins (ties go to the fresher item), so a replica
+// that serves a forged-owner copy with a far expiration is outvoted; among
+// one writer's items the fresher wins.
 func merge(now int64, sets ...[]*entry) []*entry {
-	m := newMerger()
+	type cand struct {
+		e     *entry
+		votes int
+	}
+	bySub := map[string]map[string]*cand{} // subkey → writer → best item
 	for _, set := range sets {
+		seen := map[itemRef]bool{}
 		for _, e := range set {
-			_ = m.put(e, now) // stale or expired items are simply dropped
+			if e.Expiration <= now {
+				continue
+			}
+			ws := bySub[e.Subkey]
+			if ws == nil {
+				ws = map[string]*cand{}
+				bySub[e.Subkey] = ws
+			}
+			c := ws[e.writer]
+			if c == nil {
+				c = &cand{e: e}
+				ws[e.writer] = c
+			} else if newer(e, c.e) {
+				c.e = e
+			}
+			if r := (itemRef{e.Subkey, e.writer}); !seen[r] {
+				seen[r] = true
+				c.votes++
+			}
 		}
+	}
+	m := newMerger()
+	for _, ws := range bySub {
+		var best *cand
+		for _, c := range ws {
+			if best == nil || c.votes > best.votes || c.votes == best.votes && newer(c.e, best.e) {
+				best = c
+			}
+		}
+		// In any order a plain value loses to a dictionary: it cannot
+		// replace one, and a subkey item replaces it.
+		_ = m.put(best.e, now)
 	}
 	return m.all(now)
 }

@@ -137,4 +137,15 @@ func TestWriterSignatures(t *testing.T) {
 	if got := itemsOf(merge(0, []*entry{mine}, []*entry{theirs})); got["s"] != "b" {
 		t.Fatalf("merge %v", got)
 	}
+	// A reader outvotes a replica serving another writer's far-future copy.
+	mine2 := *mine
+	mine2.Expiration = 90
+	for _, sets := range [][][]*entry{
+		{{mine}, {&mine2}, {theirs}},
+		{{theirs}, {mine}, {&mine2}},
+	} {
+		if got := merge(0, sets...); len(got) != 1 || got[0] != mine {
+			t.Fatalf("merge picked %v", itemsOf(got))
+		}
+	}
 }

@@ -233,6 +233,7 @@ type Node struct {
 	mu     sync.Mutex
 	addrs  map[peer.ID][]ma.Multiaddr // addresses of routing-table peers
 	groups map[peer.ID]addrGroup      // address groups of routing-table peers
+	sigs   verified                   // signatures already checked
 	store  *storage
 	cache  *storage // nil if disabled
 	own    *storage // nil if republishing is disabled
@@ -527,7 +528,7 @@ func (n *Node) GetStats(ctx context.Context, key string) (map[string]Item, Stats
 		var valid []*entry
 		for _, e := range resp.Items {
 			e.Key = key
-			if n.check(e, now, MaxClockSkew) == nil && validateSignature(e) == nil {
+			if n.check(e, now, MaxClockSkew) == nil && validateWith(e, &n.sigs) == nil {
 				valid = append(valid, e)
 			}
 		}
@@ -599,7 +600,7 @@ func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, e
 		}
 		resp.Accepted = make([]bool, len(req.Entries))
 		for i, e := range req.Entries {
-			if n.check(e, now, MaxClockSkew) != nil || validateSignature(e) != nil {
+			if n.check(e, now, MaxClockSkew) != nil || validateWith(e, &n.sigs) != nil {
 				continue
 			}
 			// Only records for keys this node is a replica of are

@@ -1,10 +1,12 @@
 package dht
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -116,6 +118,22 @@ func signedBytes(e *entry) []byte {
 // the owner for owner-marked entries, the signer for signed subkey items,
 // "" for unsigned ones. Plain unowned values must carry no signature.
 func validateSignature(e *entry) error {
+	return validateWith(e, nil)
+}
+
+// verified remembers signatures that verified, so that the same record
+// returned by several replicas, or read again, is checked once. It is
+// cleared when full. Safe for concurrent use.
+type verified struct {
+	mu   sync.Mutex
+	seen map[[sha256.Size]byte]struct{}
+}
+
+const maxVerified = 1 << 16
+
+// validateWith is validateSignature that skips the signature check for
+// records v has seen verify (v may be nil).
+func validateWith(e *entry, v *verified) error {
 	e.writer = ""
 	id, ok, err := owner(e.Key, e.Subkey)
 	if err != nil {
@@ -141,13 +159,37 @@ func validateSignature(e *entry) error {
 	if len(sig) == 0 {
 		return fmt.Errorf("%w: missing", ErrBadSignature)
 	}
+	msg := signedBytes(e)
+	var h [sha256.Size]byte
+	if v != nil {
+		d := sha256.New()
+		d.Write(msg)
+		d.Write([]byte(id))
+		d.Write(sig)
+		d.Sum(h[:0])
+		v.mu.Lock()
+		_, ok := v.seen[h]
+		v.mu.Unlock()
+		if ok {
+			e.writer = string(id)
+			return nil
+		}
+	}
 	pub, err := id.ExtractPublicKey()
 	if err != nil {
 		return fmt.Errorf("%w: signer key: %w", ErrBadSignature, err)
 	}
-	valid, err := pub.Verify(signedBytes(e), sig)
+	valid, err := pub.Verify(msg, sig)
 	if err != nil || !valid {
 		return fmt.Errorf("%w: does not verify for %s", ErrBadSignature, id.ShortString())
+	}
+	if v != nil {
+		v.mu.Lock()
+		if v.seen == nil || len(v.seen) >= maxVerified {
+			v.seen = make(map[[sha256.Size]byte]struct{})
+		}
+		v.seen[h] = struct{}{}
+		v.mu.Unlock()
 	}
 	e.writer = string(id)
 	return nil

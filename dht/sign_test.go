@@ -109,6 +109,23 @@ func TestWriterSignatures(t *testing.T) {
 			t.Fatalf("malformed writer %v accepted", bad)
 		}
 	}
+	// The cache of verified signatures binds the whole record and writer.
+	var v verified
+	for range 2 {
+		c = *e
+		if err := validateWith(&c, &v); err != nil || c.writer != string(id) {
+			t.Fatalf("cached validate: %v", err)
+		}
+	}
+	c.Value = []byte("w")
+	if validateWith(&c, &v) == nil {
+		t.Fatal("tampered item accepted after its original verified")
+	}
+	c = *e
+	c.Signature = append([]byte{byte(len(evil))}, append([]byte(evil), e.Signature[1+len(id):]...)...)
+	if validateWith(&c, &v) == nil {
+		t.Fatal("swapped writer accepted after the original verified")
+	}
 	// A subkey that is a peer ID belongs to that peer.
 	p := ent("run/peers", id.String(), "v", 100)
 	if err := sign(p, evil, evilPriv); !errors.Is(err, ErrNotOwner) {

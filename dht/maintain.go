@@ -9,26 +9,6 @@ import (
 	"time"
 )
 
-// background runs f in a tracked goroutine, unless closed or busy.
-func (n *Node) background(f func(ctx context.Context)) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed {
-		return
-	}
-	select {
-	case n.bg <- struct{}{}:
-	default:
-		return
-	}
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		defer func() { <-n.bg }()
-		f(n.ctx)
-	}()
-}
-
 // Republish stores every unexpired record this node stored itself again to
 // the current nearest peers, so records outlive the replicas that held
 // them. It returns the number of keys republished.

@@ -4,8 +4,18 @@
 // wins; optional subkeys that turn a key into a dictionary merged across
 // replicas; records signed by their owner when a key or subkey contains an
 // owner marker; replication to the k nearest peers found by iterative
-// lookups with parallelism alpha; caching on the lookup path; and periodic
-// bucket refresh and republishing of the node's own records.
+// lookups with parallelism alpha; a cache of what the node's own lookups
+// found; and periodic bucket refresh and republishing of the node's own
+// records.
+//
+// The swarm is open, so a node trusts no peer: a plain value never
+// replaces a dictionary; a subkey item is renewed only by the peer that
+// signed it, and owner-marked records and peer-ID subkeys only by their
+// owner; expirations are capped (MaxTTL); each peer and each address gets
+// a share of the storage; a node stores only keys it is a replica of and
+// refuses copies pushed for caching; the routing table keeps its
+// long-lived peers and admits few peers per address and subnet per
+// bucket; and every length on the wire is checked before allocation.
 //
 // The routing table is go-libp2p-kbucket's. The lookup state machine
 // (lookup.go), storage (record.go), signatures (sign.go) and wire format
@@ -50,14 +60,18 @@ var (
 	ErrRejected = errors.New("dht: record rejected by all replicas")
 	// ErrClosed means the node is closed.
 	ErrClosed = errors.New("dht: node closed")
+	// ErrTTL means a record expires further ahead than Config.MaxTTL.
+	ErrTTL = errors.New("dht: expiration too far ahead")
 )
 
 // Config tunes a Node. Zero fields take the defaults shown; negative
 // intervals or sizes disable the feature.
 type Config struct {
 	// PrivKey is the transport identity's private key, used to sign
-	// records whose key or subkey carries this node's OwnerMarker. Nil
-	// means the node cannot store owner-marked records.
+	// records whose key or subkey carries this node's OwnerMarker or whose
+	// subkey is its peer ID. Nil takes the transport's key if it exposes
+	// one (memnet peers, p2p hosts); otherwise the node cannot store owned
+	// records.
 	PrivKey crypto.PrivKey
 	// BucketSize is Kademlia's k (20): bucket capacity and lookup width.
 	BucketSize int
@@ -72,15 +86,35 @@ type Config struct {
 	MaxQueries int
 	// RPCTimeout bounds each request (5s).
 	RPCTimeout time.Duration
-	// MaxRecords bounds stored items, counting each subkey (100000). The
-	// item that expires first is evicted to make room.
-	MaxRecords int
+	// MaxRecords bounds stored items, counting each subkey (100000), and
+	// MaxBytes their size (128 MiB). When full, an item of the peer that
+	// stores the most is evicted to make room for another peer's record.
+	MaxRecords, MaxBytes int
+	// PeerMaxRecords and PeerMaxBytes are the share of the storage one
+	// remote peer may fill (MaxRecords/4, MaxBytes/4); AddrMaxRecords and
+	// AddrMaxBytes that of all peers behind one IP address (MaxRecords/2,
+	// MaxBytes/2), counted only for public addresses unless
+	// LimitPrivateAddrs. Negative means no quota.
+	PeerMaxRecords, PeerMaxBytes, AddrMaxRecords, AddrMaxBytes int
+	// MaxPeersPerIP (2) and MaxPeersPerSubnet (BucketSize/4, at least 2)
+	// bound the routing-table peers of one bucket sharing an IP address or
+	// a subnet (/24 for IPv4, /48 for IPv6), so that a Sybil flood from a
+	// few machines cannot fill the table; counted only for public
+	// addresses unless LimitPrivateAddrs. Negative means no limit.
+	MaxPeersPerIP, MaxPeersPerSubnet int
+	// LimitPrivateAddrs applies the address quotas and limits to loopback
+	// and private addresses too (by default peers on a LAN or one host,
+	// as in local swarms, are exempt).
+	LimitPrivateAddrs bool
 	// MaxValueSize bounds accepted values in bytes (64 KiB, at most MaxValueLen).
 	MaxValueSize int
-	// MaxTTL rejects records that expire further in the future (30 days).
+	// MaxTTL rejects records that expire further in the future
+	// (DefaultMaxTTL). Store refuses such records; replicas allow
+	// MaxClockSkew more for peers whose clocks run ahead.
 	MaxTTL time.Duration
-	// CacheSize bounds the cache of values seen by Get and copies pushed
-	// by other peers' lookups (10000); negative disables caching.
+	// CacheSize bounds the cache of values seen by Get (10000), and
+	// MaxBytes×CacheSize/MaxRecords its size; negative disables caching.
+	// Copies other peers push for caching are refused.
 	CacheSize int
 	// RefreshInterval is how often buckets are refreshed and silent peers
 	// pinged (10m); negative disables.
@@ -119,10 +153,17 @@ func (c *Config) setDefaults() error {
 	def(&c.Quorum, 3)
 	def(&c.MaxQueries, 8*c.BucketSize)
 	def(&c.MaxRecords, 100_000)
+	def(&c.MaxBytes, 128<<20)
+	def(&c.PeerMaxRecords, max(1, c.MaxRecords/4))
+	def(&c.PeerMaxBytes, max(1, c.MaxBytes/4))
+	def(&c.AddrMaxRecords, max(1, c.MaxRecords/2))
+	def(&c.AddrMaxBytes, max(1, c.MaxBytes/2))
+	def(&c.MaxPeersPerIP, 2)
+	def(&c.MaxPeersPerSubnet, max(2, c.BucketSize/4))
 	def(&c.MaxValueSize, 64<<10)
 	def(&c.CacheSize, 10_000)
 	defDur(&c.RPCTimeout, 5*time.Second)
-	defDur(&c.MaxTTL, 30*24*time.Hour)
+	defDur(&c.MaxTTL, DefaultMaxTTL)
 	defDur(&c.RefreshInterval, 10*time.Minute)
 	defDur(&c.RepublishInterval, 15*time.Minute)
 	defDur(&c.CleanupInterval, time.Minute)
@@ -138,14 +179,36 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("dht: Quorum %d < 1", c.Quorum)
 	case c.MaxQueries < c.Alpha:
 		return fmt.Errorf("dht: MaxQueries %d < Alpha", c.MaxQueries)
-	case c.MaxRecords < 1:
-		return fmt.Errorf("dht: MaxRecords %d < 1", c.MaxRecords)
+	case c.MaxRecords < 1 || c.MaxBytes < 1:
+		return fmt.Errorf("dht: MaxRecords %d or MaxBytes %d < 1", c.MaxRecords, c.MaxBytes)
 	case c.MaxValueSize < 1 || c.MaxValueSize > MaxValueLen:
 		return fmt.Errorf("dht: MaxValueSize %d not in [1, %d]", c.MaxValueSize, MaxValueLen)
 	case c.RPCTimeout < 0 || c.MaxTTL < 0:
 		return errors.New("dht: negative RPCTimeout or MaxTTL")
 	}
 	return nil
+}
+
+// DefaultMaxTTL is how far ahead a record may expire unless Config.MaxTTL
+// says otherwise: many declaration periods of every Skyhive service (MoE
+// servers declare every 30 s for 60 s, averaging peers for three rounds),
+// while junk stored by a stranger is gone within hours.
+const DefaultMaxTTL = 6 * time.Hour
+
+// MaxClockSkew is how much further than MaxTTL ahead a replica accepts a
+// record, for writers whose clocks run ahead of its own.
+const MaxClockSkew = time.Minute
+
+// storeLimits and cacheLimits are the storage bounds from the config.
+func (c *Config) storeLimits() limits {
+	pos := func(v int) int { return max(v, 0) }
+	return limits{items: c.MaxRecords, bytes: c.MaxBytes,
+		peerItems: pos(c.PeerMaxRecords), peerBytes: pos(c.PeerMaxBytes),
+		ipItems: pos(c.AddrMaxRecords), ipBytes: pos(c.AddrMaxBytes)}
+}
+
+func (c *Config) cacheLimits() limits {
+	return limits{items: c.CacheSize, bytes: max(1, int(int64(c.MaxBytes)*int64(c.CacheSize)/int64(c.MaxRecords)))}
 }
 
 // Stats describes one lookup.
@@ -169,6 +232,8 @@ type Node struct {
 
 	mu     sync.Mutex
 	addrs  map[peer.ID][]ma.Multiaddr // addresses of routing-table peers
+	groups map[peer.ID]addrGroup      // address groups of routing-table peers
+	sigs   verified                   // signatures already checked
 	store  *storage
 	cache  *storage // nil if disabled
 	own    *storage // nil if republishing is disabled
@@ -177,7 +242,6 @@ type Node struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	bg     chan struct{} // bounds background tasks
 }
 
 // New starts a DHT node on t. Unless in client mode it registers the DHT
@@ -188,6 +252,9 @@ func New(t p2p.Transport, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	self := t.ID()
+	if cfg.PrivKey == nil {
+		cfg.PrivKey = transportKey(t)
+	}
 	if cfg.PrivKey != nil {
 		id, err := peer.IDFromPrivateKey(cfg.PrivKey)
 		if err != nil {
@@ -202,17 +269,20 @@ func New(t p2p.Transport, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("dht: routing table: %w", err)
 	}
 	n := &Node{
-		t:     t,
-		cfg:   cfg,
-		clk:   cfg.Clock,
-		self:  self,
-		rt:    rt,
-		addrs: make(map[peer.ID][]ma.Multiaddr),
-		store: newStorage(cfg.MaxRecords),
-		bg:    make(chan struct{}, 16),
+		t:      t,
+		cfg:    cfg,
+		clk:    cfg.Clock,
+		self:   self,
+		rt:     rt,
+		addrs:  make(map[peer.ID][]ma.Multiaddr),
+		groups: make(map[peer.ID]addrGroup),
+		store:  newLimitedStorage(cfg.storeLimits()),
 	}
 	if cfg.CacheSize > 0 {
-		n.cache = newStorage(cfg.CacheSize)
+		// The cache holds merged lookup results, so it follows the merge
+		// rule (latest expiration wins) rather than sticky writers.
+		n.cache = newLimitedStorage(cfg.cacheLimits())
+		n.cache.sticky = false
 	}
 	if cfg.RepublishInterval > 0 {
 		n.own = newStorage(cfg.MaxRecords)
@@ -295,7 +365,7 @@ func (n *Node) Store(ctx context.Context, key, subkey string, value []byte, expi
 	if e.Value == nil {
 		e.Value = []byte{}
 	}
-	if err := n.check(e, now); err != nil {
+	if err := n.check(e, now, 0); err != nil {
 		return 0, err
 	}
 	if err := sign(e, n.self, n.cfg.PrivKey); err != nil {
@@ -309,8 +379,9 @@ func (n *Node) Store(ctx context.Context, key, subkey string, value []byte, expi
 	return n.storeEntries(ctx, key, []*entry{e})
 }
 
-// check validates a record's key, sizes, expiration and signature.
-func (n *Node) check(e *entry, now time.Time) error {
+// check validates a record's key, sizes and expiration, allowing skew
+// beyond MaxTTL.
+func (n *Node) check(e *entry, now time.Time, skew time.Duration) error {
 	switch {
 	case e.Key == "":
 		return errors.New("dht: empty key")
@@ -320,8 +391,9 @@ func (n *Node) check(e *entry, now time.Time) error {
 		return fmt.Errorf("%w: value of %d bytes, max %d", ErrTooLarge, len(e.Value), n.cfg.MaxValueSize)
 	case e.Expiration <= now.UnixNano():
 		return ErrExpired
-	case e.Expiration > now.Add(n.cfg.MaxTTL).UnixNano():
-		return fmt.Errorf("dht: expiration more than %v ahead", n.cfg.MaxTTL)
+	case e.Expiration > now.Add(n.cfg.MaxTTL+skew).UnixNano():
+		return fmt.Errorf("%w: expiration %v ahead, more than the maximum %v", ErrTTL,
+			time.Unix(0, e.Expiration).Sub(now).Round(time.Second), n.cfg.MaxTTL)
 	}
 	return nil
 }
@@ -340,7 +412,7 @@ func (n *Node) storeEntries(ctx context.Context, key string, es []*entry) (int, 
 			if len(replicas) == n.cfg.Replicas {
 				replicas = replicas[:len(replicas)-1]
 			}
-			if n.putLocal(es, false) > 0 {
+			if n.putLocal(es, false, "", "") > 0 {
 				accepted++
 			}
 		}
@@ -389,9 +461,10 @@ func (n *Node) storeEntries(ctx context.Context, key string, es []*entry) (int, 
 	return 0, fmt.Errorf("dht: store %q: no replica answered: %w", key, ErrNoPeers)
 }
 
-// putLocal stores entries in the node's storage (or cache) and returns how
-// many were accepted.
-func (n *Node) putLocal(es []*entry, cached bool) int {
+// putLocal stores copies of entries, sent by peer from (at address group
+// ip), in the node's storage (or cache) and returns how many were accepted.
+// from is "" for the node's own records.
+func (n *Node) putLocal(es []*entry, cached bool, from, ip string) int {
 	now := n.clk.Now().UnixNano()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -404,7 +477,9 @@ func (n *Node) putLocal(es []*entry, cached bool) int {
 	}
 	ok := 0
 	for _, e := range es {
-		if s.put(e, now) == nil {
+		cp := *e
+		cp.from, cp.ip = from, ip
+		if s.put(&cp, now) == nil {
 			ok++
 		}
 	}
@@ -448,18 +523,16 @@ func (n *Node) GetStats(ctx context.Context, key string) (map[string]Item, Stats
 	var (
 		found    [][]*entry
 		firstHop int
-		missing  []*candidate // peers that answered without a value
 	)
 	l, err := n.iterate(ctx, kb.ConvertKey(key), req, msgFindValue, func(c *candidate, resp *response) bool {
 		var valid []*entry
 		for _, e := range resp.Items {
 			e.Key = key
-			if n.check(e, now) == nil && validateSignature(e) == nil {
+			if n.check(e, now, MaxClockSkew) == nil && validateWith(e, &n.sigs) == nil {
 				valid = append(valid, e)
 			}
 		}
 		if len(valid) == 0 {
-			missing = append(missing, c)
 			return false
 		}
 		found = append(found, valid)
@@ -480,45 +553,13 @@ func (n *Node) GetStats(ctx context.Context, key string) (map[string]Item, Stats
 		return nil, st, fmt.Errorf("dht: get %q: %w", key, ErrNotFound)
 	}
 	if len(found) > 0 && n.cache != nil {
-		n.putLocal(merged, true)
-		if len(missing) > 0 {
-			n.cacheAt(key, merged, missing)
-		}
+		n.putLocal(merged, true, "", "")
 	}
 	out := make(map[string]Item, len(merged))
 	for _, e := range merged {
 		out[e.Subkey] = Item{Value: e.Value, Expiration: time.Unix(0, e.Expiration)}
 	}
 	return out, st, nil
-}
-
-// cacheAt pushes a copy of the found items to the closest peer on the
-// lookup path that lacked them, in the background, so later lookups stop
-// sooner. It is skipped if too many background tasks are running.
-func (n *Node) cacheAt(key string, items []*entry, missing []*candidate) {
-	target := missing[0]
-	for _, c := range missing[1:] {
-		if bytes.Compare(c.dist, target.dist) < 0 {
-			target = c
-		}
-	}
-	if len(items) > MaxStoreBatch {
-		items = items[:MaxStoreBatch]
-	}
-	es := make([]*entry, len(items))
-	for i, e := range items {
-		cp := *e
-		cp.Key = key
-		es[i] = &cp
-	}
-	req, err := n.request(&request{Type: msgStore, Cache: true, Entries: es})
-	if err != nil {
-		return
-	}
-	info := target.info
-	n.background(func(ctx context.Context) {
-		_, _ = n.call(ctx, info, req, msgStore)
-	})
 }
 
 // itemBudget bounds the items of one FIND_VALUE answer so that it fits a
@@ -534,8 +575,9 @@ func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, e
 	if err != nil {
 		return nil, err
 	}
+	observed := n.observedAddrs(from)
 	if !req.Client {
-		n.addPeer(peer.AddrInfo{ID: from, Addrs: req.Addrs}, false)
+		n.addPeerSeen(peer.AddrInfo{ID: from, Addrs: req.Addrs}, false, observed)
 	}
 	resp := &response{Type: req.Type}
 	switch req.Type {
@@ -550,12 +592,26 @@ func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, e
 		resp.Peers = n.nearestInfos(kb.ConvertKey(req.Key), from)
 	case msgStore:
 		now := n.clk.Now()
+		ip := ""
+		// Quotas per address count only what the transport observes:
+		// announced addresses could name someone else's.
+		if g := n.group(observed, nil); g.limited {
+			ip = g.ip
+		}
 		resp.Accepted = make([]bool, len(req.Entries))
 		for i, e := range req.Entries {
-			if n.check(e, now) != nil || validateSignature(e) != nil {
+			if n.check(e, now, MaxClockSkew) != nil || validateWith(e, &n.sigs) != nil {
 				continue
 			}
-			resp.Accepted[i] = n.putLocal([]*entry{e}, req.Cache) == 1
+			// Only records for keys this node is a replica of are
+			// stored. Copies pushed for caching are refused: a reader
+			// stops at the first answers it gets, so a pushed copy
+			// could hide a key's dictionary or a declaration's owner;
+			// the cache holds only what the node's own lookups found.
+			if req.Cache || !n.amongClosest(e.Key) {
+				continue
+			}
+			resp.Accepted[i] = n.putLocal([]*entry{e}, false, string(from), ip) == 1
 		}
 	}
 	return encodeResponse(resp)

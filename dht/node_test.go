@@ -130,9 +130,13 @@ func TestSubkeysMergeAndUpdateByExpiration(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// e1 updated with a later expiration; an older write to e2 loses.
-	if _, err := s.nodes[7].Store(ctx, "experts", "e1", []byte("new"), now.Add(2*time.Minute)); err != nil {
+	// e1 updated by its writer with a later expiration; another peer
+	// cannot take it over; an older write to e2 loses.
+	if _, err := s.nodes[1].Store(ctx, "experts", "e1", []byte("new"), now.Add(2*time.Minute)); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := s.nodes[7].Store(ctx, "experts", "e1", []byte("hijack"), now.Add(3*time.Minute)); !errors.Is(err, ErrRejected) {
+		t.Fatalf("another peer's subkey write: %v", err)
 	}
 	if _, err := s.nodes[8].Store(ctx, "experts", "e2", []byte("old"), now.Add(30*time.Second)); !errors.Is(err, ErrRejected) {
 		t.Fatalf("older subkey write: %v", err)

@@ -22,9 +22,24 @@ type entry struct {
 	Value      []byte
 	Expiration int64 // unix nanoseconds
 	Signature  []byte
+
+	// from is the peer that sent the entry ("" for this node's own
+	// records and copies it fetched itself) and ip its network address
+	// group ("" if unknown): what storage quotas are counted against.
+	// Neither is on the wire. writer is the peer whose signature the
+	// entry carries, "" if unsigned (see validateSignature).
+	from, ip, writer string
 }
 
-// Record validation errors.
+// size is what an entry counts against byte quotas: its fields plus a
+// fixed overhead for the bookkeeping around it.
+func (e *entry) size() int {
+	return len(e.Key) + len(e.Subkey) + len(e.Value) + len(e.Signature) + entryOverhead
+}
+
+const entryOverhead = 128
+
+// Record validation and storage errors.
 var (
 	// ErrExpired means a record's expiration time has passed.
 	ErrExpired = errors.New("dht: record expired")
@@ -32,6 +47,15 @@ var (
 	ErrTooLarge = errors.New("dht: record too large")
 	// ErrStale means a fresher record is already stored under the key.
 	ErrStale = errors.New("dht: a fresher record is stored")
+	// ErrDictionary means a plain value was refused because the key holds
+	// a live dictionary of subkeys, which a plain value never replaces.
+	ErrDictionary = errors.New("dht: a plain value cannot replace a dictionary")
+	// ErrOwned means a subkey item was refused because another peer
+	// wrote the live item under that subkey.
+	ErrOwned = errors.New("dht: subkey written by another peer")
+	// ErrQuota means the sending peer (or its address) has used up its
+	// share of the node's storage, or the storage is full.
+	ErrQuota = errors.New("dht: storage quota exceeded")
 )
 
 // newer reports whether a should replace b for the same (key, subkey): a
@@ -60,76 +84,235 @@ func (r *keyRecord) maxExpiration() int64 {
 	return m
 }
 
+// limits bounds a storage. Zero fields mean no bound.
+type limits struct {
+	items, bytes         int // whole storage
+	peerItems, peerBytes int // per sending peer
+	ipItems, ipBytes     int // per sending address group
+}
+
+// usage is what one peer or address group stores.
+type usage struct {
+	items, bytes int
+	refs         map[itemRef]struct{} // per peer only: its items, for eviction
+}
+
+type itemRef struct{ key, subkey string }
+
 // storage is a bounded map of records with expiration. It is a pure data
 // structure: time is passed in, and it is not safe for concurrent use.
+//
+// The rules, which every replica applies the same way so that replicas and
+// merged reads converge whatever the arrival order:
+//   - per (key, subkey) the later expiration wins; in a sticky storage (a
+//     node's, not a merge of answers) a live subkey item signed by its
+//     writer is replaced only by the same writer, so that a declaration
+//     can only be renewed by the peer that made it;
+//   - a plain value never replaces a live dictionary (so nobody can erase a
+//     key that many peers declare subkeys under), and a dictionary item
+//     always replaces a plain value (plain values are last-writer-wins
+//     anyway; an owner-marked key's subkeys need the same owner's signature);
+//   - each sending peer and address group may hold at most its quota of
+//     items and bytes;
+//   - when full, room is made by evicting an item of the peer that holds
+//     the most, never for that peer itself; the node's own records
+//     (from "") count against no quota and are evicted, earliest expiration
+//     first, only to make room for other own records.
 type storage struct {
-	maxItems int
-	keys     map[string]*keyRecord
-	n        int // stored items
-	exp      expHeap
+	lim    limits
+	sticky bool
+	keys   map[string]*keyRecord
+	n      int // stored items
+	bytes  int
+	exp    expHeap
+	peers  map[string]*usage
+	ips    map[string]*usage
 }
 
 func newStorage(maxItems int) *storage {
-	return &storage{maxItems: maxItems, keys: make(map[string]*keyRecord)}
+	return newLimitedStorage(limits{items: maxItems})
+}
+
+// newMerger is a storage without limits nor sticky writers, for merging
+// the answers of several replicas by expiration alone.
+func newMerger() *storage {
+	s := newLimitedStorage(limits{})
+	s.sticky = false
+	return s
+}
+
+func newLimitedStorage(lim limits) *storage {
+	return &storage{lim: lim, sticky: true, keys: make(map[string]*keyRecord), peers: make(map[string]*usage), ips: make(map[string]*usage)}
 }
 
 // Len is the number of stored (key, subkey) items, expired ones included
 // until the next cleanup.
 func (s *storage) Len() int { return s.n }
 
-// put stores e if it is not expired and is fresher than what the key holds,
-// following the rules: per subkey the later expiration wins; a plain value
-// replaces a dictionary only if it outlives every subkey, and a subkey
-// replaces a plain value only if it outlives it. put keeps e (no copy).
+// put stores e if it is not expired, is fresher than what the key holds
+// and fits the quotas (see storage for the rules). put keeps e (no copy).
+// If the storage is full and no room can be made, the items e would have
+// replaced are dropped all the same: e was fresher than them.
 func (s *storage) put(e *entry, now int64) error {
 	if e.Expiration <= now {
 		return ErrExpired
 	}
-	rec := s.keys[e.Key]
-	if rec != nil {
+	var gone []*entry // items of e.Key that storing e removes
+	if rec := s.keys[e.Key]; rec != nil {
 		if p := rec.plain(); p != nil {
-			if e.Subkey == "" && !newer(e, p) || e.Subkey != "" && e.Expiration <= p.Expiration {
+			if e.Subkey == "" && !newer(e, p) {
 				return ErrStale
 			}
-			if e.Subkey != "" {
-				s.dropKey(e.Key)
-				rec = nil
-			}
+			gone = append(gone, p)
 		} else if e.Subkey == "" {
-			if e.Expiration <= rec.maxExpiration() {
+			if rec.maxExpiration() > now {
+				return ErrDictionary
+			}
+			for _, it := range rec.items {
+				gone = append(gone, it)
+			}
+		} else if cur := rec.items[e.Subkey]; cur != nil {
+			if s.sticky && cur.writer != "" && cur.writer != e.writer && cur.Expiration > now {
+				return ErrOwned
+			}
+			if !newer(e, cur) {
 				return ErrStale
 			}
-			s.dropKey(e.Key)
-			rec = nil
-		} else if cur := rec.items[e.Subkey]; cur != nil && !newer(e, cur) {
-			return ErrStale
+			gone = append(gone, cur)
 		}
 	}
-	replacing := rec != nil && rec.items[e.Subkey] != nil
-	if !replacing && s.maxItems > 0 && s.n >= s.maxItems {
-		s.cleanup(now)
-		if s.n >= s.maxItems {
-			// Full: make room by dropping the item that expires first,
-			// unless the new one would expire even earlier.
-			top := s.earliest()
-			if top == nil || top.Expiration > e.Expiration {
-				return fmt.Errorf("dht: storage full (%d items)", s.maxItems)
-			}
-			s.remove(top.Key, top.Subkey)
-			rec = s.keys[e.Key]
-		}
+	if err := s.checkQuota(e, gone); err != nil {
+		return err
 	}
+	for _, g := range gone {
+		s.remove(g.Key, g.Subkey)
+	}
+	if err := s.makeRoom(e, now); err != nil {
+		return err
+	}
+	rec := s.keys[e.Key]
 	if rec == nil {
 		rec = &keyRecord{items: make(map[string]*entry, 1)}
 		s.keys[e.Key] = rec
 	}
-	if !replacing {
-		s.n++
-	}
 	rec.items[e.Subkey] = e
+	s.account(e, 1)
 	heap.Push(&s.exp, expRef{exp: e.Expiration, key: e.Key, subkey: e.Subkey})
 	s.compact()
 	return nil
+}
+
+// checkQuota fails if storing e (and dropping gone) takes its peer or its
+// address group over quota.
+func (s *storage) checkQuota(e *entry, gone []*entry) error {
+	over := func(u *usage, same func(*entry) bool, maxItems, maxBytes int) bool {
+		items, size := 1, e.size()
+		if u != nil {
+			items += u.items
+			size += u.bytes
+		}
+		for _, g := range gone {
+			if same(g) {
+				items--
+				size -= g.size()
+			}
+		}
+		return maxItems > 0 && items > maxItems || maxBytes > 0 && size > maxBytes
+	}
+	if e.from != "" && over(s.peers[e.from], func(g *entry) bool { return g.from == e.from }, s.lim.peerItems, s.lim.peerBytes) {
+		return fmt.Errorf("%w: peer holds its %d items / %d bytes", ErrQuota, s.lim.peerItems, s.lim.peerBytes)
+	}
+	if e.ip != "" && over(s.ips[e.ip], func(g *entry) bool { return g.ip == e.ip }, s.lim.ipItems, s.lim.ipBytes) {
+		return fmt.Errorf("%w: address %s holds its %d items / %d bytes", ErrQuota, e.ip, s.lim.ipItems, s.lim.ipBytes)
+	}
+	return nil
+}
+
+func (s *storage) full(e *entry) bool {
+	return s.lim.items > 0 && s.n+1 > s.lim.items || s.lim.bytes > 0 && s.bytes+e.size() > s.lim.bytes
+}
+
+// makeRoom evicts items until e fits, or fails.
+func (s *storage) makeRoom(e *entry, now int64) error {
+	if !s.full(e) {
+		return nil
+	}
+	s.cleanup(now)
+	for s.full(e) {
+		if v := s.heaviest(); v != nil && (e.from == "" || v.items > s.usageItems(e.from)) {
+			for r := range v.refs {
+				s.remove(r.key, r.subkey)
+				break
+			}
+			continue
+		}
+		if e.from != "" {
+			return fmt.Errorf("%w: storage full (%d items, %d bytes)", ErrQuota, s.n, s.bytes)
+		}
+		// Only the node's own records are left: drop the one that expires
+		// first, unless the new one would expire even earlier.
+		top := s.earliest()
+		if top == nil || top.Expiration > e.Expiration {
+			return fmt.Errorf("%w: storage full (%d items, %d bytes)", ErrQuota, s.n, s.bytes)
+		}
+		s.remove(top.Key, top.Subkey)
+	}
+	return nil
+}
+
+// heaviest is the remote peer that stores the most items, or nil.
+func (s *storage) heaviest() *usage {
+	var best *usage
+	for _, u := range s.peers {
+		if best == nil || u.items > best.items {
+			best = u
+		}
+	}
+	return best
+}
+
+func (s *storage) usageItems(from string) int {
+	if u := s.peers[from]; u != nil {
+		return u.items
+	}
+	return 0
+}
+
+// account adds (sign 1) or subtracts (sign -1) e from the counters.
+func (s *storage) account(e *entry, sign int) {
+	size := e.size()
+	s.n += sign
+	s.bytes += sign * size
+	ref := itemRef{e.Key, e.Subkey}
+	if e.from != "" {
+		u := s.peers[e.from]
+		if u == nil {
+			u = &usage{refs: make(map[itemRef]struct{})}
+			s.peers[e.from] = u
+		}
+		u.items += sign
+		u.bytes += sign * size
+		if sign > 0 {
+			u.refs[ref] = struct{}{}
+		} else {
+			delete(u.refs, ref)
+		}
+		if u.items == 0 {
+			delete(s.peers, e.from)
+		}
+	}
+	if e.ip != "" {
+		u := s.ips[e.ip]
+		if u == nil {
+			u = &usage{}
+			s.ips[e.ip] = u
+		}
+		u.items += sign
+		u.bytes += sign * size
+		if u.items == 0 {
+			delete(s.ips, e.ip)
+		}
+	}
 }
 
 // get returns the unexpired items stored under key.
@@ -188,11 +371,15 @@ func (s *storage) earliest() *entry {
 
 func (s *storage) remove(key, subkey string) {
 	rec := s.keys[key]
-	if rec == nil || rec.items[subkey] == nil {
+	if rec == nil {
+		return
+	}
+	e := rec.items[subkey]
+	if e == nil {
 		return
 	}
 	delete(rec.items, subkey)
-	s.n--
+	s.account(e, -1)
 	if len(rec.items) == 0 {
 		delete(s.keys, key)
 	}
@@ -200,8 +387,9 @@ func (s *storage) remove(key, subkey string) {
 
 func (s *storage) dropKey(key string) {
 	if rec := s.keys[key]; rec != nil {
-		s.n -= len(rec.items)
-		delete(s.keys, key)
+		for sk := range rec.items {
+			s.remove(key, sk)
+		}
 	}
 }
 
@@ -237,14 +425,53 @@ func (h *expHeap) Pop() any {
 	return x
 }
 
-// merge folds items from several replicas into the freshest per subkey,
-// with the same rules as storage.
+// merge folds the answers of several replicas (one set each) into one
+// item per subkey, with the storage's rules for plain values and
+// dictionaries. When replicas disagree on who wrote a subkey, the writer
+// that most replicas hold wins (ties go to the fresher item), so a replica
+// that serves a forged-owner copy with a far expiration is outvoted; among
+// one writer's items the fresher wins.
 func merge(now int64, sets ...[]*entry) []*entry {
-	m := newStorage(0)
+	type cand struct {
+		e     *entry
+		votes int
+	}
+	bySub := map[string]map[string]*cand{} // subkey → writer → best item
 	for _, set := range sets {
+		seen := map[itemRef]bool{}
 		for _, e := range set {
-			_ = m.put(e, now) // stale or expired items are simply dropped
+			if e.Expiration <= now {
+				continue
+			}
+			ws := bySub[e.Subkey]
+			if ws == nil {
+				ws = map[string]*cand{}
+				bySub[e.Subkey] = ws
+			}
+			c := ws[e.writer]
+			if c == nil {
+				c = &cand{e: e}
+				ws[e.writer] = c
+			} else if newer(e, c.e) {
+				c.e = e
+			}
+			if r := (itemRef{e.Subkey, e.writer}); !seen[r] {
+				seen[r] = true
+				c.votes++
+			}
 		}
+	}
+	m := newMerger()
+	for _, ws := range bySub {
+		var best *cand
+		for _, c := range ws {
+			if best == nil || c.votes > best.votes || c.votes == best.votes && newer(c.e, best.e) {
+				best = c
+			}
+		}
+		// In any order a plain value loses to a dictionary: it cannot
+		// replace one, and a subkey item replaces it.
+		_ = m.put(best.e, now)
 	}
 	return m.all(now)
 }

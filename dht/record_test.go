@@ -60,21 +60,34 @@ func TestStorageSubkeys(t *testing.T) {
 	if got := itemsOf(s.get("k", 0)); got["a"] != "3" || got["b"] != "2" || len(got) != 2 {
 		t.Fatalf("got %v", got)
 	}
-	// A plain value must outlive every subkey to replace the dictionary.
-	if err := s.put(ent("k", "", "p", 150), 0); !errors.Is(err, ErrStale) {
-		t.Fatalf("plain replaced a fresher dictionary: %v", err)
+	// A plain value never replaces a live dictionary, however late it
+	// expires (the erase-the-dictionary attack).
+	if err := s.put(ent("k", "", "p", 1<<40), 0); !errors.Is(err, ErrDictionary) {
+		t.Fatalf("plain replaced a live dictionary: %v", err)
 	}
-	mustPut(ent("k", "", "p", 151))
-	if got := itemsOf(s.get("k", 0)); got[""] != "p" || len(got) != 1 {
-		t.Fatalf("got %v", got)
+	if got := itemsOf(s.get("k", 0)); got["a"] != "3" || got["b"] != "2" || len(got) != 2 {
+		t.Fatalf("dictionary changed: %v", got)
 	}
-	// A subkey replaces a plain value only if it outlives it.
-	if err := s.put(ent("k", "z", "1", 100), 0); !errors.Is(err, ErrStale) {
-		t.Fatalf("subkey replaced fresher plain: %v", err)
+	// Once every subkey expired, a plain value may take the key.
+	if err := s.put(ent("k", "", "p", 200), 160); err != nil {
+		t.Fatal(err)
 	}
-	mustPut(ent("k", "z", "1", 300))
+	if got := itemsOf(s.get("k", 160)); got[""] != "p" || len(got) != 1 || s.Len() != 1 {
+		t.Fatalf("got %v len %d", got, s.Len())
+	}
+	// A subkey always replaces a plain value, even one expiring later.
+	mustPut(ent("k", "z", "1", 180))
 	if got := itemsOf(s.get("k", 0)); got["z"] != "1" || len(got) != 1 || s.Len() != 1 {
 		t.Fatalf("got %v len %d", got, s.Len())
+	}
+	// Merging replicas in either order keeps the dictionary.
+	for _, sets := range [][2][]*entry{
+		{{ent("m", "", "plain", 900)}, {ent("m", "x", "1", 100)}},
+		{{ent("m", "x", "1", 100)}, {ent("m", "", "plain", 900)}},
+	} {
+		if got := itemsOf(merge(0, sets[0], sets[1])); len(got) != 1 || got["x"] != "1" {
+			t.Fatalf("merge %v", got)
+		}
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 
 	kb "github.com/libp2p/go-libp2p-kbucket"
 	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+
 	"github.com/skyhive/skyhive/p2p"
 )
 
@@ -209,15 +211,28 @@ func (n *Node) call(ctx context.Context, to peer.AddrInfo, req []byte, want msgT
 }
 
 // addPeer offers p to the routing table, remembering its addresses if it
-// is (or already was) in the table. Peers are not replaceable: a full
-// bucket keeps its long-lived members until they fail.
+// is (or already was) in the table.
 func (n *Node) addPeer(p peer.AddrInfo, answered bool) {
+	n.addPeerSeen(p, answered, n.observedAddrs(p.ID))
+}
+
+// addPeerSeen is addPeer with the addresses the transport sees p at.
+// Peers are not replaceable: a full bucket keeps its long-lived members
+// until they fail to answer, and newcomers wait. A newcomer is refused if
+// its bucket already holds MaxPeersPerIP peers at its IP address or
+// MaxPeersPerSubnet in its subnet.
+func (n *Node) addPeerSeen(p peer.AddrInfo, answered bool, observed []ma.Multiaddr) {
 	if p.ID == "" || p.ID == n.self {
 		return
 	}
+	g := n.group(observed, p.Addrs)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
+		return
+	}
+	known := n.rt.Find(p.ID) != ""
+	if !known && g.limited && !n.diverse(p.ID, g) {
 		return
 	}
 	added, err := n.rt.TryAddPeer(p.ID, answered, false)
@@ -227,6 +242,9 @@ func (n *Node) addPeer(p peer.AddrInfo, answered bool) {
 	if len(p.Addrs) > 0 {
 		n.addrs[p.ID] = p.Addrs
 	}
+	if added || !known {
+		n.groups[p.ID] = g
+	}
 	// The table stamps a new peer with the wall clock; restamp it with the
 	// node's clock, which Refresh compares against.
 	if answered || added {
@@ -234,11 +252,35 @@ func (n *Node) addPeer(p peer.AddrInfo, answered bool) {
 	}
 }
 
+// diverse reports whether id, at address group g, may join its bucket.
+// Called with n.mu held.
+func (n *Node) diverse(id peer.ID, g addrGroup) bool {
+	self := kb.ConvertPeerID(n.self)
+	cpl := kb.CommonPrefixLen(kb.ConvertPeerID(id), self)
+	sameIP, sameNet := 0, 0
+	for _, other := range n.rt.ListPeers() {
+		og, ok := n.groups[other]
+		if !ok || !og.limited || kb.CommonPrefixLen(kb.ConvertPeerID(other), self) != cpl {
+			continue
+		}
+		if og.ip == g.ip {
+			sameIP++
+		}
+		if og.subnet == g.subnet {
+			sameNet++
+		}
+	}
+	ipOK := n.cfg.MaxPeersPerIP < 0 || sameIP < n.cfg.MaxPeersPerIP
+	netOK := n.cfg.MaxPeersPerSubnet < 0 || sameNet < n.cfg.MaxPeersPerSubnet
+	return ipOK && netOK
+}
+
 func (n *Node) removePeer(id peer.ID) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.rt.RemovePeer(id)
 	delete(n.addrs, id)
+	delete(n.groups, id)
 }
 
 func (n *Node) addrInfo(id peer.ID) peer.AddrInfo {

@@ -73,11 +73,12 @@ func newDHTPutCmd() *cobra.Command {
 		Use:   "put KEY VALUE",
 		Short: "Store VALUE under KEY (and --subkey) with an expiration of now + --ttl",
 		Long: "Start a short-lived client node, store the record on the nearest DHT peers and print\n" +
-			"how many accepted it. Keys or subkeys containing [owner:PEER_ID] need --identity of that peer.",
+			"how many accepted it. Keys or subkeys containing [owner:PEER_ID], and subkeys that are a peer ID,\n" +
+			"need --identity of that peer. --ttl is at most 6h; a plain value never replaces a key's subkeys.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if ttl <= 0 {
-				return fmt.Errorf("--ttl must be positive, got %v", ttl)
+			if ttl <= 0 || ttl > dht.DefaultMaxTTL {
+				return fmt.Errorf("--ttl must be positive and at most %v (DHT nodes refuse records that expire later), got %v", dht.DefaultMaxTTL, ttl)
 			}
 			return withClientNode(cmd.Context(), f, func(ctx context.Context, _ *p2p.Host, n *dht.Node) error {
 				exp := time.Now().Add(ttl)

@@ -119,4 +119,8 @@ func TestDHTCommands(t *testing.T) {
 	if err := runCLI(ctx, &out, "dht", "put", "--bootstrap", "/ip4/127.0.0.1/tcp/1", "k", "v"); err == nil {
 		t.Fatal("bootstrap address without /p2p accepted")
 	}
+	// A record beyond the DHT's maximum lifetime is refused up front.
+	if err := runCLI(ctx, &out, "dht", "put", "--dht", addr, "--ttl", "700h", "ffn.", "x"); err == nil || !strings.Contains(err.Error(), "at most 6h") {
+		t.Fatalf("put --ttl 700h: %v", err)
+	}
 }

@@ -24,6 +24,9 @@ import (
 
 // Declare stores the experts' DHT records once, with expiration now +
 // Expiration, and returns the number of records that no replica accepted.
+// Those that replicas refused (dht.ErrRejected: e.g. another peer holds the
+// subkey) are also counted in Stats.DeclareRefused; a shared prefix held by
+// another server is not a failure.
 func (s *Server) Declare(ctx context.Context) (int, error) {
 	if s.cfg.DHT == nil {
 		return 0, errors.New("moe/server: no DHT configured")
@@ -63,10 +66,11 @@ func (s *Server) Declare(ctx context.Context) (int, error) {
 		}
 	}
 	var (
-		mu    sync.Mutex
-		fails int
-		first error
-		wg    sync.WaitGroup
+		mu      sync.Mutex
+		fails   int
+		refused int
+		first   error
+		wg      sync.WaitGroup
 	)
 	sem := make(chan struct{}, s.cfg.DeclareParallel)
 	for _, it := range items {
@@ -87,6 +91,9 @@ func (s *Server) Declare(ctx context.Context) (int, error) {
 			if err != nil {
 				mu.Lock()
 				fails++
+				if errors.Is(err, dht.ErrRejected) {
+					refused++
+				}
 				if first == nil {
 					first = fmt.Errorf("declare %s/%s: %w", it.rec.Key, it.rec.Subkey, err)
 				}
@@ -98,6 +105,8 @@ func (s *Server) Declare(ctx context.Context) (int, error) {
 	s.declMu.Lock()
 	s.declared = time.Now()
 	s.declareFails += fails
+	s.declareRefused += refused
+	s.lastRefused = refused
 	s.declMu.Unlock()
 	if fails == len(items) && first != nil {
 		return fails, first
@@ -117,7 +126,10 @@ func (s *Server) declareLoop(ctx context.Context) {
 		cancel()
 		wait := s.cfg.DeclareEvery
 		if err != nil || n > 0 {
-			s.cfg.Logger.Warn("declare experts", "failed", n, "err", err, "retry_in", min(wait, retry))
+			s.declMu.Lock()
+			refused := s.lastRefused
+			s.declMu.Unlock()
+			s.cfg.Logger.Warn("declare experts", "failed", n, "refused", refused, "err", err, "retry_in", min(wait, retry))
 			wait = min(wait, retry)
 			retry = min(2*retry, s.cfg.DeclareEvery)
 		} else {

@@ -261,6 +261,9 @@ type Server struct {
 	declMu       sync.Mutex
 	declared     time.Time
 	declareFails int
+	// declareRefused counts declarations every replica refused, and
+	// lastRefused those of the last round.
+	declareRefused, lastRefused int
 }
 
 // New loads the checkpoint if there is one, starts the runtime workers, the
@@ -451,9 +454,11 @@ type Stats struct {
 	UptimeSeconds float64       `json:"uptime_seconds"`
 	Experts       []ExpertStats `json:"experts"`
 	// LastDeclared is when the last declaration round finished;
-	// DeclareFailures counts failed DHT stores.
+	// DeclareFailures counts failed DHT stores, and DeclareRefused those
+	// of them that every replica refused (another peer holds the subkey).
 	LastDeclared    time.Time `json:"last_declared,omitzero"`
 	DeclareFailures int       `json:"declare_failures"`
+	DeclareRefused  int       `json:"declare_refused"`
 }
 
 // Stats returns the per-expert counters, in the order experts were listed.
@@ -463,7 +468,7 @@ func (s *Server) Stats() Stats {
 		st.Experts = append(st.Experts, s.experts[uid].snapshotStats())
 	}
 	s.declMu.Lock()
-	st.LastDeclared, st.DeclareFailures = s.declared, s.declareFails
+	st.LastDeclared, st.DeclareFailures, st.DeclareRefused = s.declared, s.declareFails, s.declareRefused
 	s.declMu.Unlock()
 	return st
 }

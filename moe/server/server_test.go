@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -12,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
 	"go.uber.org/goleak"
 
 	"github.com/skyhive/skyhive/dht"
@@ -323,8 +326,18 @@ func TestRestartReloadsCheckpointAndRedeclares(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	path := filepath.Join(t.TempDir(), "experts.safetensors")
+	// The server restarts with its identity (as with --identity): its
+	// declarations are its own, which no other peer can take over until
+	// they expire.
+	priv, _, err := crypto.GenerateEd25519Key(crand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := func() (*Server, *memnet.Peer, *dht.Node) {
-		p, _ := n.NewPeer()
+		p, err := n.AddPeer(priv)
+		if err != nil {
+			t.Fatal(err)
+		}
 		d, err := dht.New(p, dht.Config{RefreshInterval: -1, RepublishInterval: -1})
 		if err != nil {
 			t.Fatal(err)
@@ -364,8 +377,8 @@ func TestRestartReloadsCheckpointAndRedeclares(t *testing.T) {
 			t.Fatalf("%s differs by %g after restart", name, d)
 		}
 	}
-	waitDeclared(t, ctx, bootDHT, "ffn.0.", "1", p2.ID())
-	waitDeclared(t, ctx, bootDHT, "ffn.", "0", p2.ID())
+	waitDeclaredAt(t, ctx, bootDHT, "ffn.0.", "1", p2.AddrInfo())
+	waitDeclaredAt(t, ctx, bootDHT, "ffn.", "0", p2.AddrInfo())
 	// The optimizer state came back too: one more step matches.
 	if s2.experts["ffn.0.1"].opt.State().Step != 3 {
 		t.Fatalf("optimizer step %d after restart, want 3", s2.experts["ffn.0.1"].opt.State().Step)
@@ -414,12 +427,18 @@ func TestDeclarationRetriedSoon(t *testing.T) {
 
 func waitDeclared(t *testing.T, ctx context.Context, d *dht.Node, key, sub string, want peer.ID) {
 	t.Helper()
+	waitDeclaredAt(t, ctx, d, key, sub, peer.AddrInfo{ID: want})
+}
+
+// waitDeclaredAt waits for a declaration by want.ID, at want.Addrs if given.
+func waitDeclaredAt(t *testing.T, ctx context.Context, d *dht.Node, key, sub string, want peer.AddrInfo) {
+	t.Helper()
 	for ctx.Err() == nil {
 		items, err := d.Get(ctx, key)
 		if err == nil {
 			if it, ok := items[sub]; ok {
 				info, err := moe.UnmarshalInfo(it.Value)
-				if err == nil && info.Peer.ID == want {
+				if err == nil && info.Peer.ID == want.ID && (len(want.Addrs) == 0 || slices.EqualFunc(info.Peer.Addrs, want.Addrs, func(a, b ma.Multiaddr) bool { return a.Equal(b) })) {
 					return
 				}
 			}

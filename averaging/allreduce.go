@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,9 @@ const (
 	DefaultWindow     = 4
 	DefaultTimeout    = 30 * time.Second
 	DefaultMaxSession = 256
+	// DefaultMaxPendingPerPeer bounds the sessions one peer may announce
+	// here before this peer joins them.
+	DefaultMaxPendingPerPeer = 4
 	// DefaultMaxElements bounds a vector (256 MiB of float32).
 	DefaultMaxElements = 1 << 26
 	maxChunkElems      = 2 << 20 // keeps an uncompressed chunk under 16 MiB messages
@@ -76,8 +80,33 @@ type Config struct {
 	// MaxElements bounds the vector of one session (1<<26).
 	MaxElements int
 	// MaxSessions bounds the sessions remembered at once, joined or only
-	// announced by a member's first message (256).
+	// announced by a member's first message (256); announced ones take at
+	// most half of it, and this peer's own joins evict them if needed.
 	MaxSessions int
+	// MaxPendingPerPeer bounds the sessions one peer may announce (by a
+	// chunk or leave notice for a session not joined here yet) and hold
+	// at once (4), and its chunks waiting for joins to 4·Window. Requests
+	// beyond are refused; honest senders retry until the join.
+	MaxPendingPerPeer int
+
+	// MaxNormRatio drops another member's contribution to a chunk whose
+	// norm exceeds this multiple of the median norm of the chunk's
+	// contributions (DefaultMaxNormRatio; negative: no check). The mean is
+	// then over the remaining contributions; such members are listed in
+	// Result.Rejected. A chunk whose median norm is 0 is not checked.
+	// Answers whose norm exceeds this multiple of this peer's own chunk
+	// (or of its vector's RMS scaled to the chunk, if larger) are refused
+	// too (the part keeps its own values, Result.Failed).
+	MaxNormRatio float64
+	// Aggregation is the rule a reducer combines contributions with
+	// (AggregateMean, the default; AggregateCenteredClip or
+	// AggregateTrimmedMean for open swarms).
+	Aggregation Aggregation
+	// ClipRadius is CenteredClip's τ (0: twice the median distance of the
+	// contributions from their coordinate-wise median).
+	ClipRadius float64
+	// Trim is the trimmed mean's fraction cut at each end (DefaultTrim).
+	Trim float64
 }
 
 func (c Config) withDefaults() Config {
@@ -100,6 +129,22 @@ func (c Config) withDefaults() Config {
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = DefaultMaxSession
 	}
+	c.MaxSessions = max(c.MaxSessions, 2)
+	if c.MaxPendingPerPeer <= 0 {
+		c.MaxPendingPerPeer = DefaultMaxPendingPerPeer
+	}
+	if c.MaxNormRatio == 0 || math.IsNaN(c.MaxNormRatio) {
+		c.MaxNormRatio = DefaultMaxNormRatio
+	}
+	if c.Aggregation == "" {
+		c.Aggregation = AggregateMean
+	}
+	if c.ClipRadius < 0 || math.IsNaN(c.ClipRadius) {
+		c.ClipRadius = 0
+	}
+	if c.Trim <= 0 || c.Trim >= 0.5 || math.IsNaN(c.Trim) {
+		c.Trim = DefaultTrim
+	}
 	return c
 }
 
@@ -114,9 +159,12 @@ type Result struct {
 	// not arrive before ReduceWait ended.
 	Missing []peer.ID
 	// Failed lists members whose part could not be averaged (the member
-	// died, stalled or rejected the session); that part of the vector keeps
-	// this member's own values.
+	// died, stalled, rejected the session or answered an implausible
+	// mean); that part of the vector keeps this member's own values.
 	Failed []peer.ID
+	// Rejected lists members whose contribution to some chunk of this
+	// member's part was dropped by the norm check (Config.MaxNormRatio).
+	Rejected []peer.ID
 	// Sent and Received count payload bytes.
 	Sent, Received int64
 	// Elapsed is the wall time of the call.
@@ -130,14 +178,24 @@ type Averager struct {
 	cfg  Config
 	done chan struct{}
 
-	mu       sync.Mutex
-	closed   bool
-	sessions map[string]*session
+	now     func() time.Time
+	refused atomic.Int64
+
+	mu        sync.Mutex
+	closed    bool
+	sessions  map[string]*session
+	pending   map[peer.ID]int // pending sessions by announcer
+	npending  int
+	waiting   map[peer.ID]int // requests waiting for a join, by sender
+	nextSweep time.Time
 }
 
-// New returns an Averager on t and registers its handler.
+// New returns an Averager on t and registers its handler. With an
+// unknown cfg.Aggregation (see ParseAggregation) every AllReduce fails.
 func New(t p2p.Transport, cfg Config) *Averager {
-	a := &Averager{t: t, cfg: cfg.withDefaults(), done: make(chan struct{}), sessions: map[string]*session{}}
+	cfg = cfg.withDefaults()
+	a := &Averager{t: t, cfg: cfg, done: make(chan struct{}), now: time.Now, sessions: map[string]*session{},
+		pending: map[peer.ID]int{}, waiting: map[peer.ID]int{}}
 	t.SetHandler(ReduceProtocol, a.handleReduce)
 	t.SetHandler(LeaveProtocol, a.handleLeave)
 	return a
@@ -160,9 +218,14 @@ func (a *Averager) Close() error {
 			s.stop()
 		}
 		a.sessions = map[string]*session{}
+		a.pending, a.npending = map[peer.ID]int{}, 0
 	}
 	return nil
 }
+
+// Refused counts requests refused because their sender's share of the
+// session table, or the table of pending sessions, was full.
+func (a *Averager) Refused() int64 { return a.refused.Load() }
 
 func (s Session) hash(cfg Config, vecLen int) uint64 {
 	h := fnv.New64a()
@@ -226,6 +289,9 @@ func decodeVector(b []byte, want int) ([]float32, error) {
 func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Result, error) {
 	start := time.Now()
 	res := Result{Size: len(s.Members)}
+	if _, err := ParseAggregation(string(a.cfg.Aggregation)); err != nil {
+		return res, err
+	}
 	if len(s.ID) == 0 || len(s.ID) > MaxSessionLen {
 		return res, fmt.Errorf("averaging: session ID of %d bytes", len(s.ID))
 	}
@@ -260,6 +326,9 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 	sess, err := a.join(s, self, bounds, vec)
 	if err != nil {
 		return res, err
+	}
+	if a.cfg.MaxNormRatio > 0 {
+		sess.rms = norm(vec) / math.Sqrt(float64(len(vec))) // read-only from now on
 	}
 
 	var sent, recv atomic.Int64
@@ -299,7 +368,7 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 		sess.mu.Unlock()
 	}
 	wg.Wait()
-	sess.stop()
+	a.finish(sess)
 	if errors.Is(ctx.Err(), context.Canceled) {
 		a.leave(sess, s.Members) // stopped by the caller, not timed out
 	}
@@ -311,6 +380,13 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 			res.Failed = append(res.Failed, s.Members[j].Peer.ID)
 		}
 	}
+	sess.mu.Lock()
+	for j, r := range sess.rejected {
+		if r {
+			res.Rejected = append(res.Rejected, s.Members[j].Peer.ID)
+		}
+	}
+	sess.mu.Unlock()
 	res.Sent, res.Received = sent.Load(), recv.Load()
 	res.Elapsed = time.Since(start)
 	if ownErr != nil {
@@ -371,6 +447,16 @@ func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to pee
 			resp, err = a.t.Call(ctx, to, ReduceProtocol, b)
 		}
 	}
+	// A reducer whose table of pending sessions is full (flooded by
+	// others, or this peer is early) is asked again until it has joined,
+	// for as long as it would have held the chunk waiting (ReduceWait).
+	giveUp := time.Now().Add(a.cfg.ReduceWait)
+	for wait := 20 * time.Millisecond; err != nil && errors.As(err, &remote) && strings.Contains(remote.Msg, errPending.Error()); wait = min(2*wait, time.Second) {
+		if time.Now().Add(wait).After(giveUp) || clock.Sleep(ctx, wait) != nil {
+			break
+		}
+		resp, err = a.t.Call(ctx, to, ReduceProtocol, b)
+	}
 	if err != nil {
 		return fmt.Errorf("averaging: reduce chunk %d at %s: %w", i, to.ID.ShortString(), err)
 	}
@@ -385,6 +471,14 @@ func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to pee
 	defer putScratch(mean)
 	if err := decodeInto(p, *mean); err != nil {
 		return err
+	}
+	if g := a.cfg.MaxNormRatio; g > 0 {
+		// Our own chunk's norm, or our vector's RMS scaled to the chunk if
+		// larger (a chunk of our values may be near zero).
+		own := max(norm(x), sess.rms*math.Sqrt(float64(len(x))))
+		if got := norm(*mean); own > 0 && got > g*own {
+			return fmt.Errorf("%w: mean of chunk %d from %s has norm %.3g, %.3g× ours", ErrMessage, i, to.ID.ShortString(), got, got/own)
+		}
 	}
 	copy(x, *mean)
 	return nil

@@ -7,6 +7,7 @@ package averaging
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -21,7 +22,11 @@ import (
 type session struct {
 	id      string
 	joined  chan struct{} // closed by join
-	expires time.Time     // forgotten after this
+	expires time.Time     // forgotten after this; guarded by the Averager's mu
+	// owner announced the session before this peer joined it; pending is
+	// set while it counts against owner's share. Guarded by the Averager's mu.
+	owner   peer.ID
+	pending bool
 
 	// left records leave notices that arrived before this peer joined
 	// (member → member-list hash); guarded by the Averager's mu.
@@ -44,6 +49,14 @@ type session struct {
 	// quiet is how long a member may send nothing before ban counts it as
 	// stalled (ReduceWait/2); set before joined is closed.
 	quiet time.Duration
+	// agg is how chunks are aggregated; set before joined is closed.
+	agg aggregator
+	// rejected marks members whose contribution to a chunk was dropped by
+	// the norm check.
+	rejected []bool
+	// rms is the RMS of this peer's vector, the floor of the answer check;
+	// set by AllReduce before it sends.
+	rms float64
 }
 
 // chunk accumulates the contributions to one chunk of the reducer's part.
@@ -53,11 +66,27 @@ type chunk struct {
 	count int
 	resp  []byte // the response: contributor count and encoded mean, set at finalization
 	done  chan struct{}
+	// own is this peer's contribution (a view of the caller's vector,
+	// which AllReduce does not write before the chunk is final); contrib
+	// holds the other members' decoded contributions and norm every
+	// contribution's norm, kept until finalization when the norm check or
+	// a robust aggregation needs them.
+	own     []float32
+	contrib []*[]float32
+	norm    []float64
 }
 
-// lookup returns the session with the given ID, creating an unjoined one if
-// create is set and there is room.
-func (a *Averager) lookup(id string, create bool) (*session, error) {
+// errPending is what a reducer answers when the sender may not announce
+// more sessions here now (its share or the table of pending sessions is
+// full); honest senders retry until the session is joined here.
+var errPending = errors.New("averaging: too many pending sessions")
+
+// announce returns the session with the given ID, creating a pending
+// (not yet joined) one on behalf of from if from's share and the table
+// allow: a peer holds at most MaxPendingPerPeer pending sessions and all
+// peers together at most MaxSessions/2, so strangers and sybils cannot
+// fill the table or stop this peer from joining its own sessions.
+func (a *Averager) announce(id string, from peer.ID) (*session, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -66,39 +95,105 @@ func (a *Averager) lookup(id string, create bool) (*session, error) {
 	if s, ok := a.sessions[id]; ok {
 		return s, nil
 	}
-	if !create {
-		return nil, nil
-	}
-	now := time.Now()
-	if len(a.sessions) >= a.cfg.MaxSessions {
-		for k, s := range a.sessions {
-			if now.After(s.expires) {
-				delete(a.sessions, k)
-			}
-		}
-		if len(a.sessions) >= a.cfg.MaxSessions {
-			return nil, fmt.Errorf("averaging: too many sessions (%d)", len(a.sessions))
+	now := a.now()
+	a.sweepLocked(now, false)
+	if a.pending[from] >= a.cfg.MaxPendingPerPeer || a.npending >= a.cfg.MaxSessions/2 {
+		a.sweepLocked(now, true)
+		if a.pending[from] >= a.cfg.MaxPendingPerPeer || a.npending >= a.cfg.MaxSessions/2 {
+			a.refused.Add(1)
+			return nil, fmt.Errorf("%w: %d here, %d of them %s's", errPending, a.npending, a.pending[from], from.ShortString())
 		}
 	}
-	s := &session{id: id, joined: make(chan struct{}), expires: now.Add(a.cfg.ReduceWait)}
+	s := &session{id: id, owner: from, pending: true, joined: make(chan struct{}), expires: now.Add(a.cfg.ReduceWait)}
 	a.sessions[id] = s
+	a.pending[from]++
+	a.npending++
 	return s, nil
+}
+
+// sweepLocked forgets expired sessions (every ReduceWait/4 at most, or now
+// if force is set); a.mu must be held.
+func (a *Averager) sweepLocked(now time.Time, force bool) {
+	if !force && now.Before(a.nextSweep) {
+		return
+	}
+	a.nextSweep = now.Add(a.cfg.ReduceWait / 4)
+	for k, s := range a.sessions {
+		if now.After(s.expires) {
+			a.deleteLocked(k, s)
+		}
+	}
+}
+
+// deleteLocked removes a session from the table; a.mu must be held.
+func (a *Averager) deleteLocked(id string, s *session) {
+	delete(a.sessions, id)
+	a.unpendLocked(s)
+}
+
+// unpendLocked stops counting s as pending; a.mu must be held.
+func (a *Averager) unpendLocked(s *session) {
+	if !s.pending {
+		return
+	}
+	s.pending = false
+	a.npending--
+	if a.pending[s.owner]--; a.pending[s.owner] <= 0 {
+		delete(a.pending, s.owner)
+	}
+}
+
+// finish releases a session this peer's AllReduce is done with: every
+// chunk is finalized (so no handler waits on it), the timers stop, the
+// contributions are freed, and the session is forgotten after ReduceWait
+// (late members still get the final means meanwhile).
+func (a *Averager) finish(sess *session) {
+	sess.stop()
+	sess.ban(true)
+	sess.mu.Lock()
+	for _, c := range sess.chunks {
+		c.sum, c.contrib = nil, nil
+	}
+	sess.mu.Unlock()
+	a.mu.Lock()
+	sess.expires = a.now().Add(a.cfg.ReduceWait)
+	a.mu.Unlock()
 }
 
 // join sets up this peer's reducer state and adds its own contribution.
 func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*session, error) {
-	sess, err := a.lookup(s.ID, true)
-	if err != nil {
-		return nil, err
-	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed {
+		return nil, ErrClosed
+	}
+	now := a.now()
+	sess := a.sessions[s.ID]
+	if sess == nil {
+		// This peer's own sessions come first: make room by forgetting
+		// expired ones, then the oldest pending one.
+		a.sweepLocked(now, len(a.sessions) >= a.cfg.MaxSessions)
+		if len(a.sessions) >= a.cfg.MaxSessions {
+			var old *session
+			for _, x := range a.sessions {
+				if x.pending && (old == nil || x.expires.Before(old.expires)) {
+					old = x
+				}
+			}
+			if old == nil {
+				return nil, fmt.Errorf("averaging: too many sessions (%d)", len(a.sessions))
+			}
+			a.deleteLocked(old.id, old)
+		}
+		sess = &session{id: s.ID, joined: make(chan struct{})}
+		a.sessions[s.ID] = sess
+	}
 	select {
 	case <-sess.joined:
 		return nil, fmt.Errorf("%w: %s", ErrJoined, s.ID)
 	default:
 	}
-	now := time.Now()
+	a.unpendLocked(sess)
 	sess.hash = s.hash(a.cfg, len(vec))
 	sess.self = self
 	sess.members = make([]peer.ID, len(s.Members))
@@ -112,6 +207,8 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 	sess.contributed[self] = true
 	sess.lastSeen = make([]time.Time, len(s.Members))
 	sess.quiet = a.cfg.ReduceWait / 2
+	sess.agg = a.aggregator()
+	sess.rejected = make([]bool, len(s.Members))
 	sess.expires = now.Add(a.cfg.Timeout + a.cfg.ReduceWait)
 	n := sess.hi - sess.lo
 	sess.chunks = make([]*chunk, numChunks(n, a.cfg.ChunkElems))
@@ -120,6 +217,12 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 		hi := min(lo+a.cfg.ChunkElems, sess.hi)
 		c := &chunk{sum: append([]float32(nil), vec[lo:hi]...), from: make([]bool, len(s.Members)), count: 1, done: make(chan struct{})}
 		c.from[self] = true
+		if sess.agg.retain() {
+			c.own = vec[lo:hi]
+			c.contrib = make([]*[]float32, len(s.Members))
+			c.norm = make([]float64, len(s.Members))
+			c.norm[self] = norm(c.own)
+		}
 		sess.chunks[i] = c
 	}
 	// Members that sent nothing within ReduceWait are dropped; the others
@@ -226,7 +329,7 @@ func (s *session) maybeFinalize(c *chunk, force bool) {
 			}
 		}
 	}
-	tensor.Scale(1/float32(c.count), c.sum)
+	s.aggregate(c)
 	b := make([]byte, 2, 2+encodedLen(len(c.sum), s.codec))
 	binary.LittleEndian.PutUint16(b, uint16(c.count))
 	out, err := appendVector(b, c.sum, s.codec)
@@ -239,19 +342,30 @@ func (s *session) maybeFinalize(c *chunk, force bool) {
 	close(c.done)
 }
 
-// add adds a member's contribution unless the chunk is final or already has it.
-func (s *session) add(c *chunk, sender int, x []float32) {
+// add adds a member's contribution unless the chunk is final or already
+// has it.
+func (s *session) add(c *chunk, sender int, x []float32) { s.addOwned(c, sender, &x) }
+
+// addOwned is add for a buffer from getScratch. It reports whether the
+// chunk keeps x until finalization (the caller must then not reuse it).
+func (s *session) addOwned(c *chunk, sender int, x *[]float32) (kept bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.contributed[sender] = true
 	s.lastSeen[sender] = time.Now()
 	if c.resp != nil || c.from[sender] {
-		return
+		return false
 	}
 	c.from[sender] = true
 	c.count++
-	tensor.Axpy(1, x, c.sum)
+	tensor.Axpy(1, *x, c.sum)
+	if c.contrib != nil {
+		c.contrib[sender] = x
+		c.norm[sender] = norm(*x)
+		kept = true
+	}
 	s.maybeFinalize(c, false)
+	return kept
 }
 
 // wait waits for the chunk to be final; the session's timers guarantee it
@@ -272,20 +386,31 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 	if err != nil {
 		return nil, err
 	}
-	s, err := a.lookup(r.Session, true)
+	s, err := a.announce(r.Session, from)
 	if err != nil {
 		return nil, err
 	}
-	t := time.NewTimer(a.cfg.ReduceWait)
-	defer t.Stop()
 	select {
 	case <-s.joined:
-	case <-t.C:
-		return nil, fmt.Errorf("averaging: session %q not joined here within %v", r.Session, a.cfg.ReduceWait)
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-a.done:
-		return nil, ErrClosed
+	default:
+		// Not joined here yet: wait, holding the request, at most
+		// ReduceWait and for at most MaxPendingPerPeer·Window requests of
+		// this sender at once.
+		if !a.holdWait(from) {
+			return nil, fmt.Errorf("%w: %s has too many waiting chunks", errPending, from.ShortString())
+		}
+		defer a.releaseWait(from)
+		t := time.NewTimer(a.cfg.ReduceWait)
+		defer t.Stop()
+		select {
+		case <-s.joined:
+		case <-t.C:
+			return nil, fmt.Errorf("averaging: session %q not joined here within %v", r.Session, a.cfg.ReduceWait)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-a.done:
+			return nil, ErrClosed
+		}
 	}
 	switch {
 	case r.Hash != s.hash || int(r.Size) != len(s.members):
@@ -301,15 +426,19 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 		return nil, fmt.Errorf("averaging: session %q: chunk %d of %d", r.Session, r.Chunk, len(s.chunks))
 	}
 	c := s.chunks[r.Chunk]
+	// The length is the one this peer derived from its own vector; the
+	// payload must match it exactly before anything is decoded.
 	want := min(a.cfg.ChunkElems, s.hi-s.lo-int(r.Chunk)*a.cfg.ChunkElems)
 	x := getScratch(want)
-	err = decodeInto(r.Payload, *x)
-	if err == nil {
-		s.add(c, int(r.Sender), *x)
-	}
-	putScratch(x)
-	if err != nil {
+	if err := decodeInto(r.Payload, *x); err != nil {
+		// A malformed or non-finite contribution: stop waiting for this
+		// member, as for one that disagrees.
+		putScratch(x)
+		s.disagree(from)
 		return nil, err
+	}
+	if !s.addOwned(c, int(r.Sender), x) {
+		putScratch(x)
 	}
 	if err := c.wait(ctx, a.done); err != nil {
 		return nil, err
@@ -318,13 +447,34 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 	return c.resp, nil
 }
 
+// holdWait counts a request of from waiting for a join, if from's share
+// allows it.
+func (a *Averager) holdWait(from peer.ID) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.waiting[from] >= a.cfg.MaxPendingPerPeer*a.cfg.Window {
+		a.refused.Add(1)
+		return false
+	}
+	a.waiting[from]++
+	return true
+}
+
+func (a *Averager) releaseWait(from peer.ID) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.waiting[from]--; a.waiting[from] <= 0 {
+		delete(a.waiting, from)
+	}
+}
+
 // handleLeave stops waiting for a member that left a joined session.
 func (a *Averager) handleLeave(_ context.Context, from peer.ID, req []byte) ([]byte, error) {
 	l, err := unmarshalLeave(req)
 	if err != nil {
 		return nil, err
 	}
-	s, err := a.lookup(l.Session, true)
+	s, err := a.announce(l.Session, from)
 	if err != nil {
 		return nil, err
 	}

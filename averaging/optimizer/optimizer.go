@@ -94,6 +94,12 @@ type Config struct {
 	// (DefaultMaxInflight); activations beyond it are declined, and the
 	// group drops this peer after ReduceWait.
 	MaxInflight int
+	// RoundWindow is how far from this peer's round counter an activation
+	// may name a round (2·Tau+2): honest peers are never further apart, since
+	// a global average every Tau rounds resets every counter. Activations
+	// outside it, or from peers not in Roster, are refused and counted in
+	// Stats.Refused.
+	RoundWindow int
 
 	// Matchmaking is how WAGMA finds its groups: averaging.MatchRanks
 	// (butterfly groups over Roster, the default) or averaging.MatchDHT
@@ -152,6 +158,13 @@ type Stats struct {
 	BytesSent     int64   `json:"bytes_sent"`
 	BytesReceived int64   `json:"bytes_received"`
 	StatesServed  int     `json:"states_served"`
+	// Refused counts activations refused: from a peer outside the roster,
+	// or naming a round outside RoundWindow.
+	Refused int `json:"refused,omitempty"`
+	// Rejected counts members whose contribution to this peer's part was
+	// rejected by the averager (norm check or robust aggregation), summed
+	// over collectives.
+	Rejected int `json:"rejected,omitempty"`
 }
 
 // Optimizer wraps an optim.Optimizer and averages its parameters with other
@@ -245,6 +258,9 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 	}
 	if cfg.MaxInflight <= 0 {
 		cfg.MaxInflight = DefaultMaxInflight
+	}
+	if cfg.RoundWindow <= 0 {
+		cfg.RoundWindow = 2*cfg.Tau + 2
 	}
 	if cfg.MaxDownloads <= 0 {
 		cfg.MaxDownloads = DefaultMaxDownloads
@@ -480,6 +496,7 @@ func (o *Optimizer) note(ctx context.Context, members []averaging.Member, res av
 	if err != nil || len(res.Failed) > 0 || len(res.Missing) > 0 {
 		o.stats.Failures++
 	}
+	o.stats.Rejected += len(res.Rejected)
 	if o.mm != nil {
 		return
 	}

@@ -28,6 +28,9 @@ import (
 type Layout struct {
 	// Params is the number of model elements.
 	Params int
+	// ParamSizes lists the element counts of the parameters in order (nil:
+	// the model is checked as one piece by Download).
+	ParamSizes []int
 	// Buffers names the optimizer buffers in order, with their shapes.
 	Buffers []string
 	Shapes  [][]int
@@ -44,6 +47,7 @@ func NewLayout(params []*nn.Param, st optim.State) Layout {
 	h := uint64(0)
 	for _, p := range params {
 		l.Params += p.Value.Len()
+		l.ParamSizes = append(l.ParamSizes, p.Value.Len())
 		h = hashString(h, fmt.Sprintf("p %s %v", p.Name, p.Value.Shape))
 	}
 	l.Total = l.Params
@@ -188,6 +192,10 @@ func (o *Optimizer) handleState(ctx context.Context, from peer.ID, req []byte) (
 // maxStateChunk is the most elements a state request asks for (4 MiB).
 const maxStateChunk = 1 << 20
 
+// stateCallTimeout bounds one chunk's request and answer (4 MiB in 30 s:
+// a donor slower than 140 kB/s is given up on).
+const stateCallTimeout = 30 * time.Second
+
 // FetchState downloads one donor's state, chunk by chunk; busy donors are
 // retried a few times.
 func FetchState(ctx context.Context, t p2p.Transport, from peer.AddrInfo, l Layout) (State, error) {
@@ -202,7 +210,11 @@ func FetchState(ctx context.Context, t p2p.Transport, from peer.AddrInfo, l Layo
 		var resp []byte
 		var err error
 		for try := 0; ; try++ {
-			resp, err = t.Call(ctx, from, StateProtocol, req)
+			// Every chunk has its own deadline, so a donor that trickles
+			// its answer is given up on.
+			cctx, cancel := context.WithTimeout(ctx, stateCallTimeout)
+			resp, err = t.Call(cctx, from, StateProtocol, req)
+			cancel()
 			var re *p2p.RemoteError
 			if err == nil || try == 4 || !errors.As(err, &re) || !strings.Contains(re.Msg, ErrBusy.Error()) {
 				break
@@ -248,9 +260,14 @@ type DownloadConfig struct {
 	// (2); the result is their mean.
 	Donors int
 	// MaxDivergence is the largest relative distance ‖a−b‖/min(‖a‖,‖b‖)
-	// between two donors' models that counts as agreement (1). Replicas
-	// of one run stay far closer; a donor serving garbage does not.
+	// between two donors' models that counts as agreement (1), for the
+	// whole model and for every parameter tensor (see agreeStates).
+	// Replicas of one run stay far closer; a donor serving garbage does not.
 	MaxDivergence float64
+	// MinAgree is how many donors must serve agreeing states (1: a lone
+	// donor that answers is used, and Downloaded.Unverified says so). Open
+	// swarms should set 2, so that no single donor decides the state.
+	MinAgree int
 }
 
 // Downloaded is the outcome of Download.
@@ -262,6 +279,9 @@ type Downloaded struct {
 	Rejected []peer.ID
 	// Failed lists donors that did not answer or answered badly, with why.
 	Failed map[peer.ID]error
+	// Unverified is set when the state comes from one donor only, so
+	// nothing was cross-checked.
+	Unverified bool
 }
 
 // Download fetches the state from several of the candidate donors (in
@@ -275,6 +295,8 @@ func Download(ctx context.Context, t p2p.Transport, candidates []peer.AddrInfo, 
 	if cfg.MaxDivergence <= 0 {
 		cfg.MaxDivergence = 1
 	}
+	cfg.MinAgree = max(cfg.MinAgree, 1)
+	cfg.Donors = max(cfg.Donors, cfg.MinAgree)
 	res := Downloaded{Failed: map[peer.ID]error{}}
 	var got []State
 	var from []peer.ID
@@ -284,7 +306,7 @@ func Download(ctx context.Context, t p2p.Transport, candidates []peer.AddrInfo, 
 	for next < len(candidates) && ctx.Err() == nil {
 		want := cfg.Donors - len(got)
 		if len(got) >= cfg.Donors {
-			if agree(got, l, cfg.MaxDivergence) != nil {
+			if k := agree(got, l, cfg.MaxDivergence); len(k) >= cfg.MinAgree {
 				break
 			}
 			want = 1 // disagreement: one more donor breaks the tie
@@ -326,25 +348,31 @@ func Download(ctx context.Context, t p2p.Transport, candidates []peer.AddrInfo, 
 	if keep == nil {
 		return res, fmt.Errorf("averaging: the states of donors %v disagree (relative distance above %.2g)", shortIDs(from), cfg.MaxDivergence)
 	}
-	mean := State{Vector: make([]float32, l.Total)}
+	if len(keep) < cfg.MinAgree {
+		return res, fmt.Errorf("averaging: %d donors agree (%v), %d required", len(keep), shortIDs(from), cfg.MinAgree)
+	}
+	// The counters are the lowest of the agreeing donors': a donor cannot
+	// push the joiner's round, step or epoch ahead of the others'.
+	mean := State{Vector: make([]float32, l.Total), Round: math.MaxInt, OptStep: math.MaxInt, Epoch: math.MaxInt}
 	for i, s := range got {
 		if !slices.Contains(keep, i) {
 			res.Rejected = append(res.Rejected, from[i])
 			continue
 		}
 		tensor.Axpy(1/float32(len(keep)), s.Vector, mean.Vector)
-		mean.Round = max(mean.Round, s.Round)
-		mean.OptStep = max(mean.OptStep, s.OptStep)
-		mean.Epoch = max(mean.Epoch, s.Epoch)
+		mean.Round = min(mean.Round, s.Round)
+		mean.OptStep = min(mean.OptStep, s.OptStep)
+		mean.Epoch = min(mean.Epoch, s.Epoch)
 		res.From = append(res.From, from[i])
 	}
 	res.State = mean
+	res.Unverified = len(keep) == 1
 	return res, nil
 }
 
-// agree returns the indices of the largest set of states whose models are
-// pairwise within maxDiv of each other (the first such set), or nil if no
-// two agree while there are several.
+// agree returns the indices of the largest set of states that pairwise
+// agree (agreeStates) (the first such set), or nil if no two agree while
+// there are several.
 func agree(states []State, l Layout, maxDiv float64) []int {
 	if len(states) == 1 {
 		return []int{0}
@@ -358,7 +386,7 @@ func agree(states []State, l Layout, maxDiv float64) []int {
 			}
 			ok := true
 			for _, k := range set {
-				ok = ok && relDistance(states[k].Model(l), states[j].Model(l)) <= maxDiv
+				ok = ok && agreeStates(states[k], states[j], l, maxDiv)
 			}
 			if ok {
 				set = append(set, j)
@@ -373,6 +401,65 @@ func agree(states []State, l Layout, maxDiv float64) []int {
 	}
 	slices.Sort(best)
 	return best
+}
+
+// agreeStates says whether two donors' states agree. The whole model must
+// be within relative distance maxDiv, and so must every parameter tensor,
+// measured against the larger of the smaller norm and the tensor's share
+// of the model's norm (‖model‖·√(size/params)): a donor cannot hide a
+// poisoned bias in a large model, while small tensors near zero do not
+// count as disagreeing. Optimizer buffers are local to each peer (two
+// replicas' momenta differ by their own gradient noise), so each need
+// only be within (maxDiv+2)× of the same scale: ‖a−b‖ ≤ ‖a‖+‖b‖ holds for
+// any two honest buffers of similar norm, and a scaled-up buffer fails.
+// What is not checked: a buffer of the right size pointing elsewhere, and
+// changes within these bounds.
+func agreeStates(a, b State, l Layout, maxDiv float64) bool {
+	ma, mb := a.Model(l), b.Model(l)
+	if relDistance(ma, mb) > maxDiv {
+		return false
+	}
+	within := func(x, y []float32, whole float64, total int, limit float64) bool {
+		var d, nx, ny float64
+		for i := range x {
+			p, q := float64(x[i]), float64(y[i])
+			d += (p - q) * (p - q)
+			nx += p * p
+			ny += q * q
+		}
+		scale := max(math.Sqrt(min(nx, ny)), whole*math.Sqrt(float64(len(x))/float64(max(total, 1))))
+		return math.Sqrt(d) <= limit*scale
+	}
+	model := min(norm64(ma), norm64(mb))
+	off := 0
+	for _, n := range l.ParamSizes {
+		if !within(ma[off:off+n], mb[off:off+n], model, l.Params, maxDiv) {
+			return false
+		}
+		off += n
+	}
+	ba, bb := a.Vector[l.Params:], b.Vector[l.Params:]
+	bufs := min(norm64(ba), norm64(bb))
+	off = 0
+	for i := range l.Buffers {
+		n := 1
+		for _, d := range l.Shapes[i] {
+			n *= d
+		}
+		if !within(ba[off:off+n], bb[off:off+n], bufs, len(ba), maxDiv+2) {
+			return false
+		}
+		off += n
+	}
+	return true
+}
+
+func norm64(x []float32) float64 {
+	var s float64
+	for _, v := range x {
+		s += float64(v) * float64(v)
+	}
+	return math.Sqrt(s)
 }
 
 // relDistance is ‖a−b‖/min(‖a‖,‖b‖) (0 for two zero vectors, +Inf when

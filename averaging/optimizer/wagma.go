@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -112,6 +113,17 @@ func (o *Optimizer) startGroup(round int, active bool) {
 	})
 }
 
+// ErrRefused is returned (remotely) for an activation from a peer outside
+// the roster or for a round outside Config.RoundWindow.
+var ErrRefused = errors.New("averaging: activation refused")
+
+// handleActivate joins a group round or notes a global round announced by
+// another peer. Only roster members are heard (the libp2p identity of the
+// caller, not anything in the message), a group activation only from a
+// member of this peer's group of that round, and only rounds within
+// RoundWindow of this peer's counter (a global round must also be a
+// multiple of Tau): a stranger, or a member naming round 2^31−1, cannot
+// jump the swarm's counters or make it start sessions at will.
 func (o *Optimizer) handleActivate(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
 	a, err := unmarshalActivation(req)
 	if err != nil {
@@ -119,6 +131,12 @@ func (o *Optimizer) handleActivate(ctx context.Context, from peer.ID, req []byte
 	}
 	if o.mm != nil {
 		return nil, errors.New("averaging: this peer matches groups through the DHT")
+	}
+	if err := o.admitActivation(from, a); err != nil {
+		o.mu.Lock()
+		o.stats.Refused++
+		o.mu.Unlock()
+		return nil, err
 	}
 	switch a.Kind {
 	case activateGlobal:
@@ -129,18 +147,36 @@ func (o *Optimizer) handleActivate(ctx context.Context, from peer.ID, req []byte
 			}
 		}
 	case activateGroup:
-		ranks, _, err := averaging.ButterflyGroup(o.cfg.Rank, len(o.cfg.Roster), o.cfg.GroupSize, int(a.Round))
-		if err != nil {
-			return nil, err
-		}
-		member := false
-		for _, r := range ranks {
-			member = member || o.cfg.Roster[r].Peer.ID == from
-		}
-		if !member {
-			return nil, fmt.Errorf("averaging: %s is not in our group of round %d", from.ShortString(), a.Round)
-		}
 		o.startGroup(int(a.Round), false)
 	}
 	return nil, nil
+}
+
+// admitActivation checks who sent an activation and the round it names.
+func (o *Optimizer) admitActivation(from peer.ID, a activation) error {
+	if from == o.avg.Transport().ID() || !slices.ContainsFunc(o.cfg.Roster, func(m averaging.Member) bool { return m.Peer.ID == from }) {
+		return fmt.Errorf("%w: %s is not in the roster", ErrRefused, from.ShortString())
+	}
+	o.mu.Lock()
+	cur := o.round
+	o.mu.Unlock()
+	r := int(a.Round) // at most MaxInt32 (unmarshalActivation)
+	if r > cur+o.cfg.RoundWindow || r < cur-o.cfg.RoundWindow {
+		return fmt.Errorf("%w: round %d is outside %d±%d", ErrRefused, r, cur, o.cfg.RoundWindow)
+	}
+	switch a.Kind {
+	case activateGlobal:
+		if r%o.cfg.Tau != 0 {
+			return fmt.Errorf("%w: global round %d is not a multiple of τ=%d", ErrRefused, r, o.cfg.Tau)
+		}
+	case activateGroup:
+		ranks, _, err := averaging.ButterflyGroup(o.cfg.Rank, len(o.cfg.Roster), o.cfg.GroupSize, r)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(ranks, func(k int) bool { return o.cfg.Roster[k].Peer.ID == from }) {
+			return fmt.Errorf("%w: %s is not in our group of round %d", ErrRefused, from.ShortString(), r)
+		}
+	}
+	return nil
 }

@@ -60,6 +60,14 @@ type Config struct {
 	// (RoundInterval with DHT matchmaking, else 20 s).
 	Codec   wire.Codec
 	Timeout time.Duration
+	// Aggregation, MaxNormRatio and MinAgree harden averaging in open
+	// swarms (see averaging.Config and optimizer.DownloadConfig): the
+	// aggregation rule (mean by default), the contribution norm check (10×
+	// the median by default) and how many donors of a joiner's state must
+	// agree (1 by default).
+	Aggregation  averaging.Aggregation
+	MaxNormRatio float64
+	MinAgree     int
 	// MinPeers is how many peers of the run, this one included, must be
 	// listed in the DHT before training starts (2); with rank
 	// matchmaking the roster is exactly this many. WaitPeers bounds the
@@ -308,7 +316,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			ErrDHT, addrList(cfg.DHT), cfg.JoinTimeout, err)
 	}
 
-	avg := averaging.New(h, averaging.Config{Codec: cfg.Codec, Timeout: cfg.Timeout})
+	avg := averaging.New(h, averaging.Config{Codec: cfg.Codec, Timeout: cfg.Timeout, Aggregation: cfg.Aggregation, MaxNormRatio: cfg.MaxNormRatio})
 	defer avg.Close()
 	inner := optim.NewSGD(model.Params(), optim.SGDConfig{LR: cfg.LR, Momentum: cfg.Momentum})
 	sig := fmt.Sprintf("%s/%d", cfg.Model, nn.NumParams(model.Params()))
@@ -341,7 +349,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		logf(cfg.Log, "resumed from %s at round %d", cfg.Checkpoint, opt.Round())
 	case bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT:
 		dctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
-		d, err := opt.Join(dctx, node, optimizer.DownloadConfig{})
+		d, err := opt.Join(dctx, node, optimizer.DownloadConfig{MinAgree: cfg.MinAgree})
 		cancel()
 		if err != nil {
 			return res, fmt.Errorf("download the swarm's state: %w", err)

@@ -31,6 +31,7 @@ type peerFlags struct {
 	algo   string
 	match  string
 	codec  string
+	aggr   string
 	shard  string
 	stats  string
 	asJSON bool
@@ -67,6 +68,9 @@ func newPeerCmd() *cobra.Command {
 	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average every period steps")
 	fl.DurationVar(&c.RoundInterval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
 	fl.StringVar(&f.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
+	fl.StringVar(&f.aggr, "aggregation", "mean", "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
+	fl.Float64Var(&c.MaxNormRatio, "max-norm-ratio", averaging.DefaultMaxNormRatio, "drop a contribution whose norm is over this multiple of the group's median (negative: keep every finite one)")
+	fl.IntVar(&c.MinAgree, "min-agree", 1, "a joiner uses the swarm's state only if this many donors serve agreeing states (2 for open swarms)")
 	fl.DurationVar(&c.Timeout, "timeout", 0, "longest wait for one all-reduce (0: the round interval with dht matchmaking, 20s with ranks)")
 	fl.IntVar(&c.MinPeers, "min-peers", 2, "peers of the run (this one included) to wait for before training")
 	fl.DurationVar(&c.WaitPeers, "wait-peers", time.Minute, "how long to wait for --min-peers")
@@ -116,6 +120,9 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 	}
 	if c.Codec, err = wire.ParseCodec(f.codec); err != nil {
 		return fmt.Errorf("--codec: %w", err)
+	}
+	if c.Aggregation, err = averaging.ParseAggregation(f.aggr); err != nil {
+		return fmt.Errorf("--aggregation: %w", err)
 	}
 	if f.shard != "" {
 		k, n, ok := strings.Cut(f.shard, "/")

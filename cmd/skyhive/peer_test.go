@@ -168,6 +168,7 @@ func TestPeerProcessesTrainTogether(t *testing.T) {
 	bad("unreachable DHT", "cannot join the DHT", "peer", "--dht", unreachable, "--listen", "/ip4/127.0.0.1/tcp/0", "--join-timeout", "3s", "--quiet")
 	bad("wrong run ID", "--run-id", append(append([]string{}, common...), "--run-id", "e2e-typo", "--wait-peers", "5s")...)
 	bad("other model", "model", append(append([]string{}, common...), "--model", "mlp", "--wait-peers", "10s")...)
+	bad("unknown aggregation", "--aggregation: averaging: unknown aggregation \"median\"", "peer", "--dht", dhtAddr, "--aggregation", "median", "--quiet")
 
 	time.Sleep(12 * time.Second)
 	if err := peers["killed"].cmd.Process.Signal(syscall.SIGKILL); err != nil {

@@ -63,6 +63,7 @@ const (
 	DefaultMaxStreamBytes  = 1 << 30
 	DefaultIdleTimeout     = 30 * time.Second
 	DefaultHandlerTimeout  = 5 * time.Minute
+	DefaultMinRequestRate  = 64 << 10
 	DefaultChunkBytes      = 256 << 10
 	MaxChunkBytes          = 4 << 20
 	maxErrorBytes          = 4 << 10
@@ -119,6 +120,10 @@ type Config struct {
 	IdleTimeout time.Duration
 	// HandlerTimeout bounds a handler's run; its ctx ends then (default 5 min).
 	HandlerTimeout time.Duration
+	// MinRequestRate is the slowest a call's request may arrive, in bytes
+	// per second after the first IdleTimeout (default 64 KiB/s): a request
+	// of n bytes must be read within IdleTimeout + n/MinRequestRate.
+	MinRequestRate int
 
 	// MemoryBudget sizes libp2p's resource manager, which bounds the
 	// connections and streams (and their buffers) in total, per peer and per
@@ -137,6 +142,9 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	if c.MaxMessageBytes <= 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.MinRequestRate <= 0 {
+		c.MinRequestRate = DefaultMinRequestRate
 	}
 	if c.MaxStreamBytes <= 0 {
 		c.MaxStreamBytes = DefaultMaxStreamBytes

@@ -295,6 +295,47 @@ func TestSilentPeer(t *testing.T) {
 	}
 }
 
+// A caller that trickles its request just inside the idle timeout is cut
+// off once the request is overdue at MinRequestRate; the handler never runs.
+func TestSlowSenderCutOff(t *testing.T) {
+	a, b := pair(t, "tcp", Config{}, Config{IdleTimeout: 500 * time.Millisecond, MinRequestRate: 1 << 20})
+	called := make(chan struct{}, 1)
+	b.SetHandler(slowProto, func(context.Context, peer.ID, []byte) ([]byte, error) {
+		called <- struct{}{}
+		return nil, nil
+	})
+	ctx := ctxT(t, 10*time.Second)
+	if err := a.Connect(ctx, b.AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+	s, err := a.LibP2P().NewStream(ctx, b.ID(), slowProto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Reset()
+	// 1 MiB promised: due within 0.5 s + 1 s. One byte every 100 ms.
+	if _, err := s.Write([]byte{0, 16, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	cut := false
+	for time.Since(start) < 5*time.Second {
+		if _, err := s.Write([]byte{1}); err != nil {
+			cut = true
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if d := time.Since(start); !cut || d < time.Second || d > 3*time.Second {
+		t.Fatalf("cut off %v after %v, want after about 1.5 s", cut, d)
+	}
+	select {
+	case <-called:
+		t.Fatal("handler ran on a trickled request")
+	default:
+	}
+}
+
 func TestStreamLargeIntegrity(t *testing.T) {
 	const size = 40 << 20
 	for _, tr := range transports {

@@ -76,6 +76,10 @@ func (h *Host) serveCall(s network.Stream, proto protocol.ID, hd Handler) {
 		replyError(s, wr, fmt.Sprintf("request of %d bytes exceeds the limit of %d", n, h.cfg.MaxMessageBytes))
 		return
 	}
+	// The whole request must arrive within the idle timeout plus its size
+	// at MinRequestRate: a sender trickling bytes just inside the idle
+	// timeout cannot hold the handler and its buffer for long.
+	rd.until = time.Now().Add(h.cfg.IdleTimeout + time.Duration(float64(n)/float64(h.cfg.MinRequestRate)*float64(time.Second)))
 	req, err := readN(rd, int(n))
 	if err != nil {
 		s.Reset()
@@ -292,10 +296,15 @@ func unexpectedEOF(err error) error {
 type idleReader struct {
 	s       network.Stream
 	timeout time.Duration
+	until   time.Time // if set, no read goes past it
 }
 
 func (r *idleReader) Read(p []byte) (int, error) {
-	if err := r.s.SetReadDeadline(time.Now().Add(r.timeout)); err != nil {
+	dl := time.Now().Add(r.timeout)
+	if !r.until.IsZero() && r.until.Before(dl) {
+		dl = r.until
+	}
+	if err := r.s.SetReadDeadline(dl); err != nil {
 		return 0, err
 	}
 	return r.s.Read(p)

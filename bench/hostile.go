@@ -30,8 +30,9 @@ type hostileConfig struct {
 	// MaxInflight awaiting their verdicts.
 	Identities, MaxInflight int
 	Rate                    float64
-	// Rounds of a no-attack phase then an attack phase, each measured for
-	// Phase after an unmeasured Settle; one unmeasured warm-up phase first.
+	// Rounds of a no-attack phase, a phase with the flood at a decoy and
+	// an attack phase, each measured for Phase after an unmeasured Settle;
+	// one unmeasured warm-up phase first.
 	Rounds        int
 	Phase, Settle time.Duration
 }
@@ -53,7 +54,7 @@ func hostileSuite() Suite {
 	return Suite{
 		Name: "hostile",
 		Short: "honest throughput of an expert server (FFN hidden 1024, batch 64) and of a 4-peer averaging group over libp2p loopback " +
-			"while a hostile peer floods them at 400 requests/s, vs no attack",
+			"while a hostile peer floods them at 400 requests/s, vs no attack and vs the same flood aimed at a decoy peer",
 		Run: func(o Options) ([]Result, error) { return runHostile(o, hostileDefaults(o)) },
 	}
 }

@@ -13,6 +13,7 @@ func All() []Suite {
 		averagingSuite(),
 		pipelineSuite(),
 		moeSuite(),
+		hostileSuite(),
 	}
 }
 

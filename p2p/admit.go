@@ -536,6 +536,9 @@ func (a *relayACL) AllowConnect(src peer.ID, _ ma.Multiaddr, dest peer.ID) bool 
 // handshake is running and admits it within the timeout. A peer that never
 // started one is refused at once.
 func (h *Host) gate(p peer.ID) bool {
+	if h.Blocked(p) {
+		return false
+	}
 	if h.cfg.Admission == nil {
 		return true
 	}

@@ -192,6 +192,7 @@ type Host struct {
 	circuits []ma.Multiaddr     // relayed addresses of granted reservations
 	renewing sync.WaitGroup     // the reservation renewal loop
 	admitted map[peer.ID]*admitState
+	blocked  map[peer.ID]time.Time // until when (see Block)
 }
 
 var _ Transport = (*Host)(nil)
@@ -229,7 +230,8 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		cm.Close()
 		return nil, err
 	}
-	lh, err := libp2p.New(append(opts, libp2p.ConnectionManager(cm), libp2p.ResourceManager(rm))...)
+	gate := &gater{}
+	lh, err := libp2p.New(append(opts, libp2p.ConnectionManager(cm), libp2p.ResourceManager(rm), libp2p.ConnectionGater(gate))...)
 	if err != nil {
 		cm.Close()
 		rm.Close()
@@ -242,6 +244,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	hctx, cancel := context.WithCancel(context.Background())
 	h := &Host{h: lh, cfg: cfg, log: cfg.Logger, ctx: hctx, cancel: cancel, reachSub: sub, admitted: map[peer.ID]*admitState{}}
+	gate.h = h
 	if a := cfg.Admission; a != nil {
 		if err := a.checkToken(lh.ID(), h.now()); err != nil {
 			h.Close()

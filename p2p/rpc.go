@@ -51,7 +51,7 @@ func (h *Host) SetHandler(proto protocol.ID, hd Handler) {
 		defer h.handlers.Done()
 		if !h.gate(s.Conn().RemotePeer()) {
 			// Not a member: nothing is read; the caller learns why.
-			replyError(s, &idleWriter{s: s, timeout: h.cfg.IdleTimeout}, errClosedSwarm)
+			replyError(s, &idleWriter{s: s, timeout: h.cfg.IdleTimeout}, h.refusal(s.Conn().RemotePeer()))
 			return
 		}
 		h.serveCall(s, proto, hd)

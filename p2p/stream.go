@@ -240,7 +240,7 @@ func (h *Host) SetStreamHandler(proto protocol.ID, sh StreamHandler) {
 		if !h.gate(s.Conn().RemotePeer()) {
 			// Not a member: nothing is read; the caller learns why.
 			cw := NewChunkWriter(&idleWriter{s: s, timeout: h.cfg.IdleTimeout}, h.cfg.ChunkBytes)
-			if cw.Abort(errClosedSwarm) != nil {
+			if cw.Abort(h.refusal(s.Conn().RemotePeer())) != nil {
 				s.Reset()
 				return
 			}

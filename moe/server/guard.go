@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/nn"
@@ -31,6 +32,8 @@ const (
 	// gradient sums a batch of output gradients, a GEMM sums products over
 	// rows) stay many orders of magnitude below float32's 3.4e38.
 	DefaultMaxAbsValue = 1e8
+	// DefaultBlockFor is the default Config.BlockFor.
+	DefaultBlockFor = 10 * time.Minute
 	// DefaultRequestMemory is the smallest default Config.RequestMemory.
 	DefaultRequestMemory = 1 << 30
 	// DefaultQueueMemory is the default Config.QueueMemory.
@@ -39,6 +42,10 @@ const (
 
 // errNonFiniteOutput reports an expert whose answer held NaN or Inf.
 var errNonFiniteOutput = errors.New("expert produced non-finite values")
+
+// errPoisoned marks requests no honest trainer sends: non-finite or absurd
+// values. Their sender is blocked (Config.BlockFor).
+var errPoisoned = errors.New("poisoned request")
 
 // inputDims is the rank of the experts' inputs.
 func (c *Config) inputDims() int {
@@ -143,7 +150,7 @@ func (c *Config) checkTensor(spec moe.Spec, x *tensor.Tensor, name string) error
 	for _, v := range x.Data {
 		// The negated comparison also catches NaN; Inf fails the second.
 		if a := math.Abs(float64(v)); !(a <= lim) || a > math.MaxFloat32 {
-			return fmt.Errorf("tensor %q holds %g: values must be finite and at most %g in magnitude", name, v, lim)
+			return fmt.Errorf("%w: tensor %q holds %g: values must be finite and at most %g in magnitude", errPoisoned, name, v, lim)
 		}
 	}
 	return nil

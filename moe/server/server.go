@@ -107,6 +107,10 @@ type Config struct {
 	// and Inf, so that no sum of the forward or backward pass overflows
 	// float32.
 	MaxAbsValue float64
+	// BlockFor is how long a peer that sent a poisoned request (values
+	// that are not finite or over MaxAbsValue) is refused, when the
+	// transport can (p2p.Host.Block): 10 min by default, negative: never.
+	BlockFor time.Duration
 	// RequestMemory bounds the working memory (activations, their
 	// gradients, attention weights) that one request, and one batch of
 	// requests, may need; it is estimated from the input's shape before
@@ -211,6 +215,9 @@ func (c *Config) defaults() error {
 		c.ClipNorm = DefaultClipNorm
 	}
 	def(&c.MaxSeqLen, DefaultMaxSeqLen)
+	if c.BlockFor == 0 {
+		c.BlockFor = DefaultBlockFor
+	}
 	if c.MaxAbsValue <= 0 {
 		c.MaxAbsValue = DefaultMaxAbsValue
 	}
@@ -373,22 +380,32 @@ func (s *Server) fail() bool {
 	return s.failRng.Float64() < s.cfg.FailRate
 }
 
-func (s *Server) handleForward(ctx context.Context, _ peer.ID, req []byte) ([]byte, error) {
-	return s.serve(ctx, req, false)
+func (s *Server) handleForward(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
+	return s.serve(ctx, from, req, false)
 }
 
-func (s *Server) handleBackward(ctx context.Context, _ peer.ID, req []byte) ([]byte, error) {
-	return s.serve(ctx, req, true)
+func (s *Server) handleBackward(ctx context.Context, from peer.ID, req []byte) ([]byte, error) {
+	return s.serve(ctx, from, req, true)
+}
+
+// blocker is implemented by transports that can refuse a peer for a while
+// (p2p.Host).
+type blocker interface {
+	Block(p peer.ID, d time.Duration)
 }
 
 // serve answers a forward or backward request.
-func (s *Server) serve(ctx context.Context, req []byte, backward bool) ([]byte, error) {
+func (s *Server) serve(ctx context.Context, from peer.ID, req []byte, backward bool) ([]byte, error) {
 	call, out := "forward", "y"
 	if backward {
 		call, out = "backward", "dx"
 	}
 	e, x, dy, work, err := s.parse(req, backward)
 	if err != nil {
+		if b, ok := s.cfg.Transport.(blocker); ok && errors.Is(err, errPoisoned) && s.cfg.BlockFor > 0 {
+			b.Block(from, s.cfg.BlockFor)
+			err = fmt.Errorf("%w (the sender is blocked for %v)", err, s.cfg.BlockFor)
+		}
 		return nil, err
 	}
 	if s.fail() {

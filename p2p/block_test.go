@@ -1,0 +1,89 @@
+package p2p
+
+import (
+	"crypto/rand"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// A blocked peer's calls are refused unread, its connections closed and
+// new ones refused; others are served; the block ends.
+func TestBlock(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			a := newHost(t, tr, Config{})
+			b := newHost(t, tr, Config{})
+			c := newHost(t, tr, Config{})
+			var runs atomic.Int64
+			a.SetHandler(echoProto, countingEcho(&runs))
+			ctx := ctxT(t, 20*time.Second)
+			if _, err := b.Call(ctx, a.AddrInfo(), echoProto, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			a.Block(b.ID(), 1500*time.Millisecond)
+			if !a.Blocked(b.ID()) || a.Blocked(c.ID()) {
+				t.Fatal("Blocked disagrees with Block")
+			}
+			// Refused unread, with the reason.
+			if _, err := b.Call(ctx, a.AddrInfo(), echoProto, []byte("x")); err == nil || !strings.Contains(err.Error(), "blocked") {
+				t.Fatalf("a blocked peer's call: %v", err)
+			}
+			// New connections are refused too.
+			b.LibP2P().Network().ClosePeer(a.ID())
+			if _, err := b.Call(ctx, a.AddrInfo(), echoProto, []byte("x")); err == nil {
+				t.Fatal("a blocked peer reconnected")
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			if _, err := c.Call(ctx, a.AddrInfo(), echoProto, []byte("x")); err != nil {
+				t.Fatalf("another peer: %v", err)
+			}
+			if runs.Load() != 2 {
+				t.Errorf("handler ran %d times, want 2", runs.Load())
+			}
+			// The block ends.
+			for a.Blocked(b.ID()) && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			b.LibP2P().Network().ClosePeer(a.ID())
+			b.LibP2P().Peerstore().RemovePeer(a.ID())
+			var err error
+			for time.Now().Before(deadline) {
+				if _, err = b.Call(ctx, a.AddrInfo(), echoProto, []byte("x")); err == nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
+				t.Fatalf("after the block: %v", err)
+			}
+		})
+	}
+}
+
+func TestBlockTableBounded(t *testing.T) {
+	h := newHost(t, "tcp", Config{})
+	for i := range maxBlocked + 100 {
+		id, _ := newTestID(i)
+		h.Block(id, time.Duration(i+1)*time.Minute)
+	}
+	h.mu.Lock()
+	n := len(h.blocked)
+	h.mu.Unlock()
+	if n > maxBlocked {
+		t.Fatalf("%d blocks held, at most %d", n, maxBlocked)
+	}
+}
+
+// newTestID returns a fresh peer ID (i only names the call).
+func newTestID(int) (peer.ID, error) {
+	_, pub, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		return "", err
+	}
+	return peer.IDFromPublicKey(pub)
+}

@@ -294,21 +294,32 @@ type admitState struct {
 	expires time.Time // zero: never
 }
 
+// valid reports whether a finished handshake admitted the peer and the
+// admission has not lapsed at now.
+func (st *admitState) valid(now time.Time) bool {
+	return st.err == nil && (st.expires.IsZero() || now.Before(st.expires))
+}
+
+// state returns p's admission state, nil if no handshake with p started.
+func (h *Host) state(p peer.ID) *admitState {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.admitted[p]
+}
+
 // Admitted reports whether the peer has proven it belongs to the swarm
 // (always true in an open swarm).
 func (h *Host) Admitted(p peer.ID) bool {
 	if h.cfg.Admission == nil {
 		return true
 	}
-	h.mu.Lock()
-	st := h.admitted[p]
-	h.mu.Unlock()
+	st := h.state(p)
 	if st == nil {
 		return false
 	}
 	select {
 	case <-st.done:
-		return st.err == nil && (st.expires.IsZero() || h.now().Before(st.expires))
+		return st.valid(h.now())
 	default:
 		return false
 	}
@@ -328,7 +339,7 @@ func (h *Host) admit(ctx context.Context, p peer.ID) error {
 	if st != nil {
 		select {
 		case <-st.done:
-			if st.err != nil || (!st.expires.IsZero() && !h.now().Before(st.expires)) {
+			if !st.valid(h.now()) {
 				st = nil // failed or lapsed: try again
 			}
 		default:
@@ -542,9 +553,7 @@ func (h *Host) gate(p peer.ID) bool {
 	if h.cfg.Admission == nil {
 		return true
 	}
-	h.mu.Lock()
-	st := h.admitted[p]
-	h.mu.Unlock()
+	st := h.state(p)
 	if st == nil {
 		return false
 	}
@@ -557,7 +566,7 @@ func (h *Host) gate(p peer.ID) bool {
 	case <-h.ctx.Done():
 		return false
 	}
-	return st.err == nil && (st.expires.IsZero() || h.now().Before(st.expires))
+	return st.valid(h.now())
 }
 
 // waitAdmitted waits up to the admission timeout for p's handshake, which

@@ -328,7 +328,7 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 		return res, err
 	}
 	if a.cfg.MaxNormRatio > 0 {
-		sess.rms = norm(vec) / math.Sqrt(float64(len(vec))) // read-only from now on
+		sess.rms = Norm(vec) / math.Sqrt(float64(len(vec))) // read-only from now on
 	}
 
 	var sent, recv atomic.Int64
@@ -475,8 +475,8 @@ func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to pee
 	if g := a.cfg.MaxNormRatio; g > 0 {
 		// Our own chunk's norm, or our vector's RMS scaled to the chunk if
 		// larger (a chunk of our values may be near zero).
-		own := max(norm(x), sess.rms*math.Sqrt(float64(len(x))))
-		if got := norm(*mean); own > 0 && got > g*own {
+		own := max(Norm(x), sess.rms*math.Sqrt(float64(len(x))))
+		if got := Norm(*mean); own > 0 && got > g*own {
 			return fmt.Errorf("%w: mean of chunk %d from %s has norm %.3g, %.3g× ours", ErrMessage, i, to.ID.ShortString(), got, got/own)
 		}
 	}

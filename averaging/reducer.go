@@ -221,7 +221,7 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 			c.own = vec[lo:hi]
 			c.contrib = make([]*[]float32, len(s.Members))
 			c.norm = make([]float64, len(s.Members))
-			c.norm[self] = norm(c.own)
+			c.norm[self] = Norm(c.own)
 		}
 		sess.chunks[i] = c
 	}
@@ -361,7 +361,7 @@ func (s *session) addOwned(c *chunk, sender int, x *[]float32) (kept bool) {
 	tensor.Axpy(1, *x, c.sum)
 	if c.contrib != nil {
 		c.contrib[sender] = x
-		c.norm[sender] = norm(*x)
+		c.norm[sender] = Norm(*x)
 		kept = true
 	}
 	s.maybeFinalize(c, false)

@@ -143,8 +143,8 @@ func countTrue(b []bool) int {
 	return n
 }
 
-// norm is the Euclidean norm of x.
-func norm(x []float32) float64 {
+// Norm is the Euclidean norm of x, summed in float64.
+func Norm(x []float32) float64 {
 	var s float64
 	for _, v := range x {
 		s += float64(v) * float64(v)

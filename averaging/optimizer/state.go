@@ -430,7 +430,7 @@ func agreeStates(a, b State, l Layout, maxDiv float64) bool {
 		scale := max(math.Sqrt(min(nx, ny)), whole*math.Sqrt(float64(len(x))/float64(max(total, 1))))
 		return math.Sqrt(d) <= limit*scale
 	}
-	model := min(norm64(ma), norm64(mb))
+	model := min(averaging.Norm(ma), averaging.Norm(mb))
 	off := 0
 	for _, n := range l.ParamSizes {
 		if !within(ma[off:off+n], mb[off:off+n], model, l.Params, maxDiv) {
@@ -442,7 +442,7 @@ func agreeStates(a, b State, l Layout, maxDiv float64) bool {
 	// honest donors far more than their averaged models do, tensor by
 	// tensor (a donor that joined recently has little momentum): only
 	// their overall size is compared, which catches a scaled-up buffer.
-	nba, nbb := norm64(a.Vector[l.Params:]), norm64(b.Vector[l.Params:])
+	nba, nbb := averaging.Norm(a.Vector[l.Params:]), averaging.Norm(b.Vector[l.Params:])
 	if small, big := min(nba, nbb), max(nba, nbb); big > 0 && big > maxBufferRatio*small && big > 1e-3*model {
 		return false
 	}
@@ -451,14 +451,6 @@ func agreeStates(a, b State, l Layout, maxDiv float64) bool {
 
 // maxBufferRatio bounds the ratio of two donors' optimizer-buffer norms.
 const maxBufferRatio = 10
-
-func norm64(x []float32) float64 {
-	var s float64
-	for _, v := range x {
-		s += float64(v) * float64(v)
-	}
-	return math.Sqrt(s)
-}
 
 // relDistance is ‖a−b‖/min(‖a‖,‖b‖) (0 for two zero vectors, +Inf when
 // only one is zero), so a donor that scales the model up is far too.

@@ -191,30 +191,30 @@ func hostileResults(c hostileConfig, name, metric, unit string, p phases, t Floo
 // an expert server, without attack and while the flood of ExpertAttacks
 // hits the same server.
 func hostileExpert(ctx context.Context, o Options, c hostileConfig, newHost func() (*p2p.Host, error), attackers []*p2p.Host) ([]Result, error) {
-	sh, err := newHost()
-	if err != nil {
-		return nil, err
+	serve := func(seed uint64) (*p2p.Host, *server.Server, error) {
+		h, err := newHost()
+		if err != nil {
+			return nil, nil, err
+		}
+		srv, err := server.New(server.Config{Transport: h, Experts: []string{"ffn.0", "ffn.1"}, Hidden: c.Hidden, Seed: seed, MaxBatch: c.MaxBatch})
+		return h, srv, err
 	}
-	ch, err := newHost()
-	if err != nil {
-		return nil, err
-	}
-	srv, err := server.New(server.Config{Transport: sh, Experts: []string{"ffn.0", "ffn.1"}, Hidden: c.Hidden, Seed: 1, MaxBatch: c.MaxBatch})
+	sh, srv, err := serve(1)
 	if err != nil {
 		return nil, err
 	}
 	defer srv.Close()
 	// The decoy hosts the same experts, so the decoy flood costs what the
 	// real one costs, minus hitting the victim.
-	dh, err := newHost()
-	if err != nil {
-		return nil, err
-	}
-	dsrv, err := server.New(server.Config{Transport: dh, Experts: []string{"ffn.0", "ffn.1"}, Hidden: c.Hidden, Seed: 2, MaxBatch: c.MaxBatch})
+	dh, dsrv, err := serve(2)
 	if err != nil {
 		return nil, err
 	}
 	defer dsrv.Close()
+	ch, err := newHost()
+	if err != nil {
+		return nil, err
+	}
 	remote := &client.RemoteExpert{UID: "ffn.0", Peer: sh.AddrInfo(), Transport: ch}
 	x := tensor.New(c.Batch, c.Hidden)
 	tensor.FillNormal(x.Data, rand.New(rand.NewPCG(1, 1)), 0, 1)
@@ -237,10 +237,11 @@ func hostileExpert(ctx context.Context, o Options, c hostileConfig, newHost func
 			}
 		}
 	})
-	flood := &Flood{Hosts: attackers, Attacks: ExpertAttacks(sh.AddrInfo(), "ffn.0", c.Hidden, c.Batch, c.MaxBatch),
-		Rate: c.Rate, MaxInflight: c.MaxInflight}
-	decoy := &Flood{Hosts: attackers, Attacks: ExpertAttacks(dh.AddrInfo(), "ffn.0", c.Hidden, c.Batch, c.MaxBatch),
-		Rate: c.Rate, MaxInflight: c.MaxInflight}
+	floodAt := func(h *p2p.Host) *Flood {
+		return &Flood{Hosts: attackers, Attacks: ExpertAttacks(h.AddrInfo(), "ffn.0", c.Hidden, c.Batch, c.MaxBatch),
+			Rate: c.Rate, MaxInflight: c.MaxInflight}
+	}
+	flood, decoy := floodAt(sh), floodAt(dh)
 	name := fmt.Sprintf("expert-server/ffn-h%d-b%d", c.Hidden, c.Batch)
 	p, err := alternate(ctx, o, name, c, &w, flood, decoy)
 	stop()

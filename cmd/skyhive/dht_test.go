@@ -41,35 +41,39 @@ func runCLI(ctx context.Context, out *syncBuffer, args ...string) error {
 	return root.ExecuteContext(ctx)
 }
 
-func TestDHTCommands(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	serveCtx, stop := context.WithCancel(ctx)
+// startDHTNode runs `skyhive dht ARGS --json` until the test ends and
+// returns the address it prints.
+func startDHTNode(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
 	var served syncBuffer
 	done := make(chan error, 1)
-	stats := filepath.Join(t.TempDir(), "dht.jsonl")
 	go func() {
-		done <- runCLI(serveCtx, &served, "dht", "--listen", "/ip4/127.0.0.1/tcp/0", "--json", "--stats", stats, "--stats-every", "20ms")
+		done <- runCLI(ctx, &served, append([]string{"dht", "--listen", "/ip4/127.0.0.1/tcp/0", "--json"}, args...)...)
 	}()
-	defer func() {
+	t.Cleanup(func() {
 		stop()
 		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
+			t.Errorf("dht node: %v", err)
 		}
-	}()
-	var addr string
-	for deadline := time.Now().Add(10 * time.Second); addr == "" && time.Now().Before(deadline); {
+	})
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		for _, line := range strings.Split(served.String(), "\n") {
 			var info struct{ Addrs []string }
 			if json.Unmarshal([]byte(line), &info) == nil && len(info.Addrs) > 0 {
-				addr = info.Addrs[0]
+				return info.Addrs[0]
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	if addr == "" {
-		t.Fatalf("serve printed no address: %q", served.String())
-	}
+	t.Fatalf("the DHT node printed no address: %q", served.String())
+	return ""
+}
+
+func TestDHTCommands(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stats := filepath.Join(t.TempDir(), "dht.jsonl")
+	addr := startDHTNode(t, "--stats", stats, "--stats-every", "20ms")
 	var out syncBuffer
 	if err := runCLI(ctx, &out, "dht", "put", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--subkey", "s1", "cli-key", "v1"); err != nil {
 		t.Fatalf("put: %v (%s)", err, out.String())

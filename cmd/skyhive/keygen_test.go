@@ -2,41 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
-
-// startDHTNode runs `skyhive dht ARGS --json` until the test ends and
-// returns the address it prints.
-func startDHTNode(t *testing.T, args ...string) string {
-	t.Helper()
-	ctx, stop := context.WithCancel(context.Background())
-	var served syncBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- runCLI(ctx, &served, append([]string{"dht", "--listen", "/ip4/127.0.0.1/tcp/0", "--json"}, args...)...)
-	}()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("dht node: %v", err)
-		}
-	})
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		for _, line := range strings.Split(served.String(), "\n") {
-			var info struct{ Addrs []string }
-			if json.Unmarshal([]byte(line), &info) == nil && len(info.Addrs) > 0 {
-				return info.Addrs[0]
-			}
-		}
-	}
-	t.Fatalf("the DHT node printed no address: %q", served.String())
-	return ""
-}
 
 // A swarm closed with a secret or a swarm key: members store and read
 // records; strangers and peers with a wrong secret or no token cannot.

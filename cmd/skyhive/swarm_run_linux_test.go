@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/bench"
+	"github.com/skyhive/skyhive/swarm"
 )
 
 // writeSpec writes a swarm spec into dir and returns its path.
@@ -203,23 +204,17 @@ func TestSwarmRunClosedRefusesStranger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var res struct {
-		Peers []struct {
-			Name, State, Error string
-			Stranger           bool
-			TestAccuracy       *float64 `json:"test_accuracy"`
-		}
-	}
+	var res swarm.RunResult
 	if err := json.Unmarshal(b, &res); err != nil {
 		t.Fatal(err)
 	}
 	for _, pr := range res.Peers {
 		switch {
 		case pr.Stranger:
-			if pr.State != "failed" || !strings.Contains(pr.Error, "not admitted") {
+			if pr.State != swarm.StateFailed || !strings.Contains(pr.Error, "not admitted") {
 				t.Errorf("stranger %s: state %s, error %q", pr.Name, pr.State, pr.Error)
 			}
-		case strings.HasPrefix(pr.Name, "peer-") && (pr.State != "exited" || pr.TestAccuracy == nil):
+		case strings.HasPrefix(pr.Name, "peer-") && (pr.State != swarm.StateExited || pr.TestAccuracy == nil):
 			t.Errorf("member %s: state %s: %s", pr.Name, pr.State, pr.Error)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -205,10 +206,8 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 	if spec.Closed {
 		// One secret per run directory: a rejoining peer keeps it.
 		secret = filepath.Join(cfg.Dir, "swarm.secret")
-		if _, err := os.Stat(secret); err != nil {
-			if err := p2p.NewSwarmSecret(secret); err != nil {
-				return nil, err
-			}
+		if err := p2p.NewSwarmSecret(secret); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, err
 		}
 	}
 	argsOf := roleArgs(rps, secret)

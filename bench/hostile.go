@@ -11,6 +11,7 @@ import (
 
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/hostile"
 	"github.com/skyhive/skyhive/moe/client"
 	"github.com/skyhive/skyhive/moe/server"
 	"github.com/skyhive/skyhive/nn"
@@ -115,7 +116,7 @@ type phases struct {
 // alternate measures w's rate of progress (units/s) in c.Rounds rounds of
 // a phase without attack, a phase with decoy flooding a decoy peer, and a
 // phase with flood hitting the victims, after a warm-up phase.
-func alternate(ctx context.Context, o Options, name string, c hostileConfig, w *workload, flood, decoy *Flood) (phases, error) {
+func alternate(ctx context.Context, o Options, name string, c hostileConfig, w *workload, flood, decoy *hostile.Flood) (phases, error) {
 	sleep := func(d time.Duration) error {
 		select {
 		case <-time.After(d):
@@ -124,7 +125,7 @@ func alternate(ctx context.Context, o Options, name string, c hostileConfig, w *
 			return ctx.Err()
 		}
 	}
-	measure := func(f *Flood) (float64, error) {
+	measure := func(f *hostile.Flood) (float64, error) {
 		var wg sync.WaitGroup
 		fctx, stop := context.WithCancel(ctx)
 		defer func() { stop(); wg.Wait() }()
@@ -165,7 +166,7 @@ func alternate(ctx context.Context, o Options, name string, c hostileConfig, w *
 
 // hostileResults reports the honest throughput under attack against no
 // attack, the verdicts on the hostile requests and the flood's rate.
-func hostileResults(c hostileConfig, name, metric, unit string, p phases, t FloodTally, victims string) []Result {
+func hostileResults(c hostileConfig, name, metric, unit string, p phases, t hostile.FloodTally, victims string) []Result {
 	sn, sd, sa := Summarize(p.none), Summarize(p.decoy), Summarize(p.attacked)
 	r := Result{Suite: "hostile", Case: name, Metric: metric, Value: sa.Median, Unit: unit, Min: sa.Min, Max: sa.Max,
 		Note: fmt.Sprintf("under attack vs no attack, medians of %d alternating phases of %v (no attack: min %.4g max %.4g); target ratio >= 0.8. "+
@@ -237,8 +238,8 @@ func hostileExpert(ctx context.Context, o Options, c hostileConfig, newHost func
 			}
 		}
 	})
-	floodAt := func(h *p2p.Host) *Flood {
-		return &Flood{Hosts: attackers, Attacks: ExpertAttacks(h.AddrInfo(), "ffn.0", c.Hidden, c.Batch, c.MaxBatch),
+	floodAt := func(h *p2p.Host) *hostile.Flood {
+		return &hostile.Flood{Hosts: attackers, Attacks: hostile.ExpertAttacks(h.AddrInfo(), "ffn.0", c.Hidden, c.Batch, c.MaxBatch),
 			Rate: c.Rate, MaxInflight: c.MaxInflight}
 	}
 	flood, decoy := floodAt(sh), floodAt(dh)
@@ -343,15 +344,15 @@ func hostileAveraging(ctx context.Context, o Options, c hostileConfig, newHost f
 			w.progress.Add(1)
 		}
 	})
-	target := AveragingTarget{Members: members, VecLen: c.VecLen, ChunkElems: avgs[0].Config().ChunkElems,
+	target := hostile.AveragingTarget{Members: members, VecLen: c.VecLen, ChunkElems: avgs[0].Config().ChunkElems,
 		Session: func() string { return fmt.Sprintf("hb/%d", round.Load()) }}
-	flood := &Flood{Hosts: attackers, Attacks: AveragingAttacks(target), Rate: c.Rate, MaxInflight: c.MaxInflight}
+	flood := &hostile.Flood{Hosts: attackers, Attacks: hostile.AveragingAttacks(target), Rate: c.Rate, MaxInflight: c.MaxInflight}
 	dtarget := target
 	dtarget.Members = make([]averaging.Member, n)
 	for i := range dtarget.Members {
 		dtarget.Members[i] = averaging.Member{Peer: dh.AddrInfo(), Weight: 1}
 	}
-	decoy := &Flood{Hosts: attackers, Attacks: AveragingAttacks(dtarget), Rate: c.Rate, MaxInflight: c.MaxInflight}
+	decoy := &hostile.Flood{Hosts: attackers, Attacks: hostile.AveragingAttacks(dtarget), Rate: c.Rate, MaxInflight: c.MaxInflight}
 	name := fmt.Sprintf("averaging-group/n%d-%dMiB", n, c.VecLen*4>>20)
 	if c.VecLen*4 < 1<<20 {
 		name = fmt.Sprintf("averaging-group/n%d-%dKiB", n, c.VecLen*4>>10)

@@ -410,7 +410,7 @@ func (h *Host) serveAdmit(s network.Stream) {
 	}
 	exp, verr := a.verify(b, p, h.ID(), h.now())
 	if verr != nil {
-		h.log.Warn("p2p: refused a peer that is not a member of the swarm", "peer", p, "err", verr)
+		h.warnPeer("p2p: refused a peer that is not a member of the swarm", "peer", p, "err", verr)
 		writeProof(s, append([]byte{proofRefuse}, "not a member of this swarm: "+verr.Error()...))
 		s.Close()
 		h.refuseLater(p)

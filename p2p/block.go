@@ -36,7 +36,7 @@ func (h *Host) Block(p peer.ID, d time.Duration) {
 		h.blocked[p] = until
 	}
 	h.mu.Unlock()
-	h.log.Warn("p2p: blocking a peer", "peer", p, "for", d)
+	h.warnPeer("p2p: blocking a peer", "peer", p, "for", d)
 }
 
 // errBlocked is what a blocked peer is told.

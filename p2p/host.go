@@ -180,6 +180,8 @@ type Host struct {
 	h   host.Host
 	cfg Config
 	log *slog.Logger
+	// logs rate-limits the warnings remote peers provoke.
+	logs logLimit
 
 	ctx    context.Context // ends when the host closes; parent of handler ctxs
 	cancel context.CancelFunc

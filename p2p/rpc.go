@@ -72,7 +72,7 @@ func (h *Host) serveCall(s network.Stream, proto protocol.ID, hd Handler) {
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
 	if uint64(n) > uint64(h.cfg.MaxMessageBytes) {
-		h.log.Warn("p2p: request too large", "proto", proto, "peer", from, "bytes", n)
+		h.warnPeer("p2p: request too large", "proto", proto, "peer", from, "bytes", n)
 		replyError(s, wr, fmt.Sprintf("request of %d bytes exceeds the limit of %d", n, h.cfg.MaxMessageBytes))
 		return
 	}

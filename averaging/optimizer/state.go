@@ -282,6 +282,11 @@ type Downloaded struct {
 	// Unverified is set when the state comes from one donor only, so
 	// nothing was cross-checked.
 	Unverified bool
+	// BuffersReset is set when the donors' models agreed but no two of
+	// their optimizer buffers did (e.g. one donor had not stepped yet):
+	// the joiner then starts with zero buffers (momentum), which costs a
+	// few steps of warm-up and cannot carry a poisoned buffer.
+	BuffersReset bool
 }
 
 // Download fetches the state from several of the candidate donors (in
@@ -306,7 +311,7 @@ func Download(ctx context.Context, t p2p.Transport, candidates []peer.AddrInfo, 
 	for next < len(candidates) && ctx.Err() == nil {
 		want := cfg.Donors - len(got)
 		if len(got) >= cfg.Donors {
-			if k := agree(got, l, cfg.MaxDivergence); len(k) >= cfg.MinAgree {
+			if k, reset := choose(got, l, cfg); len(k) >= cfg.MinAgree && !reset {
 				break
 			}
 			want = 1 // disagreement: one more donor breaks the tie
@@ -344,13 +349,14 @@ func Download(ctx context.Context, t p2p.Transport, candidates []peer.AddrInfo, 
 		}
 		return res, fmt.Errorf("averaging: no donor answered (%d tried): %w", len(res.Failed), errors.Join(errs...))
 	}
-	keep := agree(got, l, cfg.MaxDivergence)
+	keep, reset := choose(got, l, cfg)
 	if keep == nil {
 		return res, fmt.Errorf("averaging: the states of donors %v disagree (relative distance above %.2g)", shortIDs(from), cfg.MaxDivergence)
 	}
 	if len(keep) < cfg.MinAgree {
 		return res, fmt.Errorf("averaging: %d donors agree (%v), %d required", len(keep), shortIDs(from), cfg.MinAgree)
 	}
+	res.BuffersReset = reset
 	// The counters are the lowest of the agreeing donors': a donor cannot
 	// push the joiner's round, step or epoch ahead of the others'.
 	mean := State{Vector: make([]float32, l.Total), Round: math.MaxInt, OptStep: math.MaxInt, Epoch: math.MaxInt}
@@ -365,9 +371,46 @@ func Download(ctx context.Context, t p2p.Transport, candidates []peer.AddrInfo, 
 		mean.Epoch = min(mean.Epoch, s.Epoch)
 		res.From = append(res.From, from[i])
 	}
+	if res.BuffersReset {
+		clear(mean.Vector[l.Params:])
+	}
 	res.State = mean
 	res.Unverified = len(keep) == 1
 	return res, nil
+}
+
+// choose picks the donors' states to average: those whose models agree
+// (agree) and, of them, those whose optimizer buffers agree too, if at
+// least two (and MinAgree) do; otherwise all whose models agree, with
+// reset set: their buffers are not to be used.
+func choose(got []State, l Layout, cfg DownloadConfig) (keep []int, reset bool) {
+	keep = agree(got, l, cfg.MaxDivergence)
+	if len(keep) < 2 {
+		return keep, false
+	}
+	if b := agreeBuffers(got, keep, l); len(b) >= max(2, cfg.MinAgree) {
+		return b, false
+	}
+	return keep, true
+}
+
+// agreeBuffers returns the largest subset of the states at indices keep
+// (the first such) whose optimizer buffers pairwise agree (buffersAgree).
+func agreeBuffers(states []State, keep []int, l Layout) []int {
+	return largestAgreeing(keep, func(i, j int) bool { return buffersAgree(states[i], states[j], l) })
+}
+
+// buffersAgree says whether two donors' optimizer buffers agree. Buffers
+// (momentum) are each peer's own and differ between honest donors far
+// more than their averaged models do, tensor by tensor (a donor that
+// joined recently has little momentum): only their overall sizes are
+// compared, at most maxBufferRatio apart (or both negligible against the
+// model), which catches a scaled-up buffer.
+func buffersAgree(a, b State, l Layout) bool {
+	model := min(averaging.Norm(a.Model(l)), averaging.Norm(b.Model(l)))
+	nba, nbb := averaging.Norm(a.Vector[l.Params:]), averaging.Norm(b.Vector[l.Params:])
+	small, big := min(nba, nbb), max(nba, nbb)
+	return big == 0 || big <= maxBufferRatio*small || big <= 1e-3*model
 }
 
 // agree returns the indices of the largest set of states that pairwise
@@ -377,27 +420,32 @@ func agree(states []State, l Layout, maxDiv float64) []int {
 	if len(states) == 1 {
 		return []int{0}
 	}
+	all := make([]int, len(states))
+	for i := range all {
+		all[i] = i
+	}
+	best := largestAgreeing(all, func(i, j int) bool { return agreeStates(states[i], states[j], l, maxDiv) })
+	if len(best) < 2 {
+		return nil
+	}
+	return best
+}
+
+// largestAgreeing greedily grows, from each index of idx, a set whose
+// members pairwise satisfy ok, and returns the largest (the first such),
+// sorted.
+func largestAgreeing(idx []int, ok func(i, j int) bool) []int {
 	var best []int
-	for i := range states {
+	for _, i := range idx {
 		set := []int{i}
-		for j := range states {
-			if j == i {
-				continue
-			}
-			ok := true
-			for _, k := range set {
-				ok = ok && agreeStates(states[k], states[j], l, maxDiv)
-			}
-			if ok {
+		for _, j := range idx {
+			if j != i && !slices.ContainsFunc(set, func(k int) bool { return !ok(k, j) }) {
 				set = append(set, j)
 			}
 		}
 		if len(set) > len(best) {
 			best = set
 		}
-	}
-	if len(best) < 2 {
-		return nil
 	}
 	slices.Sort(best)
 	return best
@@ -408,12 +456,8 @@ func agree(states []State, l Layout, maxDiv float64) []int {
 // measured against the larger of the smaller norm and the tensor's share
 // of the model's norm (‖model‖·√(size/params)): a donor cannot hide a
 // poisoned bias in a large model, while small tensors near zero do not
-// count as disagreeing. Optimizer buffers are local to each peer (two
-// replicas' momenta differ by their own gradient noise), so each need
-// only be within (maxDiv+2)× of the same scale: ‖a−b‖ ≤ ‖a‖+‖b‖ holds for
-// any two honest buffers of similar norm, and a scaled-up buffer fails.
-// What is not checked: a buffer of the right size pointing elsewhere, and
-// changes within these bounds.
+// count as disagreeing. Optimizer buffers are compared separately
+// (buffersAgree). What is not checked: changes within these bounds.
 func agreeStates(a, b State, l Layout, maxDiv float64) bool {
 	ma, mb := a.Model(l), b.Model(l)
 	if relDistance(ma, mb) > maxDiv {
@@ -437,14 +481,6 @@ func agreeStates(a, b State, l Layout, maxDiv float64) bool {
 			return false
 		}
 		off += n
-	}
-	// Optimizer buffers (momentum) are each peer's own and differ between
-	// honest donors far more than their averaged models do, tensor by
-	// tensor (a donor that joined recently has little momentum): only
-	// their overall size is compared, which catches a scaled-up buffer.
-	nba, nbb := averaging.Norm(a.Vector[l.Params:]), averaging.Norm(b.Vector[l.Params:])
-	if small, big := min(nba, nbb), max(nba, nbb); big > 0 && big > maxBufferRatio*small && big > 1e-3*model {
-		return false
 	}
 	return true
 }

@@ -160,12 +160,32 @@ func TestLyingDonorCannotPoisonTheJoiner(t *testing.T) {
 			if len(d.Rejected) != 1 || d.Rejected[0] != ps[0].ID() || len(d.From) != 2 || d.Unverified {
 				t.Fatalf("from %v rejected %v", d.From, d.Rejected)
 			}
-			// Two donors only, one lying, with MinAgree 2: refused.
-			if _, err := Download(context.Background(), ps[3], []peer.AddrInfo{ps[0].AddrInfo(), ps[1].AddrInfo()}, l, DownloadConfig{MinAgree: 2}); err == nil {
+			// Two donors only, one lying, with MinAgree 2: a poisoned
+			// model is refused; with a poisoned buffer the models are
+			// used and the buffers reset to zero.
+			d, err = Download(context.Background(), ps[3], []peer.AddrInfo{ps[0].AddrInfo(), ps[1].AddrInfo()}, l, DownloadConfig{MinAgree: 2})
+			switch {
+			case name == "bias" && err == nil:
 				t.Fatal("a lying donor and an honest one accepted")
+			case name == "momentum" && err != nil:
+				t.Fatal(err)
+			case name == "momentum" && (!d.BuffersReset || averaging.Norm(d.State.Vector[l.Params:]) != 0 || len(d.From) != 2):
+				t.Fatalf("buffers reset %v, norm %g, from %v", d.BuffersReset, averaging.Norm(d.State.Vector[l.Params:]), d.From)
 			}
 		})
 	}
+	// A donor that has not stepped yet (zero momentum) and one that has:
+	// honest, at the start of a run. Their models agree; the joiner takes
+	// them with its buffers reset instead of failing.
+	t.Run("fresh donor", func(t *testing.T) {
+		os, ps, _ := twoParamPeers(t, 3)
+		l := os[2].Layout()
+		poison(t, os[0], func(v []float32, _ *State) { clear(v[l.Params:]) })
+		d, err := Download(context.Background(), ps[2], []peer.AddrInfo{ps[0].AddrInfo(), ps[1].AddrInfo()}, l, DownloadConfig{MinAgree: 2})
+		if err != nil || !d.BuffersReset || len(d.From) != 2 {
+			t.Fatalf("%+v %v", d, err)
+		}
+	})
 	t.Run("counters", func(t *testing.T) {
 		os, ps, _ := twoParamPeers(t, 3)
 		poison(t, os[0], func(_ []float32, s *State) { s.Round = math.MaxInt32 })

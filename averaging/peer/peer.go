@@ -42,6 +42,9 @@ type Config struct {
 	Reach func(p2p.Reach)
 	// DHT are the swarm's DHT peers to join (required).
 	DHT []libp2ppeer.AddrInfo
+	// DHTMaxBytes bounds the records this peer's DHT node stores for
+	// others (dht.Config.MaxBytes; 0: dht's default).
+	DHTMaxBytes int
 	// JoinTimeout bounds joining the DHT (30 s).
 	JoinTimeout time.Duration
 	// RunID names the run; peers of one run must agree ("skyhive").
@@ -300,7 +303,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		defer func() { stop(); <-watched }()
 	}
 	res.Peer = h.ID().String()
-	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID())})
+	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), MaxBytes: cfg.DHTMaxBytes})
 	if err != nil {
 		return res, err
 	}
@@ -326,7 +329,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		Model: sig, TargetBatchSize: cfg.TargetBatchSize,
 	}
 	mm := averaging.NewMatchmaker(node, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})
-	others, err := waitForPeers(ctx, cfg, mm, node, h.ID(), sig)
+	others, founder, err := waitForPeers(ctx, cfg, mm, node, h.ID(), sig)
 	if err != nil {
 		return res, err
 	}
@@ -347,7 +350,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	case ok:
 		res.Resumed = true
 		logf(cfg.Log, "resumed from %s at round %d", cfg.Checkpoint, opt.Round())
-	case bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT:
+	case !founder && bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT:
 		dctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
 		d, err := opt.Join(dctx, node, optimizer.DownloadConfig{MinAgree: cfg.MinAgree})
 		cancel()
@@ -355,8 +358,12 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return res, fmt.Errorf("download the swarm's state: %w", err)
 		}
 		res.Joined = len(d.From)
-		logf(cfg.Log, "joined run %q at round %d with the state of %d donors (%d rejected, %d failed)",
-			cfg.RunID, opt.Round(), len(d.From), len(d.Rejected), len(d.Failed))
+		reset := ""
+		if d.BuffersReset {
+			reset = "; their optimizer buffers disagreed, so this peer starts with zero momentum"
+		}
+		logf(cfg.Log, "joined run %q at round %d with the state of %d donors (%d rejected, %d failed%s)",
+			cfg.RunID, opt.Round(), len(d.From), len(d.Rejected), len(d.Failed), reset)
 	}
 
 	loader, err := data.NewLoader(trainSet, data.BatchOptions{Size: cfg.Batch, Shuffle: true, Seed: cfg.Seed ^ idSeed(h.ID()), DropLast: true})
@@ -396,10 +403,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 // waitForPeers lists this peer under the run and waits until MinPeers
 // peers of the run (this one included) training the same model are listed.
-// It returns the others.
-func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, node *dht.Node, self libp2ppeer.ID, sig string) ([]averaging.PeerInfo, error) {
+// It returns the others, and whether this peer is one of the run's
+// founders: no peer of the run was training yet when it first looked (the
+// founders start from the shared initial weights together, even if some
+// noticed one another a poll later than others; a later peer downloads
+// the swarm's state).
+func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, node *dht.Node, self libp2ppeer.ID, sig string) ([]averaging.PeerInfo, bool, error) {
 	deadline := time.Now().Add(cfg.WaitPeers)
 	var mismatched []averaging.PeerInfo
+	founder, first := false, true
 	for {
 		actx, cancel := context.WithTimeout(ctx, cfg.RoundInterval)
 		_ = mm.Announce(actx, 0)
@@ -416,23 +428,26 @@ func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, nod
 				mismatched = append(mismatched, p)
 			}
 		}
+		if first {
+			founder, first = bestRound(same) == 0, false
+		}
 		if len(mismatched) > 0 && len(same) == 0 {
-			return nil, fmt.Errorf("%w: the peers of run %q train model %q, this peer %q (every peer of a run must train the same model; check the model and the run ID)",
+			return nil, false, fmt.Errorf("%w: the peers of run %q train model %q, this peer %q (every peer of a run must train the same model; check the model and the run ID)",
 				optimizer.ErrModelMismatch, cfg.RunID, mismatched[0].Model, sig)
 		}
 		if len(same)+1 >= cfg.MinPeers {
 			if cfg.Matchmaking == averaging.MatchRanks && len(same)+1 > cfg.MinPeers {
-				return nil, fmt.Errorf("%w: run %q lists %d peers but rank matchmaking wants exactly the minimum of %d; use a new run ID",
+				return nil, false, fmt.Errorf("%w: run %q lists %d peers but rank matchmaking wants exactly the minimum of %d; use a new run ID",
 					ErrConfig, cfg.RunID, len(same)+1, cfg.MinPeers)
 			}
-			return same, nil
+			return same, founder, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: %d of %d peers of run %q appeared in the DHT within %v; check that every peer uses the same run ID, or lower the minimum of peers",
+			return nil, false, fmt.Errorf("%w: %d of %d peers of run %q appeared in the DHT within %v; check that every peer uses the same run ID, or lower the minimum of peers",
 				ErrNoSwarm, len(same)+1, cfg.MinPeers, cfg.RunID, cfg.WaitPeers)
 		}
 		if err := clock.Sleep(ctx, min(cfg.RoundInterval, time.Second)); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 }

@@ -104,6 +104,7 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 	if c.DHT, err = f.net.seeds(); err != nil {
 		return err
 	}
+	c.DHTMaxBytes = f.net.dhtMaxBytes()
 	if c.Host, err = f.net.config(); err != nil {
 		return err
 	}

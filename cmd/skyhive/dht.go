@@ -170,6 +170,7 @@ func startDHT(ctx context.Context, f dhtFlags, client bool) (*p2p.Host, *dht.Nod
 	n, err := dht.New(h, dht.Config{
 		PrivKey:    h.LibP2P().Peerstore().PrivKey(h.ID()),
 		ClientMode: client,
+		MaxBytes:   f.net.dhtMaxBytes(),
 	})
 	if err != nil {
 		h.Close()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -172,6 +173,7 @@ type connectFlags struct {
 	swarmSecret  string
 	swarmKey     string
 	memberToken  string
+	memoryMiB    int64
 }
 
 // register adds the group; dht describes --dht for this command, which
@@ -192,12 +194,29 @@ func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
 	fl.StringVar(&c.swarmSecret, "swarm-secret", "", "close the swarm: only peers that know this secret file may talk to this one (skyhive keygen secret)")
 	fl.StringVar(&c.swarmKey, "swarm-key", "", "close the swarm: only peers with a member token signed by this swarm key may talk to this one (the .pub file of skyhive keygen swarm; needs --member-token)")
 	fl.StringVar(&c.memberToken, "member-token", "", "this peer's member token for --swarm-key (skyhive keygen token)")
+	fl.Int64Var(&c.memoryMiB, "memory-budget", 0, "MiB of memory this process should stay within: Go's soft memory limit; a quarter of it bounds libp2p's connections and streams, an eighth the DHT records this peer stores (0: no limit; libp2p gets an eighth of the machine's memory, the DHT 128 MiB)")
 }
 
-// config is the host configuration the flags describe.
+// minMemoryBudget is the smallest --memory-budget: below it the Go runtime
+// and libp2p alone would exceed it.
+const minMemoryBudget = 64
+
+// dhtMaxBytes bounds the records a DHT node stores: an eighth of
+// --memory-budget, or dht's default (0) without one.
+func (c *connectFlags) dhtMaxBytes() int { return int(c.memoryMiB << 20 / 8) }
+
+// config is the host configuration the flags describe. With
+// --memory-budget it also sets the process's soft memory limit.
 func (c *connectFlags) config() (p2p.Config, error) {
 	cfg := p2p.Config{ListenAddrs: c.listen, AnnounceAddrs: c.announce, IdentityFile: c.identity,
 		RelayService: c.relayService, HolePunching: c.holePunching, AutoNAT: c.autoNAT, RelayClient: true}
+	switch {
+	case c.memoryMiB < 0 || (c.memoryMiB > 0 && c.memoryMiB < minMemoryBudget):
+		return cfg, fmt.Errorf("--memory-budget: %d MiB; give at least %d MiB, or 0 for no limit", c.memoryMiB, minMemoryBudget)
+	case c.memoryMiB > 0:
+		cfg.MemoryBudget = c.memoryMiB << 20 / 4
+		debug.SetMemoryLimit(c.memoryMiB << 20)
+	}
 	var err error
 	if cfg.StaticRelays, err = p2p.ParseAddrInfos(c.relays); err != nil {
 		return cfg, fmt.Errorf("--relay: %w", err)

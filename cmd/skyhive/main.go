@@ -62,6 +62,7 @@ func newRootCmd() *cobra.Command {
 		newDoctorCmd(),
 		newSwarmCmd(),
 		newKeygenCmd(),
+		newAttackCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

@@ -47,6 +47,13 @@ type proc struct {
 // startCLI starts the test binary as `skyhive args...`.
 func startCLI(t *testing.T, stdout io.Writer, args ...string) *proc {
 	t.Helper()
+	return startCLIWith(t, stdout, nil, args...)
+}
+
+// startCLIWith is startCLI that also copies stderr to a writer (which,
+// unlike proc.stderr, may be read while the process runs).
+func startCLIWith(t *testing.T, stdout, stderr io.Writer, args ...string) *proc {
+	t.Helper()
 	p := &proc{done: make(chan struct{})}
 	p.cmd = exec.Command(os.Args[0], args...)
 	p.cmd.Env = append(os.Environ(), envAsCLI+"=1")
@@ -55,6 +62,9 @@ func startCLI(t *testing.T, stdout io.Writer, args ...string) *proc {
 		p.cmd.Stdout = stdout
 	}
 	p.cmd.Stderr = &p.stderr
+	if stderr != nil {
+		p.cmd.Stderr = io.MultiWriter(&p.stderr, stderr)
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -105,13 +105,17 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 		return err
 	}
 	hcfg.MaxMessageBytes = 256 << 20
+	if b := f.net.memoryMiB; b > 0 && !cmd.Flags().Changed("queue-memory") {
+		// Queued requests' tensors get at most a quarter of the budget.
+		f.queueMiB = min(f.queueMiB, max(b/4, 1))
+	}
 	h, err := p2p.New(ctx, hcfg)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
 	h.ServeDialback()
-	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID())})
+	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), MaxBytes: f.net.dhtMaxBytes()})
 	if err != nil {
 		return err
 	}

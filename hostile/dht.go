@@ -1,0 +1,173 @@
+package hostile
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/moe"
+	"github.com/skyhive/skyhive/p2p"
+)
+
+// DHTTarget describes a DHT node to attack and the records worth
+// attacking on it.
+type DHTTarget struct {
+	Node peer.AddrInfo
+	// Declared are records honest peers declared (such as moe.Records of
+	// the experts a server hosts): the attacks try to erase the
+	// dictionaries they live in, take over their subkeys and forge their
+	// writers' signatures. Without them the attacks use "ffn." subkey "0".
+	Declared []moe.Record
+	// Owner is the peer that wrote Declared (for forged signatures); a
+	// random identity without it.
+	Owner peer.ID
+	// MaxTTL is the longest expiration the node accepts (dht.DefaultMaxTTL
+	// without it); the erasure uses almost all of it, the far-future
+	// records ten times it.
+	MaxTTL time.Duration
+}
+
+// floodRecords and floodValueBytes size one request of the storage flood:
+// 256 records of 4 KiB, 1 MiB in all.
+const (
+	floodRecords    = dht.MaxStoreBatch
+	floodValueBytes = 4 << 10
+)
+
+// DHTAttacks are requests a DHT node must refuse: a plain value over a
+// dictionary of subkeys (the "erased routing" of issue 13), subkeys that
+// other peers own, records with a forged writer's signature, records that
+// expire far in the future, a 4 GiB length prefix, and two the node may
+// absorb within its bounds: a storage flood of 1 MiB STOREs from each
+// identity (bounded by the per-peer and per-address quotas) and PINGs that
+// ask each identity into the routing table (bounded per address).
+func DHTAttacks(t DHTTarget) []Attack {
+	to := t.Node
+	decl := t.Declared
+	if len(decl) == 0 {
+		decl = []moe.Record{{Key: "ffn.", Subkey: "0"}}
+	}
+	var dicts []moe.Record
+	for _, r := range decl {
+		if r.Subkey != "" {
+			dicts = append(dicts, r)
+		}
+	}
+	if len(dicts) == 0 {
+		dicts = []moe.Record{{Key: "ffn.", Subkey: "0"}}
+	}
+	maxTTL := t.MaxTTL
+	if maxTTL <= 0 {
+		maxTTL = dht.DefaultMaxTTL
+	}
+	owner := t.Owner
+	if owner == "" {
+		owner = randomID()
+	}
+	var turn, junk atomic.Uint64
+	next := func() moe.Record { return dicts[int(turn.Add(1)%uint64(len(dicts)))] }
+	// store sends records, signed by the sender unless they carry a
+	// signature, and fails unless the node accepted every one.
+	store := func(ctx context.Context, h *p2p.Host, client bool, recs ...dht.RawRecord) error {
+		req, err := dht.EncodeStore(recs, privKey(h), client)
+		if err != nil {
+			return err
+		}
+		resp, err := h.Call(ctx, to, dht.ProtocolID, req)
+		if err != nil {
+			return err
+		}
+		ok, err := dht.DecodeStoreResponse(resp)
+		if err != nil {
+			return err
+		}
+		for i, a := range ok {
+			if !a {
+				return fmt.Errorf("%w: record %d of %d", ErrNotAccepted, i+1, len(ok))
+			}
+		}
+		return nil
+	}
+	info := func(h *p2p.Host) []byte {
+		b, err := moe.MarshalInfo(moe.ExpertInfo{UID: "hostile.0", Peer: h.AddrInfo()})
+		if err != nil {
+			return []byte("hostile")
+		}
+		return b
+	}
+	return []Attack{
+		{Name: "dht-erase-dictionary", Bytes: 128, Send: func(ctx context.Context, h *p2p.Host) error {
+			r := next()
+			return store(ctx, h, true, dht.RawRecord{Key: r.Key, Value: []byte("erased"), Expiration: time.Now().Add(maxTTL - time.Minute)})
+		}},
+		{Name: "dht-hijack-subkey", Bytes: 512, Send: func(ctx context.Context, h *p2p.Host) error {
+			r := next()
+			return store(ctx, h, true, dht.RawRecord{Key: r.Key, Subkey: r.Subkey, Value: info(h), Expiration: time.Now().Add(maxTTL / 2)})
+		}},
+		{Name: "dht-forged-signature", Bytes: 512, Send: func(ctx context.Context, h *p2p.Host) error {
+			r := next()
+			// The writer signature format: the writer's ID (one length
+			// byte, then the ID), then its signature, here random bytes.
+			sig := append([]byte{byte(len(owner))}, owner...)
+			sig = append(sig, randomBytes(64)...)
+			return store(ctx, h, true, dht.RawRecord{Key: r.Key, Subkey: r.Subkey, Value: info(h), Expiration: time.Now().Add(maxTTL / 2), Signature: sig})
+		}},
+		{Name: "dht-far-future", Bytes: 128, Send: func(ctx context.Context, h *p2p.Host) error {
+			key := fmt.Sprintf("hostile.future.%d", junk.Add(1))
+			return store(ctx, h, true, dht.RawRecord{Key: key, Value: []byte("junk"), Expiration: time.Now().Add(10 * maxTTL)})
+		}},
+		{Name: "dht-storage-flood", Bytes: floodRecords * (floodValueBytes + 32), Absorbed: true, Send: func(ctx context.Context, h *p2p.Host) error {
+			recs := make([]dht.RawRecord, floodRecords)
+			exp := time.Now().Add(maxTTL / 2)
+			base := junk.Add(floodRecords)
+			value := randomBytes(floodValueBytes)
+			for i := range recs {
+				recs[i] = dht.RawRecord{Key: fmt.Sprintf("hostile.junk.%s.%d", h.ID().ShortString(), base+uint64(i)), Value: value, Expiration: exp}
+			}
+			return store(ctx, h, true, recs...)
+		}},
+		{Name: "dht-sybil-ping", Bytes: 128, Absorbed: true, Send: func(ctx context.Context, h *p2p.Host) error {
+			req, err := dht.EncodePing(h.AddrInfo().Addrs)
+			if err != nil {
+				return err
+			}
+			_, err = h.Call(ctx, to, dht.ProtocolID, req)
+			return err
+		}},
+		{Name: "huge-length-prefix", Bytes: 4, Send: func(ctx context.Context, h *p2p.Host) error {
+			return sendLengthPrefix(ctx, h, to, dht.ProtocolID, math.MaxUint32)
+		}},
+	}
+}
+
+// privKey is h's private key (nil if the peerstore does not hold it: the
+// records then go unsigned).
+func privKey(h *p2p.Host) crypto.PrivKey {
+	return h.LibP2P().Peerstore().PrivKey(h.ID())
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
+}
+
+// randomID is the peer ID of a fresh key, for forged writers.
+func randomID() peer.ID {
+	_, pub, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		return peer.ID("hostile")
+	}
+	id, err := peer.IDFromPublicKey(pub)
+	if err != nil {
+		return peer.ID("hostile")
+	}
+	return id
+}

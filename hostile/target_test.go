@@ -1,0 +1,73 @@
+package hostile
+
+import (
+	"crypto/rand"
+	"strings"
+	"testing"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skyhive/skyhive/moe"
+)
+
+func testPeer(t *testing.T) peer.AddrInfo {
+	t.Helper()
+	_, pub, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := peer.IDFromPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return peer.AddrInfo{ID: id}
+}
+
+// TestAttacksFitTheRoles: each role a target plays brings its attacks
+// (and a slow sender for each request/response protocol it serves), the
+// averaging attacks come once for all members, and only registrations,
+// storage floods and Sybil pings may be absorbed.
+func TestAttacksFitTheRoles(t *testing.T) {
+	server := Target{Peer: testPeer(t), Roles: []string{RoleExpertServer, RoleDHT},
+		Experts: []moe.Spec{{UID: "ffn.3", Hidden: 32, InputDims: 2}}}
+	members := []Target{
+		{Peer: testPeer(t), Roles: []string{RoleDHT, RoleAveraging}},
+		{Peer: testPeer(t), Roles: []string{RoleDHT, RoleAveraging}},
+	}
+	worker := Target{Peer: testPeer(t), Roles: []string{RoleWorker}}
+	coord := Target{Peer: testPeer(t), Roles: []string{RoleCoordinator}}
+	fast, slow := Attacks(append([]Target{server, worker, coord}, members...))
+	count := map[string]int{}
+	for _, a := range fast {
+		count[a.Name]++
+		if a.Absorbed != (a.Name == "dht-storage-flood" || a.Name == "dht-sybil-ping" || a.Name == "pipeline-register-fake-worker") {
+			t.Errorf("%s: absorbed %v", a.Name, a.Absorbed)
+		}
+		if a.Send == nil || a.Bytes <= 0 {
+			t.Errorf("%s: %+v", a.Name, a)
+		}
+	}
+	for name, want := range map[string]int{
+		"backward-nan": 1, "dht-erase-dictionary": 3, "squat-nan": 1, "pipeline-acts-512MiB-frame": 1,
+		"pipeline-register-fake-worker": 1, "activate-global-2^31-1": 1,
+		// expert server, 3 DHT nodes, averaging, worker, coordinator
+		"huge-length-prefix": 7,
+	} {
+		if count[name] != want {
+			t.Errorf("%d attacks %q, want %d", count[name], name, want)
+		}
+	}
+	// Expert server, 3 DHT nodes, coordinator, 2 averaging members.
+	if len(slow) != 7 {
+		t.Errorf("%d slow senders, want 7", len(slow))
+	}
+	for _, a := range slow {
+		if !strings.HasPrefix(a.Name, "slow-loris ") || a.Timeout != SlowTimeout {
+			t.Errorf("slow sender %+v", a)
+		}
+	}
+	if fast, slow := Attacks([]Target{{Peer: testPeer(t)}}); len(fast)+len(slow) != 0 {
+		t.Errorf("a peer of no role drew %d attacks", len(fast)+len(slow))
+	}
+}

@@ -358,7 +358,7 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 		sess.mu.Lock()
 		// With compression use what the other members receive, so all
 		// hold the same average.
-		if a.cfg.Codec == wire.CodecNone || decodeInto(c.resp[2:], vec[lo:lo+len(c.sum)]) != nil {
+		if _, err := decodeInto(c.resp[2:], vec[lo:lo+len(c.sum)]); a.cfg.Codec == wire.CodecNone || err != nil {
 			copy(vec[lo:], c.sum)
 		}
 		res.Contributors = min(res.Contributors, c.count)
@@ -469,14 +469,15 @@ func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to pee
 	// values in place.
 	mean := getScratch(len(x))
 	defer putScratch(mean)
-	if err := decodeInto(p, *mean); err != nil {
+	got, err := decodeInto(p, *mean)
+	if err != nil {
 		return err
 	}
 	if g := a.cfg.MaxNormRatio; g > 0 {
 		// Our own chunk's norm, or our vector's RMS scaled to the chunk if
 		// larger (a chunk of our values may be near zero).
 		own := max(Norm(x), sess.rms*math.Sqrt(float64(len(x))))
-		if got := Norm(*mean); own > 0 && got > g*own {
+		if own > 0 && got > g*own {
 			return fmt.Errorf("%w: mean of chunk %d from %s has norm %.3g, %.3g× ours", ErrMessage, i, to.ID.ShortString(), got, got/own)
 		}
 	}

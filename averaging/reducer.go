@@ -344,11 +344,12 @@ func (s *session) maybeFinalize(c *chunk, force bool) {
 
 // add adds a member's contribution unless the chunk is final or already
 // has it.
-func (s *session) add(c *chunk, sender int, x []float32) { s.addOwned(c, sender, &x) }
+func (s *session) add(c *chunk, sender int, x []float32) { s.addOwned(c, sender, &x, Norm(x)) }
 
-// addOwned is add for a buffer from getScratch. It reports whether the
-// chunk keeps x until finalization (the caller must then not reuse it).
-func (s *session) addOwned(c *chunk, sender int, x *[]float32) (kept bool) {
+// addOwned is add for a buffer from getScratch, whose norm the caller
+// knows. It reports whether the chunk keeps x until finalization (the
+// caller must then not reuse it).
+func (s *session) addOwned(c *chunk, sender int, x *[]float32, norm float64) (kept bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.contributed[sender] = true
@@ -361,7 +362,7 @@ func (s *session) addOwned(c *chunk, sender int, x *[]float32) (kept bool) {
 	tensor.Axpy(1, *x, c.sum)
 	if c.contrib != nil {
 		c.contrib[sender] = x
-		c.norm[sender] = Norm(*x)
+		c.norm[sender] = norm
 		kept = true
 	}
 	s.maybeFinalize(c, false)
@@ -430,14 +431,15 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 	// payload must match it exactly before anything is decoded.
 	want := min(a.cfg.ChunkElems, s.hi-s.lo-int(r.Chunk)*a.cfg.ChunkElems)
 	x := getScratch(want)
-	if err := decodeInto(r.Payload, *x); err != nil {
+	norm, err := decodeInto(r.Payload, *x)
+	if err != nil {
 		// A malformed or non-finite contribution: stop waiting for this
 		// member, as for one that disagrees.
 		putScratch(x)
 		s.disagree(from)
 		return nil, err
 	}
-	if !s.addOwned(c, int(r.Sender), x) {
+	if !s.addOwned(c, int(r.Sender), x, norm) {
 		putScratch(x)
 	}
 	if err := c.wait(ctx, a.done); err != nil {

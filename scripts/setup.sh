@@ -9,6 +9,7 @@ packages=(
   dataset-fashion-mnist  # the real data set the demo and tests train on
   coinor-cbc             # independent MILP solver the allocator's exact solver is checked against
   iproute2               # network namespaces for the realistic link emulation (root only)
+  dict-gcide             # English text (GCIDE dictionary) for the language models (package text)
 )
 
 missing=()

@@ -1,9 +1,10 @@
 // Package models is the model registry: the named Fashion-MNIST classifiers
 // that every training mode (local, pipeline, group averaging) and the
-// profiler build. A spec is a plain name ("mlp") or a name with parameters
-// ("deep-mlp:512x16"); the same spec and seed give the same weights in every
-// process, which is how peers and pipeline workers agree on a model without
-// sending it.
+// profiler build, and the GPT language models. A spec is a plain name
+// ("mlp") or a name with parameters ("deep-mlp:512x16",
+// "gpt-mini:4096x128"); the same spec and seed give the same weights in
+// every process, which is how peers and pipeline workers agree on a model
+// without sending it. A model's Task says which data it takes.
 package models
 
 import (
@@ -16,13 +17,38 @@ import (
 	"github.com/skyhive/skyhive/nn"
 )
 
-// InputFeatures is the per-example input size of every registry model: a
-// flattened 28×28 image. Every model maps [batch, InputFeatures] inputs to
-// [batch, Classes] logits.
+// InputFeatures is the per-example input size of every image classifier
+// (Task ImageClassification): a flattened 28×28 image. Every classifier
+// maps [batch, InputFeatures] inputs to [batch, Classes] logits.
 const InputFeatures = data.ImageSize
 
-// Classes is the number of logits every registry model outputs.
+// Classes is the number of logits every image classifier outputs.
 const Classes = data.NumClasses
+
+// Task is the kind of data a model learns from.
+type Task int
+
+const (
+	// ImageClassification models map [batch, InputFeatures] images to
+	// [batch, Classes] logits; train them with nn.SoftmaxCrossEntropy.
+	ImageClassification Task = iota
+	// LanguageModeling models map [batch, seq] float32 token ids (seq at
+	// most the spec's SEQ, ids in [0, VOCAB)) to [batch, seq, VOCAB]
+	// next-token logits; train them with nn.SequenceCrossEntropy on the
+	// inputs and targets of nn.NextTokenTargets.
+	LanguageModeling
+)
+
+// String returns "image classification" or "language modeling".
+func (t Task) String() string {
+	switch t {
+	case ImageClassification:
+		return "image classification"
+	case LanguageModeling:
+		return "language modeling"
+	}
+	return fmt.Sprintf("Task(%d)", int(t))
+}
 
 // Size bounds of "deep-mlp" specs, so that a peer cannot make a worker build
 // an absurd model.
@@ -40,22 +66,47 @@ type Model struct {
 	Usage string
 	// Help says what the model is.
 	Help string
+	// Task is the kind of data the model takes.
+	Task Task
 }
+
+// Bounds of GPT specs, so that a peer cannot make a worker build an absurd
+// model: gpt-medium with GPT-2's vocabulary (50257) and context (1024) has
+// 355M parameters.
+const (
+	maxGPTVocab  = 1 << 17
+	maxGPTSeq    = 4096
+	maxGPTLayers = 128
+	maxGPTHidden = 4096
+	maxGPTParams = 400e6
+	// gptHeadDim is the head size of "gpt:" specs, as in GPT-2 and BERT.
+	gptHeadDim = 64
+)
+
+// DefaultSeq is the context length of a GPT spec that gives no SEQ.
+const DefaultSeq = 128
 
 // entry is a registry row: its description and its builder, which gets the
 // text after the ':' of the spec ("" for plain names) and the seeded
-// generator that all of a model's initialisation draws from.
+// generator that all of a model's initialisation draws from. Language
+// models also have gpt, which turns the text after the ':' into a
+// configuration; their build is nn.GPT of it.
 type entry struct {
 	Model
 	build func(params string, rng *rand.Rand) (*nn.Sequential, error)
+	gpt   func(params string) (nn.GPTConfig, error)
 }
 
 // registry is the fixed table of models, in the order List gives them.
 var registry = [...]entry{
-	{Model{"mlp", "mlp", "784-512-256-10 MLP with dropout 0.1 (536k parameters)"}, plain(buildMLP)},
-	{Model{"mlp-small", "mlp-small", "784-128-10 MLP without dropout (102k parameters), light for swarms of many peers"}, plain(buildMLPSmall)},
-	{Model{"bert-tiny", "bert-tiny", "BERT-style classifier of 7×7 patches: hidden 64, 4 heads, 2 layers (72k parameters)"}, plain(buildBERTTiny)},
-	{Model{"deep-mlp", "deep-mlp:WIDTHxDEPTH", fmt.Sprintf("DEPTH equal hidden layers (Linear+ReLU) of WIDTH units, no dropout; width ≤ %d, depth ≤ %d", maxDeepWidth, maxDeepDepth)}, buildDeepMLP},
+	{Model: Model{"mlp", "mlp", "784-512-256-10 MLP with dropout 0.1 (536k parameters)", ImageClassification}, build: plain(buildMLP)},
+	{Model: Model{"mlp-small", "mlp-small", "784-128-10 MLP without dropout (102k parameters), light for swarms of many peers", ImageClassification}, build: plain(buildMLPSmall)},
+	{Model: Model{"bert-tiny", "bert-tiny", "BERT-style classifier of 7×7 patches: hidden 64, 4 heads, 2 layers (72k parameters)", ImageClassification}, build: plain(buildBERTTiny)},
+	{Model: Model{"deep-mlp", "deep-mlp:WIDTHxDEPTH", fmt.Sprintf("DEPTH equal hidden layers (Linear+ReLU) of WIDTH units, no dropout; width ≤ %d, depth ≤ %d", maxDeepWidth, maxDeepDepth), ImageClassification}, build: buildDeepMLP},
+	gptEntry("gpt-mini", "GPT language model over VOCAB tokens, context SEQ (default 128): 4 blocks of hidden 128, 4 heads, FFN 512, no dropout (0.79M + 128·(VOCAB+SEQ) parameters); trains in minutes on 2 cores", nn.GPTMini),
+	gptEntry("gpt-small", "GPT-2 small (BERT-base geometry): 12 blocks of hidden 768, 12 heads, dropout 0.1 (85M + 768·(VOCAB+SEQ) parameters)", nn.GPTSmall),
+	gptEntry("gpt-medium", "GPT-2 medium (BERT-large geometry): 24 blocks of hidden 1024, 16 heads, dropout 0.1 (302M + 1024·(VOCAB+SEQ) parameters)", nn.GPTMedium),
+	{Model: Model{"gpt", "gpt:LAYERSxHIDDEN:VOCAB[xSEQ]", fmt.Sprintf("GPT of LAYERS blocks of HIDDEN units (a multiple of %d; HIDDEN/%d heads, FFN 4·HIDDEN, dropout 0.1); at most %d layers, hidden %d, vocab %d, context %d and %.0fM parameters", gptHeadDim, gptHeadDim, maxGPTLayers, maxGPTHidden, maxGPTVocab, maxGPTSeq, maxGPTParams/1e6), LanguageModeling}, gpt: parseCustomGPT},
 }
 
 // List returns the registry's models in a fixed order.
@@ -68,7 +119,8 @@ func List() []Model {
 }
 
 // Usage lists the valid specs for help texts and error messages:
-// "mlp, mlp-small, bert-tiny or deep-mlp:WIDTHxDEPTH".
+// "mlp, mlp-small, bert-tiny, deep-mlp:WIDTHxDEPTH, gpt-mini:VOCAB[xSEQ],
+// … or gpt:LAYERSxHIDDEN:VOCAB[xSEQ]".
 func Usage() string {
 	us := make([]string, len(registry))
 	for i, e := range registry {
@@ -91,22 +143,136 @@ func Help(indent string) string {
 	return b.String()
 }
 
+// lookup returns the entry that spec names, or nil.
+func lookup(spec string) (*entry, string) {
+	name, params, hasParams := strings.Cut(spec, ":")
+	for i := range registry {
+		e := &registry[i]
+		if e.Name == name && hasParams == strings.Contains(e.Usage, ":") {
+			return e, params
+		}
+	}
+	return nil, ""
+}
+
+// Lookup returns the registry entry that spec names, e.g. to learn its
+// Task before building it. It checks the name and whether parameters are
+// given, not the parameters themselves (Build and ParseGPT do).
+func Lookup(spec string) (Model, error) {
+	e, _ := lookup(spec)
+	if e == nil {
+		return Model{}, fmt.Errorf("models: unknown model %q (want %s)", spec, Usage())
+	}
+	return e.Model, nil
+}
+
 // Build returns a freshly initialised model for spec (see List), its
 // weights drawn from a PCG generator seeded with seed: the same spec and
 // seed give the same weights in every process.
 func Build(spec string, seed uint64) (*nn.Sequential, error) {
-	name, params, hasParams := strings.Cut(spec, ":")
-	for _, e := range registry {
-		if e.Name != name || hasParams != strings.Contains(e.Usage, ":") {
-			continue
-		}
-		m, err := e.build(params, rand.New(rand.NewPCG(seed, 0x5eed)))
-		if err != nil {
-			return nil, fmt.Errorf("models: bad model spec %q: %w (want %s)", spec, err, Usage())
-		}
-		return m, nil
+	e, params := lookup(spec)
+	if e == nil {
+		return nil, fmt.Errorf("models: unknown model %q (want %s)", spec, Usage())
 	}
-	return nil, fmt.Errorf("models: unknown model %q (want %s)", spec, Usage())
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	var m *nn.Sequential
+	var err error
+	if e.gpt != nil {
+		var cfg nn.GPTConfig
+		if cfg, err = e.gpt(params); err == nil {
+			m, err = nn.GPT(cfg, rng)
+		}
+	} else {
+		m, err = e.build(params, rng)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("models: bad model spec %q: %w (want %s)", spec, err, Usage())
+	}
+	return m, nil
+}
+
+// ParseGPT returns the configuration of a language-model spec
+// ("gpt-mini:4096x128", "gpt:6x256:8000"), e.g. to learn its vocabulary
+// and context length, or its parameter count (GPTConfig.NumParams), without
+// building it.
+func ParseGPT(spec string) (nn.GPTConfig, error) {
+	e, params := lookup(spec)
+	if e == nil || e.gpt == nil {
+		return nn.GPTConfig{}, fmt.Errorf("models: %q is not a language model spec (want %s)", spec, gptUsage())
+	}
+	cfg, err := e.gpt(params)
+	if err != nil {
+		return nn.GPTConfig{}, fmt.Errorf("models: bad model spec %q: %w (want %s)", spec, err, gptUsage())
+	}
+	return cfg, nil
+}
+
+// gptUsage lists the language-model specs.
+func gptUsage() string {
+	var us []string
+	for _, e := range registry {
+		if e.gpt != nil {
+			us = append(us, e.Usage)
+		}
+	}
+	return strings.Join(us, ", ")
+}
+
+// gptEntry is a registry row for a named GPT size whose spec is
+// NAME:VOCAB[xSEQ].
+func gptEntry(name, help string, size func(vocab, seq int) nn.GPTConfig) entry {
+	return entry{
+		Model: Model{Name: name, Usage: name + ":VOCAB[xSEQ]", Help: help, Task: LanguageModeling},
+		gpt: func(params string) (nn.GPTConfig, error) {
+			vocab, seq, err := parseVocabSeq(params)
+			if err != nil {
+				return nn.GPTConfig{}, fmt.Errorf("%s needs %w", name, err)
+			}
+			return checkGPT(size(vocab, seq))
+		},
+	}
+}
+
+// parseVocabSeq parses "VOCAB" or "VOCABxSEQ".
+func parseVocabSeq(s string) (vocab, seq int, err error) {
+	vs, ss, hasSeq := strings.Cut(s, "x")
+	vocab, err1 := strconv.Atoi(vs)
+	seq = DefaultSeq
+	var err2 error
+	if hasSeq {
+		seq, err2 = strconv.Atoi(ss)
+	}
+	if err1 != nil || err2 != nil || vocab < 2 || vocab > maxGPTVocab || seq < 1 || seq > maxGPTSeq {
+		return 0, 0, fmt.Errorf("VOCAB or VOCABxSEQ with vocab 2..%d and context 1..%d", maxGPTVocab, maxGPTSeq)
+	}
+	return vocab, seq, nil
+}
+
+// parseCustomGPT parses "LAYERSxHIDDEN:VOCAB[xSEQ]".
+func parseCustomGPT(params string) (nn.GPTConfig, error) {
+	geom, vs, ok := strings.Cut(params, ":")
+	ls, hs, ok2 := strings.Cut(geom, "x")
+	layers, err1 := strconv.Atoi(ls)
+	hidden, err2 := strconv.Atoi(hs)
+	if !ok || !ok2 || err1 != nil || err2 != nil || layers < 1 || layers > maxGPTLayers || hidden < gptHeadDim || hidden > maxGPTHidden || hidden%gptHeadDim != 0 {
+		return nn.GPTConfig{}, fmt.Errorf("gpt needs LAYERSxHIDDEN:VOCAB[xSEQ] with 1..%d layers and hidden a multiple of %d up to %d", maxGPTLayers, gptHeadDim, maxGPTHidden)
+	}
+	vocab, seq, err := parseVocabSeq(vs)
+	if err != nil {
+		return nn.GPTConfig{}, fmt.Errorf("gpt needs LAYERSxHIDDEN followed by %w", err)
+	}
+	return checkGPT(nn.GPTConfig{Vocab: vocab, Seq: seq, Hidden: hidden, Heads: hidden / gptHeadDim, Layers: layers, FFN: 4 * hidden, Dropout: 0.1})
+}
+
+// checkGPT refuses configurations over the parameter bound.
+func checkGPT(cfg nn.GPTConfig) (nn.GPTConfig, error) {
+	if n := cfg.NumParams(); n > maxGPTParams {
+		return nn.GPTConfig{}, fmt.Errorf("GPT of %.0fM parameters, at most %.0fM", n/1e6, maxGPTParams/1e6)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nn.GPTConfig{}, err
+	}
+	return cfg, nil
 }
 
 // plain adapts the builder of a model without parameters.

@@ -2,6 +2,7 @@ package models
 
 import (
 	"encoding/binary"
+	"fmt"
 	"hash/fnv"
 	"math"
 	"slices"
@@ -12,12 +13,21 @@ import (
 	"github.com/skyhive/skyhive/tensor"
 )
 
-// example is a buildable spec for each registry entry.
-func example(m Model) string {
-	if m.Name == "deep-mlp" {
-		return "deep-mlp:16x3"
+// example is a buildable spec for each registry entry; heavy reports the
+// entries too large to build in a unit test (their configuration is checked
+// with ParseGPT instead).
+func example(m Model) (spec string, heavy bool) {
+	switch m.Name {
+	case "deep-mlp":
+		return "deep-mlp:16x3", false
+	case "gpt-mini":
+		return "gpt-mini:50x16", false
+	case "gpt":
+		return "gpt:2x64:50x16", false
+	case "gpt-small", "gpt-medium":
+		return m.Name + ":50x16", true
 	}
-	return m.Usage
+	return m.Usage, false
 }
 
 // checksum is an FNV-64a hash of the model's parameter names and the bits
@@ -55,7 +65,35 @@ func TestEveryListedModelBuilds(t *testing.T) {
 		if !strings.Contains(Usage(), m.Usage) || !strings.Contains(Help("  "), m.Usage) {
 			t.Errorf("%s missing from Usage or Help", m.Usage)
 		}
-		spec := example(m)
+		spec, heavy := example(m)
+		if got, err := Lookup(spec); err != nil || got != m {
+			t.Errorf("Lookup(%q) = %+v, %v", spec, got, err)
+		}
+		if m.Task == LanguageModeling {
+			cfg, err := ParseGPT(spec)
+			if err != nil || cfg.Vocab != 50 || cfg.Seq != 16 {
+				t.Errorf("ParseGPT(%q) = %+v, %v", spec, cfg, err)
+			}
+			if heavy {
+				continue
+			}
+			model, err := Build(spec, 1)
+			if err != nil {
+				t.Fatalf("%s: %v", spec, err)
+			}
+			c := model.Cost([]int{2, 16})
+			y, _ := model.Forward(nn.Ctx{}, tensor.New(2, 16))
+			if !slices.Equal(c.OutShape, []int{2, 16, 50}) || !slices.Equal(y.Shape, c.OutShape) {
+				t.Errorf("%s: output shape %v, cost says %v, want [2 16 50]", spec, y.Shape, c.OutShape)
+			}
+			if float64(numParams(model)) != cfg.NumParams() {
+				t.Errorf("%s: %d parameters, config says %v", spec, numParams(model), cfg.NumParams())
+			}
+			continue
+		}
+		if _, err := ParseGPT(spec); err == nil {
+			t.Errorf("ParseGPT accepted image model %s", spec)
+		}
 		model, err := Build(spec, 1)
 		if err != nil {
 			t.Fatalf("%s: %v", spec, err)
@@ -91,7 +129,10 @@ func TestParamCounts(t *testing.T) {
 
 func TestSameSeedSameWeights(t *testing.T) {
 	for _, m := range List() {
-		spec := example(m)
+		spec, heavy := example(m)
+		if heavy {
+			continue
+		}
 		a, _ := Build(spec, 5)
 		b, _ := Build(spec, 5)
 		c, _ := Build(spec, 6)
@@ -155,4 +196,73 @@ func TestBadSpecs(t *testing.T) {
 	if _, err := Build("deep-mlp:8192x1", 1); err != nil {
 		t.Errorf("largest width refused: %v", err)
 	}
+}
+
+func TestGPTSpecs(t *testing.T) {
+	for spec, want := range map[string]nn.GPTConfig{
+		"gpt-mini:256":          {Vocab: 256, Seq: DefaultSeq, Hidden: 128, Heads: 4, Layers: 4, FFN: 512},
+		"gpt-mini:4096x64":      {Vocab: 4096, Seq: 64, Hidden: 128, Heads: 4, Layers: 4, FFN: 512},
+		"gpt-small:50257x1024":  {Vocab: 50257, Seq: 1024, Hidden: 768, Heads: 12, Layers: 12, FFN: 3072, Dropout: 0.1},
+		"gpt-medium:30522x128":  {Vocab: 30522, Seq: 128, Hidden: 1024, Heads: 16, Layers: 24, FFN: 4096, Dropout: 0.1},
+		"gpt:6x256:8000":        {Vocab: 8000, Seq: DefaultSeq, Hidden: 256, Heads: 4, Layers: 6, FFN: 1024, Dropout: 0.1},
+		"gpt:24x1024:50257x512": {Vocab: 50257, Seq: 512, Hidden: 1024, Heads: 16, Layers: 24, FFN: 4096, Dropout: 0.1},
+	} {
+		cfg, err := ParseGPT(spec)
+		if err != nil || cfg != want {
+			t.Errorf("ParseGPT(%q) = %+v, %v; want %+v", spec, cfg, err, want)
+		}
+		if m, err := Lookup(spec); err != nil || m.Task != LanguageModeling {
+			t.Errorf("Lookup(%q) = %+v, %v", spec, m, err)
+		}
+	}
+	// GPT-2 medium as published: 355M parameters with its vocabulary and
+	// context (the tied head adds none).
+	cfg, _ := ParseGPT("gpt-medium:50257x1024")
+	if n := cfg.NumParams(); math.Abs(n-354.8e6) > 0.5e6 {
+		t.Errorf("gpt-medium with GPT-2's vocabulary has %v parameters, want about 355M", n)
+	}
+	m, err := Build("gpt-mini:64x32", 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 793344 + 128*(64+32); numParams(m) != want {
+		t.Errorf("gpt-mini:64x32 has %d parameters, want %d", numParams(m), want)
+	}
+	if _, err := ParseGPT("mlp"); err == nil || !strings.Contains(err.Error(), "gpt-mini:VOCAB[xSEQ]") {
+		t.Errorf("ParseGPT(mlp): %v", err)
+	}
+	if _, err := Lookup("resnet"); err == nil {
+		t.Error("Lookup accepted an unknown model")
+	}
+	if ImageClassification.String() != "image classification" || LanguageModeling.String() != "language modeling" {
+		t.Error("Task names")
+	}
+}
+
+// FuzzParseGPT feeds arbitrary specs to the spec parsers: they never panic,
+// and what they accept is within the bounds and spelled back the same way.
+func FuzzParseGPT(f *testing.F) {
+	for _, s := range []string{"gpt-mini:256", "gpt-mini:4096x64", "gpt:6x256:8000x32", "gpt:4x100:256", "mlp", "deep-mlp:3x4", "gpt-small:1x", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, spec string) {
+		m, lerr := Lookup(spec)
+		cfg, err := ParseGPT(spec)
+		if err != nil {
+			return
+		}
+		if lerr != nil || m.Task != LanguageModeling {
+			t.Fatalf("%q parsed but Lookup gives %+v, %v", spec, m, lerr)
+		}
+		if cfg.Validate() != nil || cfg.NumParams() > maxGPTParams || cfg.Vocab > maxGPTVocab || cfg.Seq > maxGPTSeq {
+			t.Fatalf("%q accepted as %+v", spec, cfg)
+		}
+		again := fmt.Sprintf("%s:%dx%d", m.Name, cfg.Vocab, cfg.Seq)
+		if m.Name == "gpt" {
+			again = fmt.Sprintf("gpt:%dx%d:%dx%d", cfg.Layers, cfg.Hidden, cfg.Vocab, cfg.Seq)
+		}
+		if back, err := ParseGPT(again); err != nil || back != cfg {
+			t.Fatalf("%q gives %+v, but %q gives %+v, %v", spec, cfg, again, back, err)
+		}
+	})
 }

@@ -15,8 +15,14 @@ import (
 // If Ctx.Mask is set ([batch, seq], 1 = token, 0 = padding), padded keys get
 // zero attention weight. Padded query positions still produce outputs (they
 // attend to the real tokens); losses and pooling should ignore them.
+//
+// If Causal is set, query position i attends only to key positions j ≤ i
+// (GPT's masked self-attention), so the output at position i does not
+// depend on the input at any later position. Causal and Ctx.Mask combine: a
+// key must be both earlier (or equal) and real.
 type MultiHeadAttention struct {
 	Hidden, Heads  int
+	Causal         bool
 	Wq, Wk, Wv, Wo *Linear
 }
 
@@ -34,6 +40,14 @@ func NewMultiHeadAttention(hidden, heads int, std float64, rng *rand.Rand) *Mult
 		Wv:     NewLinear(hidden, hidden, std, rng),
 		Wo:     NewLinear(hidden, hidden, std, rng),
 	}
+}
+
+// NewCausalSelfAttention returns a MultiHeadAttention with Causal set: GPT's
+// masked self-attention, whose projections are drawn from N(0, std²).
+func NewCausalSelfAttention(hidden, heads int, std float64, rng *rand.Rand) *MultiHeadAttention {
+	a := NewMultiHeadAttention(hidden, heads, std, rng)
+	a.Causal = true
+	return a
 }
 
 type attentionState struct {
@@ -94,9 +108,11 @@ func (a *MultiHeadAttention) Forward(c Ctx, x *tensor.Tensor) (*tensor.Tensor, S
 		if mask != nil {
 			keep = mask[bi*s : (bi+1)*s]
 		}
-		softmaxRowsMasked(p[(bi*nh+hi)*s*s:(bi*nh+hi+1)*s*s], s, s, keep)
+		softmaxRowsMasked(p[(bi*nh+hi)*s*s:(bi*nh+hi+1)*s*s], s, s, keep, a.Causal)
 	}
-	// P = softmax(scale·Q·Kᵀ) over unmasked keys; context = P·V.
+	// P = softmax(scale·Q·Kᵀ) over unmasked keys; context = P·V. Masked
+	// weights are exactly 0, so the backward pass needs no mask: the softmax
+	// gradient p ⊙ (dp − Σ dp·p) is 0 wherever p is.
 	forEachHead(b, nh, false, func(bi, hi int) {
 		off := bi*s*h + hi*d
 		tensor.Gemm(false, true, s, s, d, scale, q.Data[off:], h, k.Data[off:], h, 0, p[(bi*nh+hi)*s*s:], s)

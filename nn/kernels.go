@@ -19,19 +19,32 @@ func accColSums(dst, x []float32, rows, cols int) {
 }
 
 // softmaxRowsMasked replaces each row of x (rows×cols) by its softmax over
-// the columns j with keep[j] != 0; other columns become 0. A row whose
-// columns are all masked becomes all zeros (tensor.SoftmaxRows would give
-// NaN). keep may be nil (no masking).
-func softmaxRowsMasked(x []float32, rows, cols int, keep []float32) {
-	if keep == nil {
+// the columns j with keep[j] != 0 and, if causal, j ≤ the row index; other
+// columns become 0. A row whose columns are all masked becomes all zeros
+// (tensor.SoftmaxRows would give NaN). keep may be nil (no padding mask).
+func softmaxRowsMasked(x []float32, rows, cols int, keep []float32, causal bool) {
+	if keep == nil && !causal {
 		tensor.SoftmaxRows(x, rows, cols)
 		return
 	}
 	for r := 0; r < rows; r++ {
 		row := x[r*cols : (r+1)*cols]
+		k := keep
+		if causal {
+			n := min(r+1, cols)
+			clear(row[n:])
+			row = row[:n]
+			if k != nil {
+				k = k[:n]
+			}
+		}
+		if k == nil {
+			tensor.SoftmaxRows(row, 1, len(row))
+			continue
+		}
 		mx := float32(math.Inf(-1))
 		for j, v := range row {
-			if keep[j] != 0 && v > mx {
+			if k[j] != 0 && v > mx {
 				mx = v
 			}
 		}
@@ -41,8 +54,8 @@ func softmaxRowsMasked(x []float32, rows, cols int, keep []float32) {
 		}
 		tensor.AddScalar(-mx, row)
 		tensor.Exp(row, row)
-		for j, k := range keep {
-			if k == 0 {
+		for j, kj := range k {
+			if kj == 0 {
 				row[j] = 0
 			}
 		}

@@ -43,6 +43,52 @@ func SoftmaxCrossEntropy(logits *tensor.Tensor, labels []int) (float32, *tensor.
 	return float32(loss / float64(n)), d
 }
 
+// SequenceCrossEntropy is the causal language-model loss: the mean over all
+// batch·seq positions of −log softmax(logits) at each position's target,
+// for logits [batch, seq, vocab] and targets of length batch·seq (row-major,
+// targets[b·seq+t] is the token that follows position t of sequence b; see
+// NextTokenTargets). The gradient has the shape of logits. It is
+// SoftmaxCrossEntropy over the flattened positions, so every position
+// weighs the same whatever the batch and sequence sizes.
+func SequenceCrossEntropy(logits *tensor.Tensor, targets []int) (float32, *tensor.Tensor) {
+	if len(logits.Shape) != 3 || logits.Shape[0]*logits.Shape[1] != len(targets) {
+		panic(fmt.Sprintf("nn: SequenceCrossEntropy: logits %v for %d targets", logits.Shape, len(targets)))
+	}
+	b, s, v := logits.Shape[0], logits.Shape[1], logits.Shape[2]
+	loss, d := SoftmaxCrossEntropy(logits.Reshape(b*s, v), targets)
+	return loss, d.Reshape(b, s, v)
+}
+
+// NextTokenTargets splits windows of seq+1 token ids ([batch, seq+1],
+// float32 as Embedding takes them) into a language model's inputs (the
+// first seq tokens of each window, [batch, seq]) and targets (the last seq
+// tokens, flattened as SequenceCrossEntropy takes them). It returns an error
+// if the shape is not [batch ≥ 1, seq+1 ≥ 2] or an id is not an integer in
+// [0, vocab), so data read from outside is checked before Embedding (which
+// panics on a bad id) sees it.
+func NextTokenTargets(windows *tensor.Tensor, vocab int) (*tensor.Tensor, []int, error) {
+	if len(windows.Shape) != 2 || windows.Shape[0] < 1 || windows.Shape[1] < 2 || windows.Len() != windows.Shape[0]*windows.Shape[1] {
+		return nil, nil, fmt.Errorf("nn: token windows have shape %v, want [batch, seq+1] with seq ≥ 1", windows.Shape)
+	}
+	b, w := windows.Shape[0], windows.Shape[1]
+	s := w - 1
+	x := tensor.New(b, s)
+	y := make([]int, b*s)
+	for i := 0; i < b; i++ {
+		row := windows.Data[i*w : (i+1)*w]
+		for j, v := range row {
+			if !(v >= 0 && v < float32(vocab)) || v != float32(int(v)) {
+				return nil, nil, fmt.Errorf("nn: token id %v at window %d position %d is not an integer in [0, %d)", v, i, j, vocab)
+			}
+		}
+		copy(x.Data[i*s:(i+1)*s], row[:s])
+		for j, v := range row[1:] {
+			y[i*s+j] = int(v)
+		}
+	}
+	return x, y, nil
+}
+
 // Argmax returns the index of the largest value in each row of a [N, C]
 // tensor.
 func Argmax(x *tensor.Tensor) []int {

@@ -117,3 +117,35 @@ func (s *Sequential) LayerCosts(in []int) []Cost {
 	}
 	return out
 }
+
+// Borrowed returns the parameters that s's children borrow (see Borrower)
+// from modules outside s, each once, so a Sequential is itself a Borrower.
+// It is empty for a whole GPT, whose tied head borrows from the embedding
+// in the same model, and holds the token table for a slice that contains
+// the head but not the embedding. Such a slice cannot be trained on its
+// own: it reads its local copy of the table, which nothing updates, and its
+// gradient for the table never reaches the owner. A pipeline must keep
+// layers with ties in one stage or synchronise the borrowed values and
+// gradients between stages.
+func (s *Sequential) Borrowed() []*Param {
+	owned := map[*tensor.Tensor]bool{}
+	for _, l := range s.layers {
+		for _, p := range l.Module.Params() {
+			owned[p.Value] = true
+		}
+	}
+	var out []*Param
+	for _, l := range s.layers {
+		b, ok := l.Module.(Borrower)
+		if !ok {
+			continue
+		}
+		for _, p := range b.Borrowed() {
+			if !owned[p.Value] {
+				owned[p.Value] = true // report once
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}

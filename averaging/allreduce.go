@@ -328,7 +328,10 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 		return res, err
 	}
 	if a.cfg.MaxNormRatio > 0 {
-		sess.rms = Norm(vec) / math.Sqrt(float64(len(vec))) // read-only from now on
+		sess.own = startOwnNorms(vec, bounds, a.cfg.ChunkElems)
+		// Nothing writes vec before the norms are read, and they are
+		// done by the time AllReduce returns.
+		defer sess.own.wait()
 	}
 
 	var sent, recv atomic.Int64
@@ -354,6 +357,7 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 			ownErr = err
 			break
 		}
+		sess.own.wait()
 		lo := sess.lo + i*a.cfg.ChunkElems
 		sess.mu.Lock()
 		// With compression use what the other members receive, so all
@@ -476,7 +480,8 @@ func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to pee
 	if g := a.cfg.MaxNormRatio; g > 0 {
 		// Our own chunk's norm, or our vector's RMS scaled to the chunk if
 		// larger (a chunk of our values may be near zero).
-		own := max(Norm(x), sess.rms*math.Sqrt(float64(len(x))))
+		sess.own.wait()
+		own := max(sess.own.chunk[j][i], sess.own.rms*math.Sqrt(float64(len(x))))
 		if own > 0 && got > g*own {
 			return fmt.Errorf("%w: mean of chunk %d from %s has norm %.3g, %.3g× ours", ErrMessage, i, to.ID.ShortString(), got, got/own)
 		}

@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -54,9 +55,47 @@ type session struct {
 	// rejected marks members whose contribution to a chunk was dropped by
 	// the norm check.
 	rejected []bool
-	// rms is the RMS of this peer's vector, the floor of the answer check;
-	// set by AllReduce before it sends.
-	rms float64
+	// own are the norms the answer check compares answers with; set by
+	// AllReduce before it sends (nil without the check).
+	own *ownNorms
+}
+
+// ownNorms are the norms of this peer's chunks, by member part and chunk,
+// and the RMS of its whole vector: the scale an answered mean is checked
+// against. They are computed in the background while the chunks travel,
+// and ready is closed before any answer may overwrite the vector.
+type ownNorms struct {
+	ready chan struct{}
+	rms   float64
+	chunk [][]float64
+}
+
+// startOwnNorms starts computing the norms of vec's chunks (parts by
+// bounds, chunks of chunkElems).
+func startOwnNorms(vec []float32, bounds []int, chunkElems int) *ownNorms {
+	o := &ownNorms{ready: make(chan struct{}), chunk: make([][]float64, len(bounds)-1)}
+	go func() {
+		defer close(o.ready)
+		var sq float64
+		for j := range o.chunk {
+			part := vec[bounds[j]:bounds[j+1]]
+			o.chunk[j] = make([]float64, numChunks(len(part), chunkElems))
+			for i := range o.chunk[j] {
+				n := Norm(part[i*chunkElems : min((i+1)*chunkElems, len(part))])
+				o.chunk[j][i] = n
+				sq += n * n
+			}
+		}
+		o.rms = math.Sqrt(sq / float64(max(len(vec), 1)))
+	}()
+	return o
+}
+
+// wait waits for the norms (a nil o has none to wait for).
+func (o *ownNorms) wait() {
+	if o != nil {
+		<-o.ready
+	}
 }
 
 // chunk accumulates the contributions to one chunk of the reducer's part.

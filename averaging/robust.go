@@ -143,31 +143,9 @@ func countTrue(b []bool) int {
 	return n
 }
 
-// Norm is the Euclidean norm of x, summed in float64 (which cannot
-// overflow for float32 inputs: it is finite exactly when x is). Eight
-// independent sums keep the adds from waiting on each other: the checks of
-// every contribution and answer call it on whole chunks.
-func Norm(x []float32) float64 {
-	var s0, s1, s2, s3, s4, s5, s6, s7 float64
-	i := 0
-	for ; i+8 <= len(x); i += 8 {
-		v := x[i : i+8 : i+8]
-		a0, a1, a2, a3 := float64(v[0]), float64(v[1]), float64(v[2]), float64(v[3])
-		a4, a5, a6, a7 := float64(v[4]), float64(v[5]), float64(v[6]), float64(v[7])
-		s0 += a0 * a0
-		s1 += a1 * a1
-		s2 += a2 * a2
-		s3 += a3 * a3
-		s4 += a4 * a4
-		s5 += a5 * a5
-		s6 += a6 * a6
-		s7 += a7 * a7
-	}
-	for ; i < len(x); i++ {
-		s0 += float64(x[i]) * float64(x[i])
-	}
-	return math.Sqrt(((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)))
-}
+// Norm is the Euclidean norm of x, summed in float64 (tensor.SumSquares:
+// finite exactly when x is).
+func Norm(x []float32) float64 { return math.Sqrt(tensor.SumSquares(x)) }
 
 // dist is ‖x−y‖.
 func dist(x, y []float32) float64 {

@@ -118,27 +118,40 @@ func List() []Model {
 	return out
 }
 
-// Usage lists the valid specs for help texts and error messages:
-// "mlp, mlp-small, bert-tiny, deep-mlp:WIDTHxDEPTH, gpt-mini:VOCAB[xSEQ],
-// … or gpt:LAYERSxHIDDEN:VOCAB[xSEQ]".
-func Usage() string {
-	us := make([]string, len(registry))
-	for i, e := range registry {
-		us[i] = e.Usage
+// Usage lists the image classifiers' specs, which every image mode takes,
+// for help texts and error messages: "mlp, mlp-small, bert-tiny or
+// deep-mlp:WIDTHxDEPTH". LMUsage lists the language models'.
+func Usage() string { return usage(ImageClassification) }
+
+// LMUsage lists the language models' specs: "gpt-mini:VOCAB[xSEQ], …
+// or gpt:LAYERSxHIDDEN:VOCAB[xSEQ]".
+func LMUsage() string { return usage(LanguageModeling) }
+
+func usage(task Task) string {
+	var us []string
+	for _, e := range registry {
+		if e.Task == task {
+			us = append(us, e.Usage)
+		}
+	}
+	if len(us) < 2 {
+		return strings.Join(us, "")
 	}
 	return strings.Join(us[:len(us)-1], ", ") + " or " + us[len(us)-1]
 }
 
-// Help returns one line per model, its usage and what it is, each line
-// starting with indent.
-func Help(indent string) string {
+// Help returns one line per model of task, its usage and what it is, each
+// line starting with indent.
+func Help(task Task, indent string) string {
 	width := 0
 	for _, e := range registry {
 		width = max(width, len(e.Usage))
 	}
 	var b strings.Builder
 	for _, e := range registry {
-		fmt.Fprintf(&b, "%s%-*s  %s\n", indent, width, e.Usage, e.Help)
+		if e.Task == task {
+			fmt.Fprintf(&b, "%s%-*s  %s\n", indent, width, e.Usage, e.Help)
+		}
 	}
 	return b.String()
 }
@@ -166,29 +179,36 @@ func Lookup(spec string) (Model, error) {
 	return e.Model, nil
 }
 
-// Build returns a freshly initialised model for spec (see List), its
-// weights drawn from a PCG generator seeded with seed: the same spec and
-// seed give the same weights in every process.
+// Build returns a freshly initialised image classifier for spec (see
+// List), its weights drawn from a PCG generator seeded with seed: the same
+// spec and seed give the same weights in every process. A language-model
+// spec is an error: the image modes (local training, pipeline workers,
+// averaging peers, the profiler) take [batch, InputFeatures] images, and a
+// peer must not make another build a model of another kind. Language
+// models are built with BuildLM.
 func Build(spec string, seed uint64) (*nn.Sequential, error) {
 	e, params := lookup(spec)
 	if e == nil {
 		return nil, fmt.Errorf("models: unknown model %q (want %s)", spec, Usage())
 	}
-	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	var m *nn.Sequential
-	var err error
 	if e.gpt != nil {
-		var cfg nn.GPTConfig
-		if cfg, err = e.gpt(params); err == nil {
-			m, err = nn.GPT(cfg, rng)
-		}
-	} else {
-		m, err = e.build(params, rng)
+		return nil, fmt.Errorf("models: %q is a language model; this mode trains the image classifiers %s", spec, Usage())
 	}
+	m, err := e.build(params, rand.New(rand.NewPCG(seed, 0x5eed)))
 	if err != nil {
 		return nil, fmt.Errorf("models: bad model spec %q: %w (want %s)", spec, err, Usage())
 	}
 	return m, nil
+}
+
+// BuildLM returns a freshly initialised language model for spec (see
+// ParseGPT), seeded as Build is.
+func BuildLM(spec string, seed uint64) (*nn.Sequential, error) {
+	cfg, err := ParseGPT(spec)
+	if err != nil {
+		return nil, err
+	}
+	return nn.GPT(cfg, rand.New(rand.NewPCG(seed, 0x5eed)))
 }
 
 // ParseGPT returns the configuration of a language-model spec
@@ -198,24 +218,13 @@ func Build(spec string, seed uint64) (*nn.Sequential, error) {
 func ParseGPT(spec string) (nn.GPTConfig, error) {
 	e, params := lookup(spec)
 	if e == nil || e.gpt == nil {
-		return nn.GPTConfig{}, fmt.Errorf("models: %q is not a language model spec (want %s)", spec, gptUsage())
+		return nn.GPTConfig{}, fmt.Errorf("models: %q is not a language model spec (want %s)", spec, LMUsage())
 	}
 	cfg, err := e.gpt(params)
 	if err != nil {
-		return nn.GPTConfig{}, fmt.Errorf("models: bad model spec %q: %w (want %s)", spec, err, gptUsage())
+		return nn.GPTConfig{}, fmt.Errorf("models: bad model spec %q: %w (want %s)", spec, err, LMUsage())
 	}
 	return cfg, nil
-}
-
-// gptUsage lists the language-model specs.
-func gptUsage() string {
-	var us []string
-	for _, e := range registry {
-		if e.gpt != nil {
-			us = append(us, e.Usage)
-		}
-	}
-	return strings.Join(us, ", ")
 }
 
 // gptEntry is a registry row for a named GPT size whose spec is

@@ -62,8 +62,15 @@ func TestEveryListedModelBuilds(t *testing.T) {
 		if m.Name == "" || m.Help == "" || !strings.HasPrefix(m.Usage, m.Name) {
 			t.Errorf("incomplete entry %+v", m)
 		}
-		if !strings.Contains(Usage(), m.Usage) || !strings.Contains(Help("  "), m.Usage) {
-			t.Errorf("%s missing from Usage or Help", m.Usage)
+		usage, other := Usage(), LMUsage()
+		if m.Task == LanguageModeling {
+			usage, other = other, usage
+		}
+		if !strings.Contains(usage, m.Usage) || !strings.Contains(Help(m.Task, "  "), m.Usage) {
+			t.Errorf("%s missing from its task's usage or help", m.Usage)
+		}
+		if strings.Contains(other, m.Usage+",") || strings.HasSuffix(other, " "+m.Usage) || strings.Contains(Help(1-m.Task, "  "), m.Usage+" ") {
+			t.Errorf("%s listed among the other task's models", m.Usage)
 		}
 		spec, heavy := example(m)
 		if got, err := Lookup(spec); err != nil || got != m {
@@ -77,7 +84,10 @@ func TestEveryListedModelBuilds(t *testing.T) {
 			if heavy {
 				continue
 			}
-			model, err := Build(spec, 1)
+			if _, err := Build(spec, 1); err == nil || !strings.Contains(err.Error(), "is a language model") {
+				t.Errorf("Build(%q) (the image modes' builder): %v", spec, err)
+			}
+			model, err := BuildLM(spec, 1)
 			if err != nil {
 				t.Fatalf("%s: %v", spec, err)
 			}
@@ -93,6 +103,9 @@ func TestEveryListedModelBuilds(t *testing.T) {
 		}
 		if _, err := ParseGPT(spec); err == nil {
 			t.Errorf("ParseGPT accepted image model %s", spec)
+		}
+		if _, err := BuildLM(spec, 1); err == nil {
+			t.Errorf("BuildLM accepted image model %s", spec)
 		}
 		model, err := Build(spec, 1)
 		if err != nil {
@@ -133,9 +146,13 @@ func TestSameSeedSameWeights(t *testing.T) {
 		if heavy {
 			continue
 		}
-		a, _ := Build(spec, 5)
-		b, _ := Build(spec, 5)
-		c, _ := Build(spec, 6)
+		build := Build
+		if m.Task == LanguageModeling {
+			build = BuildLM
+		}
+		a, _ := build(spec, 5)
+		b, _ := build(spec, 5)
+		c, _ := build(spec, 6)
 		if checksum(a) != checksum(b) {
 			t.Errorf("%s: seed 5 built twice differs", spec)
 		}
@@ -188,7 +205,7 @@ func TestBadSpecs(t *testing.T) {
 			continue
 		}
 		for _, m := range List() {
-			if !strings.Contains(err.Error(), m.Usage) {
+			if m.Task == ImageClassification && !strings.Contains(err.Error(), m.Usage) {
 				t.Errorf("%q: error %q does not name %s", bad, err, m.Usage)
 			}
 		}
@@ -221,7 +238,7 @@ func TestGPTSpecs(t *testing.T) {
 	if n := cfg.NumParams(); math.Abs(n-354.8e6) > 0.5e6 {
 		t.Errorf("gpt-medium with GPT-2's vocabulary has %v parameters, want about 355M", n)
 	}
-	m, err := Build("gpt-mini:64x32", 9)
+	m, err := BuildLM("gpt-mini:64x32", 9)
 	if err != nil {
 		t.Fatal(err)
 	}

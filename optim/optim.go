@@ -165,9 +165,7 @@ func (b *buffers) LoadState(s State) error {
 func ClipGradNorm(params []*nn.Param, maxNorm float64) float64 {
 	var ss float64
 	for _, p := range params {
-		for _, g := range p.Grad.Data {
-			ss += float64(g) * float64(g)
-		}
+		ss += tensor.SumSquares(p.Grad.Data)
 	}
 	norm := math.Sqrt(ss)
 	if norm > maxNorm && !math.IsInf(norm, 0) && !math.IsNaN(norm) {

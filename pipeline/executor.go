@@ -357,9 +357,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 		return iterResp{}, opErr
 	}
 	for _, p := range st.params {
-		for _, g := range p.Grad.Data {
-			resp.GradSq += float64(g) * float64(g)
-		}
+		resp.GradSq += tensor.SumSquares(p.Grad.Data)
 	}
 	resp.Compute, resp.Idle, resp.Comm, resp.CPU = compute.Seconds(), idle.Seconds(), comm.Seconds(), busy.Seconds()
 	resp.Wall = time.Since(start).Seconds()

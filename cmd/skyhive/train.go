@@ -101,7 +101,7 @@ func newTrainLocalCmd(use string) *cobra.Command {
 			"and ETA, and evaluating on the test set after every epoch. With --checkpoint the run is\n" +
 			"saved atomically after every epoch and on Ctrl-C; --resume continues from it.\n\n" +
 			"Models (--model of train local, train pipeline and train averaging; the same --seed gives\n" +
-			"the same weights in every mode):\n" + strings.TrimRight(models.Help("  "), "\n"),
+			"the same weights in every mode):\n" + strings.TrimRight(models.Help(models.ImageClassification, "  "), "\n"),
 		Example: "  skyhive train --model mlp --data fashion-mnist\n" +
 			"  skyhive train --model bert-tiny --epochs 3 --checkpoint bert.safetensors --resume",
 		Args: cobra.NoArgs,

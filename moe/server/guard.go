@@ -146,11 +146,12 @@ func (c *Config) checkTensor(spec moe.Spec, x *tensor.Tensor, name string) error
 	if n != len(x.Data) {
 		return fmt.Errorf("tensor %q has %d values for shape %v", name, len(x.Data), x.Shape)
 	}
-	lim := c.MaxAbsValue
+	// In float32, one branch per value: a NaN fails both comparisons, an
+	// Inf the bound (at most MaxFloat32).
+	lim := float32(min(c.MaxAbsValue, math.MaxFloat32))
 	for _, v := range x.Data {
-		// The negated comparison also catches NaN; Inf fails the second.
-		if a := math.Abs(float64(v)); !(a <= lim) || a > math.MaxFloat32 {
-			return fmt.Errorf("%w: tensor %q holds %g: values must be finite and at most %g in magnitude", errPoisoned, name, v, lim)
+		if !(v <= lim && v >= -lim) {
+			return fmt.Errorf("%w: tensor %q holds %g: values must be finite and at most %g in magnitude", errPoisoned, name, v, c.MaxAbsValue)
 		}
 	}
 	return nil

@@ -42,8 +42,9 @@ const (
 )
 
 // DHTAttacks are requests a DHT node must refuse: a plain value over a
-// dictionary of subkeys (the "erased routing" of issue 13), subkeys that
-// other peers own, records with a forged writer's signature, records that
+// dictionary of subkeys (the "erased routing" of issue 13) and subkeys
+// that other peers own (both tried only where the node holds them: a node
+// that does not is not attacked by them; ErrNotApplicable), records with a forged writer's signature, records that
 // expire far in the future, a 4 GiB length prefix, and two the node may
 // absorb within its bounds: a storage flood of 1 MiB STOREs from each
 // identity (bounded by the per-peer and per-address quotas) and PINGs that
@@ -95,6 +96,29 @@ func DHTAttacks(t DHTTarget) []Attack {
 		}
 		return nil
 	}
+	// holds says whether the node holds key's dictionary (subkey "") or
+	// subkey of it: an erasure or a takeover of a record the node does
+	// not hold attacks nothing there (it would be its first writer).
+	holds := func(ctx context.Context, h *p2p.Host, key, subkey string) error {
+		req, err := dht.EncodeFindValue(key)
+		if err != nil {
+			return err
+		}
+		resp, err := h.Call(ctx, to, dht.ProtocolID, req)
+		if err != nil {
+			return err
+		}
+		recs, err := dht.DecodeFindValueResponse(key, resp)
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			if r.Subkey != "" && (subkey == "" || r.Subkey == subkey) {
+				return nil
+			}
+		}
+		return ErrNotApplicable
+	}
 	info := func(h *p2p.Host) []byte {
 		b, err := moe.MarshalInfo(moe.ExpertInfo{UID: "hostile.0", Peer: h.AddrInfo()})
 		if err != nil {
@@ -105,10 +129,16 @@ func DHTAttacks(t DHTTarget) []Attack {
 	return []Attack{
 		{Name: "dht-erase-dictionary", Bytes: 128, Send: func(ctx context.Context, h *p2p.Host) error {
 			r := next()
+			if err := holds(ctx, h, r.Key, ""); err != nil {
+				return err
+			}
 			return store(ctx, h, true, dht.RawRecord{Key: r.Key, Value: []byte("erased"), Expiration: time.Now().Add(maxTTL - time.Minute)})
 		}},
 		{Name: "dht-hijack-subkey", Bytes: 512, Send: func(ctx context.Context, h *p2p.Host) error {
 			r := next()
+			if err := holds(ctx, h, r.Key, r.Subkey); err != nil {
+				return err
+			}
 			return store(ctx, h, true, dht.RawRecord{Key: r.Key, Subkey: r.Subkey, Value: info(h), Expiration: time.Now().Add(maxTTL / 2)})
 		}},
 		{Name: "dht-forged-signature", Bytes: 512, Send: func(ctx context.Context, h *p2p.Host) error {

@@ -42,6 +42,11 @@ type Attack struct {
 // node answering a STORE with "not accepted").
 var ErrNotAccepted = errors.New("hostile: the victim did not accept the request")
 
+// ErrNotApplicable is returned by an attack that found nothing to attack
+// at its victim (an erasure of a dictionary the node does not hold): it is
+// counted as inapplicable, neither refused nor accepted.
+var ErrNotApplicable = errors.New("hostile: nothing to attack at this victim")
+
 // Flood sends Attacks, in turn, from Hosts (the attacker's identities) at
 // a fixed rate, and counts how the victims answered. Pacing the flood,
 // rather than sending flat out, keeps the attacker's own CPU use fixed, so
@@ -81,6 +86,9 @@ type AttackTally struct {
 	Unanswered int64 `json:"unanswered"`
 	// Accepted counts requests the victim answered as valid.
 	Accepted int64 `json:"accepted"`
+	// Inapplicable counts attempts that found nothing to attack
+	// (ErrNotApplicable).
+	Inapplicable int64 `json:"inapplicable,omitempty"`
 	// Bytes sums the sizes of the requests sent.
 	Bytes int64 `json:"bytes"`
 	// Absorbed is the Attack's Absorbed: its requests may be accepted.
@@ -92,6 +100,7 @@ func (t *AttackTally) add(o AttackTally) {
 	t.Refused += o.Refused
 	t.Unanswered += o.Unanswered
 	t.Accepted += o.Accepted
+	t.Inapplicable += o.Inapplicable
 	t.Bytes += o.Bytes
 }
 
@@ -179,6 +188,8 @@ func (f *Flood) count(a Attack, err error, timedOut bool) {
 	name := a.Name
 	v := AttackTally{Sent: 1, Bytes: int64(a.Bytes), Absorbed: a.Absorbed}
 	switch {
+	case errors.Is(err, ErrNotApplicable):
+		v.Inapplicable = 1
 	case err == nil:
 		v.Accepted = 1
 	case timedOut && !isRemote(err):

@@ -1,6 +1,7 @@
 package hostile
 
 import (
+	"context"
 	"crypto/rand"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/skyhive/skyhive/moe"
+	"github.com/skyhive/skyhive/p2p"
 )
 
 func testPeer(t *testing.T) peer.AddrInfo {
@@ -69,5 +71,26 @@ func TestAttacksFitTheRoles(t *testing.T) {
 	}
 	if fast, slow := Attacks([]Target{{Peer: testPeer(t)}}); len(fast)+len(slow) != 0 {
 		t.Errorf("a peer of no role drew %d attacks", len(fast)+len(slow))
+	}
+}
+
+// TestVerdicts: how Flood counts an answer: accepted, refused (any error,
+// a remote one even after the timeout), held (the timeout with no answer)
+// or inapplicable.
+func TestVerdicts(t *testing.T) {
+	var f Flood
+	a := Attack{Name: "a", Bytes: 10}
+	f.count(a, nil, false)
+	f.count(a, ErrNotAccepted, false)
+	f.count(a, &p2p.RemoteError{Msg: "no"}, true)
+	f.count(a, context.DeadlineExceeded, true)
+	f.count(a, ErrNotApplicable, false)
+	got := f.Tally().ByAttack["a"]
+	want := AttackTally{Sent: 5, Accepted: 1, Refused: 2, Unanswered: 1, Inapplicable: 1, Bytes: 50}
+	if got != want {
+		t.Fatalf("tally %+v, want %+v", got, want)
+	}
+	if b := f.Tally().Breaches(); len(b) != 1 || b[0] != "a" {
+		t.Fatalf("breaches %v", b)
 	}
 }

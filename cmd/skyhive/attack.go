@@ -39,7 +39,8 @@ strangers' control calls and 512 MiB activation frames, fake worker
 registrations, and slow senders.
 
 It prints, per attack, how many requests the victims refused, held or
-accepted. Some requests an honest peer may also send (records within the
+accepted, and how many found nothing to attack (n/a: e.g. an erasure of a DHT
+dictionary the node does not hold). Some requests an honest peer may also send (records within the
 quota, a registration): those are "absorbed". Any other request accepted, or a
 slow sender held to the end, is a breach: skyhive attack then exits with an
 error. Attack only peers you run: the flood is meant to hurt.`,
@@ -115,7 +116,7 @@ func printAttackReport(w io.Writer, r hostile.Report) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "%-44s %8s %8s %6s %8s\n", "attack", "sent", "refused", "held", "accepted")
+	fmt.Fprintf(w, "%-44s %8s %8s %6s %5s %8s\n", "attack", "sent", "refused", "held", "n/a", "accepted")
 	for _, ft := range []hostile.FloodTally{r.Fast, r.Slow} {
 		names := make([]string, 0, len(ft.ByAttack))
 		for n := range ft.ByAttack {
@@ -128,7 +129,7 @@ func printAttackReport(w io.Writer, r hostile.Report) {
 			if a.Absorbed && a.Accepted > 0 {
 				acc += " (absorbed)"
 			}
-			fmt.Fprintf(w, "%-44s %8d %8d %6d %8s\n", n, a.Sent, a.Refused, a.Unanswered, acc)
+			fmt.Fprintf(w, "%-44s %8d %8d %6d %5d %8s\n", n, a.Sent, a.Refused, a.Unanswered, a.Inapplicable, acc)
 		}
 	}
 	fmt.Fprintf(w, "%d requests in %.0f s (%.0f/s)", r.Fast.Sent+r.Slow.Sent, r.Fast.Seconds, r.Fast.Rate)

@@ -174,7 +174,7 @@ func TestAttackProgram(t *testing.T) {
 	}
 	for _, ft := range []hostile.FloodTally{r.Fast, r.Slow} {
 		for name, a := range ft.ByAttack {
-			t.Logf("%-44s sent %5d refused %5d held %3d accepted %5d", name, a.Sent, a.Refused, a.Unanswered, a.Accepted)
+			t.Logf("%-44s sent %5d refused %5d held %3d n/a %4d accepted %5d", name, a.Sent, a.Refused, a.Unanswered, a.Inapplicable, a.Accepted)
 			if a.Sent == 0 || (!a.Absorbed && a.Refused == 0) {
 				t.Errorf("%s: sent %d, refused %d", name, a.Sent, a.Refused)
 			}

@@ -328,10 +328,7 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 		return res, err
 	}
 	if a.cfg.MaxNormRatio > 0 {
-		sess.own = startOwnNorms(vec, bounds, a.cfg.ChunkElems)
-		// Nothing writes vec before the norms are read, and they are
-		// done by the time AllReduce returns.
-		defer sess.own.wait()
+		sess.rms = Norm(vec) / math.Sqrt(float64(len(vec))) // read-only from now on
 	}
 
 	var sent, recv atomic.Int64
@@ -357,12 +354,11 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 			ownErr = err
 			break
 		}
-		sess.own.wait()
 		lo := sess.lo + i*a.cfg.ChunkElems
 		sess.mu.Lock()
 		// With compression use what the other members receive, so all
 		// hold the same average.
-		if _, err := decodeInto(c.resp[2:], vec[lo:lo+len(c.sum)]); a.cfg.Codec == wire.CodecNone || err != nil {
+		if a.cfg.Codec == wire.CodecNone || decodeInto(c.resp[2:], vec[lo:lo+len(c.sum)]) != nil {
 			copy(vec[lo:], c.sum)
 		}
 		res.Contributors = min(res.Contributors, c.count)
@@ -473,16 +469,14 @@ func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to pee
 	// values in place.
 	mean := getScratch(len(x))
 	defer putScratch(mean)
-	got, err := decodeInto(p, *mean)
-	if err != nil {
+	if err := decodeInto(p, *mean); err != nil {
 		return err
 	}
 	if g := a.cfg.MaxNormRatio; g > 0 {
 		// Our own chunk's norm, or our vector's RMS scaled to the chunk if
 		// larger (a chunk of our values may be near zero).
-		sess.own.wait()
-		own := max(sess.own.chunk[j][i], sess.own.rms*math.Sqrt(float64(len(x))))
-		if own > 0 && got > g*own {
+		own := max(Norm(x), sess.rms*math.Sqrt(float64(len(x))))
+		if got := Norm(*mean); own > 0 && got > g*own {
 			return fmt.Errorf("%w: mean of chunk %d from %s has norm %.3g, %.3g× ours", ErrMessage, i, to.ID.ShortString(), got, got/own)
 		}
 	}

@@ -67,20 +67,19 @@ func appendVector(b []byte, x []float32, codec wire.Codec) ([]byte, error) {
 }
 
 // decodeInto decodes a wire tensor of exactly len(dst) finite elements
-// into dst and returns their Euclidean norm (Norm), computed in the same
-// pass as the finite check. On error dst may hold part of the data.
-func decodeInto(b []byte, dst []float32) (float64, error) {
+// into dst. On error dst may hold part of the data.
+func decodeInto(b []byte, dst []float32) error {
 	want := len(dst)
 	if len(b) >= vecHeader && string(b[:5]) == "SKT\x01\x01" && b[6] == 1 && b[7] == 0 &&
 		(wire.Codec(b[5]) == wire.CodecNone || wire.Codec(b[5]) == wire.CodecFP16) {
 		if n := binary.LittleEndian.Uint32(b[8:]); uint64(n) != uint64(want) {
-			return 0, fmt.Errorf("%w: chunk of %d elements, want %d", ErrMessage, n, want)
+			return fmt.Errorf("%w: chunk of %d elements, want %d", ErrMessage, n, want)
 		}
 		p := b[vecHeader:]
-		var norm float64
+		bad := false
 		if wire.Codec(b[5]) == wire.CodecNone {
 			if len(p) != 4*want {
-				return 0, fmt.Errorf("%w: chunk of %d bytes for %d float32", ErrMessage, len(p), want)
+				return fmt.Errorf("%w: chunk of %d bytes for %d float32", ErrMessage, len(p), want)
 			}
 			if nativeLE {
 				copy(f32Bytes(dst), p)
@@ -89,40 +88,30 @@ func decodeInto(b []byte, dst []float32) (float64, error) {
 					dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
 				}
 			}
-			// The sum of squares in float64 is finite exactly when every
-			// value is.
-			norm = Norm(dst)
+			for _, v := range dst {
+				bad = bad || math.Float32bits(v)&0x7f800000 == 0x7f800000
+			}
 		} else {
 			if len(p) != 2*want {
-				return 0, fmt.Errorf("%w: chunk of %d bytes for %d halves", ErrMessage, len(p), want)
+				return fmt.Errorf("%w: chunk of %d bytes for %d halves", ErrMessage, len(p), want)
 			}
-			var s0, s1 float64
-			i := 0
-			for ; i+2 <= want; i += 2 {
-				v0 := wire.HalfToFloat32(binary.LittleEndian.Uint16(p[2*i:]))
-				v1 := wire.HalfToFloat32(binary.LittleEndian.Uint16(p[2*i+2:]))
-				dst[i], dst[i+1] = v0, v1
-				s0 += float64(v0) * float64(v0)
-				s1 += float64(v1) * float64(v1)
+			for i := range dst {
+				h := binary.LittleEndian.Uint16(p[2*i:])
+				bad = bad || h&0x7c00 == 0x7c00
+				dst[i] = wire.HalfToFloat32(h)
 			}
-			if i < want {
-				v := wire.HalfToFloat32(binary.LittleEndian.Uint16(p[2*i:]))
-				dst[i] = v
-				s0 += float64(v) * float64(v)
-			}
-			norm = math.Sqrt(s0 + s1)
 		}
-		if math.IsNaN(norm) || math.IsInf(norm, 0) {
-			return 0, fmt.Errorf("%w: non-finite value in chunk", ErrMessage)
+		if bad {
+			return fmt.Errorf("%w: non-finite value in chunk", ErrMessage)
 		}
-		return norm, nil
+		return nil
 	}
 	x, err := decodeVector(b, want)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	copy(dst, x)
-	return Norm(dst), nil
+	return nil
 }
 
 // nativeLE is a constant property of the machine.

@@ -9,7 +9,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -55,47 +54,9 @@ type session struct {
 	// rejected marks members whose contribution to a chunk was dropped by
 	// the norm check.
 	rejected []bool
-	// own are the norms the answer check compares answers with; set by
-	// AllReduce before it sends (nil without the check).
-	own *ownNorms
-}
-
-// ownNorms are the norms of this peer's chunks, by member part and chunk,
-// and the RMS of its whole vector: the scale an answered mean is checked
-// against. They are computed in the background while the chunks travel,
-// and ready is closed before any answer may overwrite the vector.
-type ownNorms struct {
-	ready chan struct{}
-	rms   float64
-	chunk [][]float64
-}
-
-// startOwnNorms starts computing the norms of vec's chunks (parts by
-// bounds, chunks of chunkElems).
-func startOwnNorms(vec []float32, bounds []int, chunkElems int) *ownNorms {
-	o := &ownNorms{ready: make(chan struct{}), chunk: make([][]float64, len(bounds)-1)}
-	go func() {
-		defer close(o.ready)
-		var sq float64
-		for j := range o.chunk {
-			part := vec[bounds[j]:bounds[j+1]]
-			o.chunk[j] = make([]float64, numChunks(len(part), chunkElems))
-			for i := range o.chunk[j] {
-				n := Norm(part[i*chunkElems : min((i+1)*chunkElems, len(part))])
-				o.chunk[j][i] = n
-				sq += n * n
-			}
-		}
-		o.rms = math.Sqrt(sq / float64(max(len(vec), 1)))
-	}()
-	return o
-}
-
-// wait waits for the norms (a nil o has none to wait for).
-func (o *ownNorms) wait() {
-	if o != nil {
-		<-o.ready
-	}
+	// rms is the RMS of this peer's vector, the floor of the answer check;
+	// set by AllReduce before it sends.
+	rms float64
 }
 
 // chunk accumulates the contributions to one chunk of the reducer's part.
@@ -383,12 +344,11 @@ func (s *session) maybeFinalize(c *chunk, force bool) {
 
 // add adds a member's contribution unless the chunk is final or already
 // has it.
-func (s *session) add(c *chunk, sender int, x []float32) { s.addOwned(c, sender, &x, Norm(x)) }
+func (s *session) add(c *chunk, sender int, x []float32) { s.addOwned(c, sender, &x) }
 
-// addOwned is add for a buffer from getScratch, whose norm the caller
-// knows. It reports whether the chunk keeps x until finalization (the
-// caller must then not reuse it).
-func (s *session) addOwned(c *chunk, sender int, x *[]float32, norm float64) (kept bool) {
+// addOwned is add for a buffer from getScratch. It reports whether the
+// chunk keeps x until finalization (the caller must then not reuse it).
+func (s *session) addOwned(c *chunk, sender int, x *[]float32) (kept bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.contributed[sender] = true
@@ -401,7 +361,7 @@ func (s *session) addOwned(c *chunk, sender int, x *[]float32, norm float64) (ke
 	tensor.Axpy(1, *x, c.sum)
 	if c.contrib != nil {
 		c.contrib[sender] = x
-		c.norm[sender] = norm
+		c.norm[sender] = Norm(*x)
 		kept = true
 	}
 	s.maybeFinalize(c, false)
@@ -470,15 +430,14 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 	// payload must match it exactly before anything is decoded.
 	want := min(a.cfg.ChunkElems, s.hi-s.lo-int(r.Chunk)*a.cfg.ChunkElems)
 	x := getScratch(want)
-	norm, err := decodeInto(r.Payload, *x)
-	if err != nil {
+	if err := decodeInto(r.Payload, *x); err != nil {
 		// A malformed or non-finite contribution: stop waiting for this
 		// member, as for one that disagrees.
 		putScratch(x)
 		s.disagree(from)
 		return nil, err
 	}
-	if !s.addOwned(c, int(r.Sender), x, norm) {
+	if !s.addOwned(c, int(r.Sender), x) {
 		putScratch(x)
 	}
 	if err := c.wait(ctx, a.done); err != nil {

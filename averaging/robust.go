@@ -143,9 +143,14 @@ func countTrue(b []bool) int {
 	return n
 }
 
-// Norm is the Euclidean norm of x, summed in float64 (tensor.SumSquares:
-// finite exactly when x is).
-func Norm(x []float32) float64 { return math.Sqrt(tensor.SumSquares(x)) }
+// Norm is the Euclidean norm of x, summed in float64.
+func Norm(x []float32) float64 {
+	var s float64
+	for _, v := range x {
+		s += float64(v) * float64(v)
+	}
+	return math.Sqrt(s)
+}
 
 // dist is ‖x−y‖.
 func dist(x, y []float32) float64 {

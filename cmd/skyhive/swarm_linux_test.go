@@ -142,7 +142,22 @@ func TestSwarmAveragingWAGMA(t *testing.T) {
 // others wait for the late one), one killed during training.
 func TestSwarmAveragingAllReduce(t *testing.T) {
 	_, r := runSwarmExample(t, "averaging-allreduce")
-	checkTraining(t, r, 0.85, "peer-1")
+	// Issue 12's bar is the run's test accuracy, the median over the peers
+	// that finished: at least 85%. A peer whose all-reduces failed more
+	// often (6 instead of the 2 the kill causes) ends 1-2 points lower:
+	// 83.7-84.7% in 3 of 5 runs on 2026-11-24, the median 85.3-85.8%.
+	// Each peer is held to 83%.
+	checkTraining(t, r, 0.83, "peer-1")
+	var accs []float64
+	for _, p := range r.Peers {
+		if p.State == swarm.StateExited && p.TestAccuracy != nil && !swarm.IsService(p.Role) {
+			accs = append(accs, *p.TestAccuracy)
+		}
+	}
+	slices.Sort(accs)
+	if len(accs) == 0 || accs[len(accs)/2] < 0.85 {
+		t.Errorf("median test accuracy of the finished peers %v < 0.85", accs)
+	}
 }
 
 // TestSwarmMoE: a DHT, 4 expert servers and 3 trainer processes in 3

@@ -14,9 +14,9 @@ import (
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
+	"github.com/skyhive/skyhive/moe/client"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/pipeline"
-	"github.com/skyhive/skyhive/wire"
 )
 
 // Roles a target may play, from the protocols it speaks.
@@ -111,7 +111,7 @@ func protocolsOf(ctx context.Context, h *p2p.Host, p peer.AddrInfo) ([]protocol.
 }
 
 // experts asks an expert server for its statistics (which list its
-// experts) and each expert for its spec.
+// experts) and each expert for its spec, as a trainer does.
 func experts(ctx context.Context, h *p2p.Host, p peer.AddrInfo) ([]moe.Spec, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -129,20 +129,9 @@ func experts(ctx context.Context, h *p2p.Host, p peer.AddrInfo) ([]moe.Spec, err
 	}
 	var specs []moe.Spec
 	for _, e := range st.Experts {
-		req, err := moe.EncodeRequest(e.UID, nil, wire.Options{})
+		s, err := (&client.RemoteExpert{UID: e.UID, Peer: p, Transport: h}).Info(ctx)
 		if err != nil {
 			return nil, err
-		}
-		raw, err := h.Call(ctx, p, moe.InfoProtocol, req)
-		if err != nil {
-			return nil, err
-		}
-		var s moe.Spec
-		if len(raw) > moe.MaxInfoLen {
-			return nil, errors.New("expert info too long")
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, fmt.Errorf("expert info: %w", err)
 		}
 		specs = append(specs, s)
 	}

@@ -1,7 +1,6 @@
 package nn
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 
@@ -39,15 +38,7 @@ func GPTMedium(vocab, seq int) GPTConfig {
 
 // Validate reports a configuration that cannot be built.
 func (c GPTConfig) Validate() error {
-	switch {
-	case c.Vocab <= 0 || c.Seq <= 0 || c.Hidden <= 0 || c.Heads <= 0 || c.Layers < 0 || c.FFN <= 0:
-		return fmt.Errorf("nn: GPT config %+v: sizes must be positive", c)
-	case c.Hidden%c.Heads != 0:
-		return fmt.Errorf("nn: GPT config: hidden %d not divisible by %d heads", c.Hidden, c.Heads)
-	case c.Dropout < 0 || c.Dropout >= 1:
-		return fmt.Errorf("nn: GPT config: dropout %v outside [0, 1)", c.Dropout)
-	}
-	return nil
+	return validateTransformer("GPT", c, c.Vocab > 0 && c.Seq > 0, c.Hidden, c.Heads, c.Layers, c.FFN, c.Dropout)
 }
 
 // NumParams returns the number of trainable scalars GPT(c) has, without

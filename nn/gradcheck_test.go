@@ -339,32 +339,45 @@ func TestGradSoftmaxCrossEntropy(t *testing.T) {
 	logits := randTensor(rng, 2, 4, 5)
 	labels := []int{0, 4, 2, 2}
 	loss, d := SoftmaxCrossEntropy(logits, labels)
-	// Reference loss in float64.
-	var ref float64
-	for i, lab := range labels {
-		var s float64
-		for j := 0; j < 5; j++ {
-			s += math.Exp(float64(logits.Data[i*5+j]))
-		}
-		ref += math.Log(s) - float64(logits.Data[i*5+lab])
+	checkCrossEntropy(t, logits, labels, loss, d, func() float32 {
+		l, _ := SoftmaxCrossEntropy(logits, labels)
+		return l
+	})
+	if acc := Accuracy(tensor.FromSlice([]float32{0, 1, 5, 2, 0, 0}, 3, 2), []int{1, 0, 1}); math.Abs(acc-2.0/3) > 1e-9 {
+		t.Errorf("accuracy %v, want 2/3", acc)
 	}
-	ref /= 4
+}
+
+// checkCrossEntropy checks a cross-entropy loss and its gradient d over
+// logits whose last dimension holds the classes and whose other dimensions
+// are the positions: the loss against the mean over positions of
+// −log softmax at the target, computed in float64, and d against central
+// differences of lossAt (the loss at the current logits).
+func checkCrossEntropy(t *testing.T, logits *tensor.Tensor, targets []int, loss float32, d *tensor.Tensor, lossAt func() float32) {
+	t.Helper()
+	classes := logits.Shape[len(logits.Shape)-1]
+	var ref float64
+	for i, tg := range targets {
+		var s float64
+		for j := 0; j < classes; j++ {
+			s += math.Exp(float64(logits.Data[i*classes+j]))
+		}
+		ref += math.Log(s) - float64(logits.Data[i*classes+tg])
+	}
+	ref /= float64(len(targets))
 	if math.Abs(float64(loss)-ref) > 1e-5 {
-		t.Fatalf("loss %v, want %v", loss, ref)
+		t.Fatalf("loss %v, want the mean over positions %v", loss, ref)
 	}
 	for i := range logits.Data {
 		old := logits.Data[i]
 		logits.Data[i] = old + 1e-2
-		lp, _ := SoftmaxCrossEntropy(logits, labels)
+		lp := lossAt()
 		logits.Data[i] = old - 1e-2
-		lm, _ := SoftmaxCrossEntropy(logits, labels)
+		lm := lossAt()
 		logits.Data[i] = old
 		num := float64(lp-lm) / 2e-2
 		if math.Abs(num-float64(d.Data[i])) > 2e-3+2e-2*math.Abs(num) {
 			t.Errorf("dlogits[%d] = %v, numeric %v", i, d.Data[i], num)
 		}
-	}
-	if acc := Accuracy(tensor.FromSlice([]float32{0, 1, 5, 2, 0, 0}, 3, 2), []int{1, 0, 1}); math.Abs(acc-2.0/3) > 1e-9 {
-		t.Errorf("accuracy %v, want 2/3", acc)
 	}
 }

@@ -52,13 +52,20 @@ func BERTBase() BERTConfig {
 
 // Validate reports a configuration that cannot be built.
 func (c BERTConfig) Validate() error {
+	return validateTransformer("BERT", c, c.Seq > 0, c.Hidden, c.Heads, c.Layers, c.FFN, c.Dropout)
+}
+
+// validateTransformer checks the geometry shared by the transformer
+// configurations (cfg, of kind, is printed whole when a size is wrong;
+// sizesOK carries the checks of the sizes the kinds do not share).
+func validateTransformer(kind string, cfg any, sizesOK bool, hidden, heads, layers, ffn int, dropout float32) error {
 	switch {
-	case c.Seq <= 0 || c.Hidden <= 0 || c.Heads <= 0 || c.Layers < 0 || c.FFN <= 0:
-		return fmt.Errorf("nn: BERT config %+v: sizes must be positive", c)
-	case c.Hidden%c.Heads != 0:
-		return fmt.Errorf("nn: BERT config: hidden %d not divisible by %d heads", c.Hidden, c.Heads)
-	case c.Dropout < 0 || c.Dropout >= 1:
-		return fmt.Errorf("nn: BERT config: dropout %v outside [0, 1)", c.Dropout)
+	case !sizesOK || hidden <= 0 || heads <= 0 || layers < 0 || ffn <= 0:
+		return fmt.Errorf("nn: %s config %+v: sizes must be positive", kind, cfg)
+	case hidden%heads != 0:
+		return fmt.Errorf("nn: %s config: hidden %d not divisible by %d heads", kind, hidden, heads)
+	case dropout < 0 || dropout >= 1:
+		return fmt.Errorf("nn: %s config: dropout %v outside [0, 1)", kind, dropout)
 	}
 	return nil
 }

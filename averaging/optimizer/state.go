@@ -306,12 +306,19 @@ func Download(ctx context.Context, t p2p.Transport, candidates []peer.AddrInfo, 
 	var got []State
 	var from []peer.ID
 	next := 0
+	// The choice among the states fetched so far (choose compares whole
+	// models pairwise), and for how many states it was made.
+	var keep []int
+	var reset bool
+	chosen := -1
 	// Fetch from up to Donors candidates at once until Donors states agree
 	// or the candidates run out.
 	for next < len(candidates) && ctx.Err() == nil {
 		want := cfg.Donors - len(got)
 		if len(got) >= cfg.Donors {
-			if k, reset := choose(got, l, cfg); len(k) >= cfg.MinAgree && !reset {
+			keep, reset = choose(got, l, cfg)
+			chosen = len(got)
+			if len(keep) >= cfg.MinAgree && !reset {
 				break
 			}
 			want = 1 // disagreement: one more donor breaks the tie
@@ -349,7 +356,9 @@ func Download(ctx context.Context, t p2p.Transport, candidates []peer.AddrInfo, 
 		}
 		return res, fmt.Errorf("averaging: no donor answered (%d tried): %w", len(res.Failed), errors.Join(errs...))
 	}
-	keep, reset := choose(got, l, cfg)
+	if chosen != len(got) {
+		keep, reset = choose(got, l, cfg)
+	}
 	if keep == nil {
 		return res, fmt.Errorf("averaging: the states of donors %v disagree (relative distance above %.2g)", shortIDs(from), cfg.MaxDivergence)
 	}

@@ -24,7 +24,7 @@ func newAttackCmd() *cobra.Command {
 		rate       float64
 		slowRate   float64
 		duration   time.Duration
-		out        outputFlags
+		jsonOut    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "attack --target ADDR [--target ADDR ...]",
@@ -66,7 +66,7 @@ error. Attack only peers you run: the flood is meant to hurt.`,
 			}
 			w := cmd.OutOrStdout()
 			progress := w
-			if out.json {
+			if jsonOut {
 				progress = cmd.ErrOrStderr()
 			}
 			fmt.Fprintf(progress, "attacking %d peers from %d identities for %s (%.0f requests/s", len(peers), identities, duration, rate)
@@ -83,7 +83,7 @@ error. Attack only peers you run: the flood is meant to hurt.`,
 			if err != nil {
 				return err
 			}
-			if out.json {
+			if jsonOut {
 				if err := printJSON(w, r); err != nil {
 					return err
 				}
@@ -103,7 +103,7 @@ error. Attack only peers you run: the flood is meant to hurt.`,
 	fl.Float64Var(&rate, "rate", 100, "quick hostile requests per second, in all")
 	fl.Float64Var(&slowRate, "slow-rate", 1, "slow senders started per second during the first half of --duration (0: none)")
 	fl.DurationVar(&duration, "duration", 30*time.Second, "how long to send quick requests")
-	fl.BoolVar(&out.json, "json", false, "print the report (targets, tallies per attack, breaches) as JSON on stdout")
+	fl.BoolVar(&jsonOut, "json", false, "print the report (targets, tallies per attack, breaches) as JSON on stdout")
 	return cmd
 }
 

@@ -44,7 +44,9 @@ const (
 	WAGMA Algo = "wagma"
 	// AllReduce is synchronous all-reduce SGD: every step, every peer
 	// averages its gradients (or, with AverageModels, its model) with all
-	// others and waits for them.
+	// others and waits for them. Averaging gradients, it also averages
+	// models every Period steps: replicas that took different steps when
+	// an all-reduce failed (a member died or timed out) agree again.
 	AllReduce Algo = "allreduce"
 	// Local is local SGD: peers step alone and average their models with
 	// all others every Period steps.
@@ -82,7 +84,8 @@ type Config struct {
 	// Tau is WAGMA's staleness bound: a synchronous global average every
 	// Tau rounds (DefaultTau). MatchRanks only.
 	Tau int
-	// Period is local SGD's averaging period in steps (DefaultPeriod).
+	// Period is local SGD's averaging period in steps, and all-reduce
+	// SGD's model re-synchronization period (DefaultPeriod).
 	Period int
 	// AverageModels makes AllReduce average models after the optimizer
 	// step instead of gradients before it.
@@ -435,7 +438,7 @@ func (o *Optimizer) Step(ctx context.Context, samples int) error {
 	target := -1
 	switch o.cfg.Algo {
 	case AllReduce:
-		if o.cfg.AverageModels {
+		if o.cfg.AverageModels || round%o.cfg.Period == 0 {
 			target = round
 		}
 	case Local:

@@ -43,7 +43,7 @@ const hostileMaxSessions = 4096
 
 func hostileDefaults(o Options) hostileConfig {
 	c := hostileConfig{Hidden: 1024, Batch: 64, MaxBatch: 1024, Members: 4, VecLen: 1 << 20,
-		Identities: 4, MaxInflight: 64, Rate: 400, Rounds: max(o.Reps, 5), Phase: 3 * time.Second, Settle: 500 * time.Millisecond}
+		Identities: 4, MaxInflight: 1024, Rate: 400, Rounds: max(o.Reps, 5), Phase: 3 * time.Second, Settle: 500 * time.Millisecond}
 	if o.Quick {
 		c.VecLen = 1 << 18
 		c.Rounds, c.Phase, c.Settle = 3, time.Second, 200*time.Millisecond
@@ -180,11 +180,12 @@ func hostileResults(c hostileConfig, name, metric, unit string, p phases, t host
 			"This ratio leaves out the attacker's CPU and also the victims' own cost of receiving and refusing; the true robustness lies between the two ratios.",
 			sd.Min, sd.Max)}
 	refused := Result{Suite: "hostile", Case: name + "/hostile", Metric: "hostile_refused", Value: float64(t.Refused), Unit: "requests",
-		Note: fmt.Sprintf("%d sent, %d refused, %d held past the attacker's 1 s timeout, %d accepted: %s",
-			t.Sent, t.Refused, t.Unanswered, t.Accepted, t.Breakdown())}
+		Note: fmt.Sprintf("%d sent, %d refused (%d of them held unread because the victim had blocked the identity), %d held past the attacker's 1 s timeout, %d accepted: %s",
+			t.Sent, t.Refused, t.Blocked, t.Unanswered, t.Accepted, t.Breakdown())}
 	rate := Result{Suite: "hostile", Case: name + "/hostile", Metric: "hostile_rate", Value: t.Rate, Unit: "requests/s",
-		Note: fmt.Sprintf("requests/s the flood reached while it ran (%.1f MiB/s of requests, %.0f KiB per request on average); %d ticks skipped with %d requests in flight",
-			float64(t.Bytes)/max(t.Seconds, 1e-9)/(1<<20), float64(t.Bytes)/max(float64(t.Sent), 1)/1024, t.Skipped, c.MaxInflight)}
+		Note: fmt.Sprintf("requests/s the flood started while it ran (%d started, %.0f KiB per request on average, %.1f MiB/s of requests with a verdict; "+
+			"requests of an identity the victim blocked wait unread in the attacker's own buffers until its 1 s timeout); %d ticks skipped with %d requests in flight",
+			t.Launched, float64(t.Bytes)/max(float64(t.Sent), 1)/1024, float64(t.Bytes)/max(t.Seconds, 1e-9)/(1<<20), t.Skipped, c.MaxInflight)}
 	return []Result{r.WithBaseline("no_attack", sn.Median), vsDecoy.WithBaseline("flood_at_decoy", sd.Median), refused.WithBaseline("hostile_sent", float64(t.Sent)), rate.WithBaseline("target_rate", c.Rate)}
 }
 

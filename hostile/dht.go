@@ -126,7 +126,7 @@ func DHTAttacks(t DHTTarget) []Attack {
 		}
 		return b
 	}
-	return []Attack{
+	return toVictim(to.ID, []Attack{
 		{Name: "dht-erase-dictionary", Bytes: 128, Send: func(ctx context.Context, h *p2p.Host) error {
 			r := next()
 			if err := holds(ctx, h, r.Key, ""); err != nil {
@@ -174,7 +174,7 @@ func DHTAttacks(t DHTTarget) []Attack {
 		{Name: "huge-length-prefix", Bytes: 4, Send: func(ctx context.Context, h *p2p.Host) error {
 			return sendLengthPrefix(ctx, h, to, dht.ProtocolID, math.MaxUint32)
 		}},
-	}
+	})
 }
 
 // privKey is h's private key (nil if the peerstore does not hold it: the

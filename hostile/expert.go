@@ -20,7 +20,7 @@ import (
 
 // callAttack is an attack that sends fixed bytes over proto's RPC.
 func callAttack(name string, to peer.AddrInfo, proto protocol.ID, req []byte) Attack {
-	return Attack{Name: name, Bytes: 4 + len(req), Send: func(ctx context.Context, h *p2p.Host) error {
+	return Attack{Name: name, Bytes: 4 + len(req), Victim: to.ID, Send: func(ctx context.Context, h *p2p.Host) error {
 		_, err := h.Call(ctx, to, proto, req)
 		return err
 	}}
@@ -30,7 +30,7 @@ func callAttack(name string, to peer.AddrInfo, proto protocol.ID, req []byte) At
 // length prefix of 4 GiB − 1, the most the RPC framing can claim; the
 // victim must refuse it before allocating.
 func hugeLengthAttack(to peer.AddrInfo, proto protocol.ID) Attack {
-	return Attack{Name: "huge-length-prefix", Bytes: 4, Send: func(ctx context.Context, h *p2p.Host) error {
+	return Attack{Name: "huge-length-prefix", Bytes: 4, Victim: to.ID, Send: func(ctx context.Context, h *p2p.Host) error {
 		return sendLengthPrefix(ctx, h, to, proto, math.MaxUint32)
 	}}
 }
@@ -135,14 +135,16 @@ func ExpertAttacks(to peer.AddrInfo, uid string, hidden, batch, maxBatch int) []
 	if err != nil {
 		prefix = "ffn"
 	}
+	// The poisoned gradients come last: they get the identity blocked,
+	// so each identity tries the other attacks first.
 	return []Attack{
-		backward("backward-nan", poisoned(7, float32(math.NaN()))),
-		backward("backward-inf", poisoned(11, float32(math.Inf(1)))),
-		backward("backward-3e38", filledTensor(3e38, batch, hidden)),
 		forward("forward-wrong-hidden", expertRequest(uid, wire.Named{Name: "x", Tensor: filledTensor(0.5, batch, max(hidden/2, 1))})),
 		forward("forward-batch-claim", append(expertPrefix(uid), claimedShape(max(1<<30, 2*maxBatch), hidden)...)),
 		forward("forward-seq-claim", append(expertPrefix(uid), claimedShape(1, 1<<18, hidden)...)),
 		forward("forward-unknown-expert", expertRequest(prefix+".424242", wire.Named{Name: "x", Tensor: x})),
 		hugeLengthAttack(to, moe.ForwardProtocol),
+		backward("backward-nan", poisoned(7, float32(math.NaN()))),
+		backward("backward-inf", poisoned(11, float32(math.Inf(1)))),
+		backward("backward-3e38", filledTensor(3e38, batch, hidden)),
 	}
 }

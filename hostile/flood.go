@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/skyhive/skyhive/p2p"
 )
 
@@ -36,6 +38,19 @@ type Attack struct {
 	// Timeout bounds one request instead of Flood.CallTimeout (slow
 	// senders need longer to be cut off).
 	Timeout time.Duration
+	// Victim is the peer every request goes to, if there is one (attacks
+	// that pick a victim per request leave it empty). A request to a
+	// victim that had told this identity it is blocked, and that fails or
+	// is held, counts as refused (AttackTally.Blocked).
+	Victim peer.ID
+}
+
+// toVictim sets the Victim of every attack in as to v and returns as.
+func toVictim(v peer.ID, as []Attack) []Attack {
+	for i := range as {
+		as[i].Victim = v
+	}
+	return as
 }
 
 // ErrNotAccepted is a victim's refusal that came as a normal answer (a DHT
@@ -69,10 +84,12 @@ type Flood struct {
 	// longer counts as unanswered.
 	CallTimeout time.Duration
 
-	mu      sync.Mutex
-	tally   map[string]*AttackTally
-	skipped int64
-	elapsed time.Duration
+	mu       sync.Mutex
+	tally    map[string]*AttackTally
+	told     map[[2]peer.ID]bool // (identity, victim): the victim said it blocked the identity
+	launched int64
+	skipped  int64
+	elapsed  time.Duration
 }
 
 // AttackTally counts the verdicts on one kind of request.
@@ -80,8 +97,14 @@ type AttackTally struct {
 	// Sent counts requests whose verdict arrived (or timed out) before the
 	// flood stopped.
 	Sent int64 `json:"sent"`
-	// Refused counts requests answered with an error or a reset stream.
+	// Refused counts requests answered with an error or a reset stream,
+	// and those held or failed after the victim had told the sending
+	// identity that it is blocked.
 	Refused int64 `json:"refused"`
+	// Blocked counts those of Refused that went to a victim that had
+	// blocked the sending identity: it reads none of them (see
+	// p2p.Host.Block), so they wait in the attacker's own buffers.
+	Blocked int64 `json:"blocked,omitempty"`
 	// Unanswered counts requests the victim held past CallTimeout.
 	Unanswered int64 `json:"unanswered"`
 	// Accepted counts requests the victim answered as valid.
@@ -98,6 +121,7 @@ type AttackTally struct {
 func (t *AttackTally) add(o AttackTally) {
 	t.Sent += o.Sent
 	t.Refused += o.Refused
+	t.Blocked += o.Blocked
 	t.Unanswered += o.Unanswered
 	t.Accepted += o.Accepted
 	t.Inapplicable += o.Inapplicable
@@ -109,10 +133,13 @@ type FloodTally struct {
 	AttackTally
 	// ByAttack breaks the counts down by Attack.Name.
 	ByAttack map[string]AttackTally `json:"by_attack"`
-	// Skipped counts ticks skipped because MaxInflight requests were
-	// awaiting their verdicts.
-	Skipped int64 `json:"skipped"`
-	// Seconds is the time the flood ran; Rate is Sent/Seconds.
+	// Launched counts the requests started; Skipped the ticks skipped
+	// because MaxInflight requests were awaiting their verdicts.
+	Launched int64 `json:"launched"`
+	Skipped  int64 `json:"skipped"`
+	// Seconds is the time the flood sent (not the wait for the last
+	// verdicts); Rate is Launched/Seconds, the
+	// requests per second the attacker started.
 	Seconds float64 `json:"seconds"`
 	Rate    float64 `json:"rate"`
 }
@@ -148,12 +175,13 @@ func (f *Flood) run(send, reqs context.Context) {
 	defer tick.Stop()
 	start := time.Now()
 	var wg sync.WaitGroup
-	var skipped int64
+	var skipped, launched int64
 	for i := 0; ; i++ {
 		a := f.Attacks[i%len(f.Attacks)]
 		h := f.Hosts[(i/len(f.Attacks))%len(f.Hosts)]
 		select {
 		case sem <- struct{}{}:
+			launched++
 			wg.Go(func() {
 				defer func() { <-sem }()
 				d := timeout
@@ -165,7 +193,7 @@ func (f *Flood) run(send, reqs context.Context) {
 				timedOut := cctx.Err() != nil
 				cancel()
 				if reqs.Err() == nil {
-					f.count(a, err, timedOut)
+					f.count(a, h.ID(), err, timedOut)
 				}
 			})
 		default:
@@ -174,32 +202,43 @@ func (f *Flood) run(send, reqs context.Context) {
 		select {
 		case <-tick.C:
 		case <-send.Done():
+			elapsed := time.Since(start) // the sending, not the wait for verdicts
 			wg.Wait()
 			f.mu.Lock()
-			f.elapsed += time.Since(start)
+			f.elapsed += elapsed
 			f.skipped += skipped
+			f.launched += launched
 			f.mu.Unlock()
 			return
 		}
 	}
 }
 
-func (f *Flood) count(a Attack, err error, timedOut bool) {
+// count records the verdict on one request of a sent by identity from.
+func (f *Flood) count(a Attack, from peer.ID, err error, timedOut bool) {
 	name := a.Name
 	v := AttackTally{Sent: 1, Bytes: int64(a.Bytes), Absorbed: a.Absorbed}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	switch {
 	case errors.Is(err, ErrNotApplicable):
 		v.Inapplicable = 1
 	case err == nil:
 		v.Accepted = 1
+	case a.Victim != "" && f.told[[2]peer.ID{from, a.Victim}]:
+		v.Refused, v.Blocked = 1, 1
 	case timedOut && !isRemote(err):
 		v.Unanswered = 1
 	default:
 		// An error answer, or a stream or connection the victim reset.
 		v.Refused = 1
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	if re := (*p2p.RemoteError)(nil); errors.As(err, &re) && strings.Contains(re.Msg, "blocked") {
+		if f.told == nil {
+			f.told = map[[2]peer.ID]bool{}
+		}
+		f.told[[2]peer.ID{from, re.Peer}] = true
+	}
 	if f.tally == nil {
 		f.tally = map[string]*AttackTally{}
 	}
@@ -218,13 +257,13 @@ func isRemote(err error) bool {
 func (f *Flood) Tally() FloodTally {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	t := FloodTally{ByAttack: map[string]AttackTally{}, Skipped: f.skipped, Seconds: f.elapsed.Seconds()}
+	t := FloodTally{ByAttack: map[string]AttackTally{}, Launched: f.launched, Skipped: f.skipped, Seconds: f.elapsed.Seconds()}
 	for name, a := range f.tally {
 		t.ByAttack[name] = *a
 		t.add(*a)
 	}
 	if t.Seconds > 0 {
-		t.Rate = float64(t.Sent) / t.Seconds
+		t.Rate = float64(t.Launched) / t.Seconds
 	}
 	return t
 }
@@ -256,6 +295,9 @@ func (t FloodTally) Breakdown() string {
 			b.WriteString("; ")
 		}
 		fmt.Fprintf(&b, "%s %d/%d refused", n, a.Refused, a.Sent)
+		if a.Blocked > 0 {
+			fmt.Fprintf(&b, " (%d blocked)", a.Blocked)
+		}
 		if a.Unanswered > 0 {
 			fmt.Fprintf(&b, ", %d held", a.Unanswered)
 		}

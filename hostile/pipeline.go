@@ -44,7 +44,7 @@ func pipelineMsg(hdr any, ts ...wire.Named) []byte {
 // the bytes send makes through the chunk framing; the victim must end the
 // call with an error.
 func streamAttack(name string, to peer.AddrInfo, proto protocol.ID, bytes int, send func(w io.Writer) error) Attack {
-	return Attack{Name: name, Bytes: bytes, Send: func(ctx context.Context, h *p2p.Host) error {
+	return Attack{Name: name, Bytes: bytes, Victim: to.ID, Send: func(ctx context.Context, h *p2p.Host) error {
 		return h.CallStream(ctx, to, proto, send, func(r io.Reader) error {
 			_, err := io.Copy(io.Discard, io.LimitReader(r, 1<<20))
 			return err
@@ -108,7 +108,7 @@ func PipelineWorkerAttacks(to peer.AddrInfo) []Attack {
 // length prefix.
 func PipelineCoordinatorAttacks(to peer.AddrInfo) []Attack {
 	var n atomic.Uint64
-	return []Attack{
+	return toVictim(to.ID, []Attack{
 		{Name: "pipeline-register-fake-worker", Bytes: 256, Absorbed: true, Send: func(ctx context.Context, h *p2p.Host) error {
 			var addrs []string
 			for _, a := range h.AddrInfo().Addrs {
@@ -120,5 +120,5 @@ func PipelineCoordinatorAttacks(to peer.AddrInfo) []Attack {
 		}},
 		callAttack("pipeline-register-malformed", to, pipeline.ProtoRegister, []byte("\x00\x00\x00\x09{garbage}")),
 		hugeLengthAttack(to, pipeline.ProtoRegister),
-	}
+	})
 }

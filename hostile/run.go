@@ -13,6 +13,9 @@ import (
 	"github.com/skyhive/skyhive/p2p"
 )
 
+// slowIdentities is how many identities send the slow attacks.
+const slowIdentities = 2
+
 // RunConfig is one run of the hostile peer against real peers.
 type RunConfig struct {
 	// Targets are the peers to attack (required).
@@ -20,7 +23,10 @@ type RunConfig struct {
 	// NewHost starts one of the attacker's identities (required); Run
 	// closes them.
 	NewHost func(ctx context.Context) (*p2p.Host, error)
-	// Identities is how many identities send (default 4).
+	// Identities is how many identities send the quick attacks (default
+	// 4). Slow senders have two identities of their own, so that a victim
+	// must cut them off by its request deadline, not because another
+	// attack from the same identity got it blocked.
 	Identities int
 	// Rate is the quick attacks' requests per second (default 100), and
 	// SlowRate the slow senders started per second (default 1; negative:
@@ -31,7 +37,9 @@ type RunConfig struct {
 	// verdicts, about 31 s after the last one started from a victim with
 	// p2p's default timeouts (at most SlowTimeout).
 	Duration time.Duration
-	// MaxInflight bounds each flood's requests awaiting a verdict (64).
+	// MaxInflight bounds the quick requests awaiting a verdict (default
+	// twice Rate, at least 64: requests held by a victim that blocked the
+	// identity wait up to a second each).
 	MaxInflight int
 }
 
@@ -68,13 +76,16 @@ func Run(ctx context.Context, c RunConfig) (Report, error) {
 	if c.Duration <= 0 {
 		c.Duration = 30 * time.Second
 	}
-	hosts := make([]*p2p.Host, 0, c.Identities)
+	if c.MaxInflight <= 0 {
+		c.MaxInflight = max(64, int(2*c.Rate))
+	}
+	hosts := make([]*p2p.Host, 0, c.Identities+slowIdentities)
 	defer func() {
 		for _, h := range hosts {
 			h.Close()
 		}
 	}()
-	for range c.Identities {
+	for range c.Identities + slowIdentities {
 		h, err := c.NewHost(ctx)
 		if err != nil {
 			return Report{}, fmt.Errorf("hostile: identity: %w", err)
@@ -89,8 +100,8 @@ func Run(ctx context.Context, c RunConfig) (Report, error) {
 	if len(fast) == 0 {
 		return Report{Targets: targets}, errors.New("hostile: the targets speak no protocol there is an attack for")
 	}
-	ff := &Flood{Hosts: hosts, Attacks: fast, Rate: c.Rate, MaxInflight: c.MaxInflight}
-	sf := &Flood{Hosts: hosts, Attacks: slow, Rate: c.SlowRate, MaxInflight: max(c.MaxInflight, int(c.SlowRate*SlowTimeout.Seconds())+1)}
+	ff := &Flood{Hosts: hosts[:c.Identities], Attacks: fast, Rate: c.Rate, MaxInflight: c.MaxInflight}
+	sf := &Flood{Hosts: hosts[c.Identities:], Attacks: slow, Rate: c.SlowRate, MaxInflight: max(c.MaxInflight, int(c.SlowRate*SlowTimeout.Seconds())+1)}
 	var wg sync.WaitGroup
 	wg.Go(func() { ff.RunFor(ctx, c.Duration) })
 	if c.SlowRate > 0 && len(slow) > 0 {

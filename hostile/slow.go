@@ -30,7 +30,7 @@ const (
 // refused. A victim that holds it until SlowTimeout counts it as
 // unanswered: a failed defence.
 func SlowLoris(to peer.AddrInfo, proto protocol.ID) Attack {
-	return Attack{Name: "slow-loris " + string(proto), Bytes: 4, Timeout: SlowTimeout, Send: func(ctx context.Context, h *p2p.Host) error {
+	return Attack{Name: "slow-loris " + string(proto), Bytes: 4, Timeout: SlowTimeout, Victim: to.ID, Send: func(ctx context.Context, h *p2p.Host) error {
 		s, err := rawStream(ctx, h, to, proto)
 		if err != nil {
 			return err

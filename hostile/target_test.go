@@ -76,19 +76,30 @@ func TestAttacksFitTheRoles(t *testing.T) {
 
 // TestVerdicts: how Flood counts an answer: accepted, refused (any error,
 // a remote one even after the timeout), held (the timeout with no answer)
-// or inapplicable.
+// or inapplicable; once a victim told an identity it is blocked, that
+// identity's held requests to it count as refused (blocked), another's
+// do not.
 func TestVerdicts(t *testing.T) {
 	var f Flood
-	a := Attack{Name: "a", Bytes: 10}
-	f.count(a, nil, false)
-	f.count(a, ErrNotAccepted, false)
-	f.count(a, &p2p.RemoteError{Msg: "no"}, true)
-	f.count(a, context.DeadlineExceeded, true)
-	f.count(a, ErrNotApplicable, false)
+	const me, other, victim = peer.ID("me"), peer.ID("other"), peer.ID("victim")
+	a := Attack{Name: "a", Bytes: 10, Victim: victim}
+	f.count(a, me, nil, false)
+	f.count(a, me, ErrNotAccepted, false)
+	f.count(a, me, &p2p.RemoteError{Msg: "no"}, true)
+	f.count(a, me, context.DeadlineExceeded, true)
+	f.count(a, me, ErrNotApplicable, false)
 	got := f.Tally().ByAttack["a"]
 	want := AttackTally{Sent: 5, Accepted: 1, Refused: 2, Unanswered: 1, Inapplicable: 1, Bytes: 50}
 	if got != want {
 		t.Fatalf("tally %+v, want %+v", got, want)
+	}
+	f.count(a, me, &p2p.RemoteError{Peer: victim, Msg: "poisoned (the sender is blocked for 10m0s)"}, false)
+	f.count(a, me, context.DeadlineExceeded, true)
+	f.count(a, other, context.DeadlineExceeded, true)
+	got = f.Tally().ByAttack["a"]
+	want = AttackTally{Sent: 8, Accepted: 1, Refused: 4, Blocked: 1, Unanswered: 2, Inapplicable: 1, Bytes: 80}
+	if got != want {
+		t.Fatalf("after the block: tally %+v, want %+v", got, want)
 	}
 	if b := f.Tally().Breaches(); len(b) != 1 || b[0] != "a" {
 		t.Fatalf("breaches %v", b)

@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"errors"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/control"
@@ -13,38 +14,80 @@ import (
 // block that ends soonest is dropped.
 const maxBlocked = 4096
 
-// Block refuses peer p for d: its streams are refused unread and new
-// connections from or to it are refused. Its open connections are kept:
-// closing them would make an attacker reconnect, and every refused
-// connection costs the victim a full security handshake. Protocols call it
-// for what no honest peer sends (non-finite or absurd values, say), so
-// that a flood from one identity costs the victim one request, not all of
-// them. A later Block extends an earlier one.
+// block is one blocked peer.
+type block struct {
+	until time.Time
+	// told is set once a refused stream carried the reason; later
+	// streams are reset as they open (see blockingRM).
+	told bool
+}
+
+// Block refuses peer p for d. Nothing more is read from its TCP
+// connections (see stalling): its bytes wait in its own socket buffers and
+// TCP's flow control stops it sending, so a flood costs the victim neither
+// decryption nor CPU. Over QUIC its first refused stream is told why and
+// later ones are reset as they open, before protocol negotiation or any
+// handler runs. This host does not dial it. Its connections are kept, and
+// new ones are accepted and stalled: refusing them after the security
+// handshake, as a connection gater can, made an attacker reconnect for
+// every request and cost the victim a handshake each time. Protocols call
+// Block for what no honest peer sends (non-finite or absurd values, say),
+// so that a flood from one identity costs the victim one request, not all
+// of them. A later Block extends an earlier one.
 func (h *Host) Block(p peer.ID, d time.Duration) {
 	if p == "" || p == h.ID() || d <= 0 {
 		return
 	}
 	until := h.now().Add(d)
+	h.anyBlocked.Store(true)
 	h.mu.Lock()
 	if h.blocked == nil {
-		h.blocked = map[peer.ID]time.Time{}
+		h.blocked = map[peer.ID]*block{}
 	}
 	if len(h.blocked) >= maxBlocked {
 		h.pruneBlockedLocked()
 	}
-	if until.After(h.blocked[p]) {
-		h.blocked[p] = until
+	b := h.blocked[p]
+	if b == nil {
+		h.blocked[p] = &block{until: until}
+		// Streams of p that were open when the block began wait for
+		// bytes that no longer come (and hold what their handlers
+		// reserved): reset them, after the grace that lets the handler
+		// that called Block answer why.
+		time.AfterFunc(blockGrace, func() { h.resetStreams(p) })
+	} else if until.After(b.until) {
+		b.until = until
 	}
 	h.mu.Unlock()
 	h.warnPeer("p2p: blocking a peer", "peer", p, "for", d)
 }
 
+// blockGrace is how long after a block begins the peer's open streams are
+// reset.
+const blockGrace = time.Second
+
+// resetStreams resets every stream of p's connections, if p is still
+// blocked.
+func (h *Host) resetStreams(p peer.ID) {
+	if !h.Blocked(p) {
+		return
+	}
+	for _, c := range h.h.Network().ConnsToPeer(p) {
+		for _, s := range c.GetStreams() {
+			_ = s.Reset()
+		}
+	}
+}
+
 // errBlocked is what a blocked peer is told.
 const errBlocked = "blocked: this peer sent what no honest peer sends (non-finite or absurd values); it is refused for a while"
 
-// refusal says why a stream of p is refused.
+// refusal says why a stream of p is refused; a blocked peer is told once.
 func (h *Host) refusal(p peer.ID) string {
-	if h.Blocked(p) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if b := h.blockLocked(p); b != nil {
+		b.told = true
 		return errBlocked
 	}
 	return errClosedSwarm
@@ -54,12 +97,25 @@ func (h *Host) refusal(p peer.ID) string {
 func (h *Host) Blocked(p peer.ID) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	until, ok := h.blocked[p]
-	if ok && !h.now().Before(until) {
+	return h.blockLocked(p) != nil
+}
+
+// blockedAndTold reports whether p is blocked now and was told why.
+func (h *Host) blockedAndTold(p peer.ID) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b := h.blockLocked(p)
+	return b != nil && b.told
+}
+
+// blockLocked returns p's block if it is in force, dropping an ended one.
+func (h *Host) blockLocked(p peer.ID) *block {
+	b := h.blocked[p]
+	if b != nil && !h.now().Before(b.until) {
 		delete(h.blocked, p)
-		return false
+		return nil
 	}
-	return ok
+	return b
 }
 
 // pruneBlockedLocked drops ended blocks and, if the table is still full,
@@ -68,13 +124,13 @@ func (h *Host) pruneBlockedLocked() {
 	now := h.now()
 	var first peer.ID
 	var firstUntil time.Time
-	for p, until := range h.blocked {
-		if !now.Before(until) {
+	for p, b := range h.blocked {
+		if !now.Before(b.until) {
 			delete(h.blocked, p)
 			continue
 		}
-		if first == "" || until.Before(firstUntil) {
-			first, firstUntil = p, until
+		if first == "" || b.until.Before(firstUntil) {
+			first, firstUntil = p, b.until
 		}
 	}
 	if len(h.blocked) >= maxBlocked {
@@ -82,16 +138,43 @@ func (h *Host) pruneBlockedLocked() {
 	}
 }
 
-// gater refuses connections of blocked peers (h is set once the host
-// exists).
+// gater keeps this host from dialing blocked peers (h is set once the host
+// exists). It accepts their connections, which stall (see Block).
 type gater struct{ h *Host }
 
-func (g *gater) blocked(p peer.ID) bool { return g.h != nil && g.h.Blocked(p) }
+func (g *gater) blocked(p peer.ID) bool {
+	return g.h != nil && g.h.anyBlocked.Load() && g.h.Blocked(p)
+}
 
 func (g *gater) InterceptPeerDial(p peer.ID) bool                 { return !g.blocked(p) }
 func (g *gater) InterceptAddrDial(p peer.ID, _ ma.Multiaddr) bool { return !g.blocked(p) }
 func (g *gater) InterceptAccept(network.ConnMultiaddrs) bool      { return true }
-func (g *gater) InterceptSecured(_ network.Direction, p peer.ID, _ network.ConnMultiaddrs) bool {
-	return !g.blocked(p)
+func (g *gater) InterceptSecured(network.Direction, peer.ID, network.ConnMultiaddrs) bool {
+	return true
 }
 func (g *gater) InterceptUpgraded(network.Conn) (bool, control.DisconnectReason) { return true, 0 }
+
+// errBlockedStream is the resource manager's refusal of a blocked peer's
+// stream.
+var errBlockedStream = errors.New("p2p: stream of a blocked peer")
+
+// blockingRM is libp2p's resource manager, refusing the streams of a
+// blocked peer: this host's own streams to it fail at once (their answers
+// would never be read: a DHT lookup that asked it would wait out its
+// timeout), and its streams, once it was told why, are reset as they open,
+// before protocol negotiation, a handler goroutine or a reply.
+type blockingRM struct {
+	network.ResourceManager
+	g *gater
+}
+
+// OpenStream refuses a blocked peer's streams, then defers to the resource
+// manager.
+func (r *blockingRM) OpenStream(p peer.ID, dir network.Direction) (network.StreamManagementScope, error) {
+	if h := r.g.h; h != nil {
+		if dir == network.DirOutbound && h.Blocked(p) || dir == network.DirInbound && h.blockedAndTold(p) {
+			return nil, errBlockedStream
+		}
+	}
+	return r.ResourceManager.OpenStream(p, dir)
+}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -194,7 +195,10 @@ type Host struct {
 	circuits []ma.Multiaddr     // relayed addresses of granted reservations
 	renewing sync.WaitGroup     // the reservation renewal loop
 	admitted map[peer.ID]*admitState
-	blocked  map[peer.ID]time.Time // until when (see Block)
+	blocked  map[peer.ID]*block // see Block
+	// anyBlocked is set by the first Block: until then no connection
+	// looks a peer up in blocked.
+	anyBlocked atomic.Bool
 }
 
 var _ Transport = (*Host)(nil)
@@ -222,7 +226,8 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		return nil, fmt.Errorf("p2p: connection manager: %w", err)
 	}
 	acl := &relayACL{}
-	opts, err := libp2pOptions(cfg, acl)
+	gate := &gater{}
+	opts, err := libp2pOptions(cfg, acl, gate)
 	if err != nil {
 		cm.Close()
 		return nil, err
@@ -232,7 +237,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		cm.Close()
 		return nil, err
 	}
-	gate := &gater{}
+	rm = &blockingRM{ResourceManager: rm, g: gate}
 	lh, err := libp2p.New(append(opts, libp2p.ConnectionManager(cm), libp2p.ResourceManager(rm), libp2p.ConnectionGater(gate))...)
 	if err != nil {
 		cm.Close()
@@ -262,7 +267,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	return h, nil
 }
 
-func libp2pOptions(cfg Config, acl *relayACL) ([]libp2p.Option, error) {
+func libp2pOptions(cfg Config, acl *relayACL, gate *gater) ([]libp2p.Option, error) {
 	var key crypto.PrivKey
 	var err error
 	if cfg.IdentityFile != "" {
@@ -286,13 +291,15 @@ func libp2pOptions(cfg Config, acl *relayACL) ([]libp2p.Option, error) {
 		libp2p.DisableMetrics(),
 		libp2p.UserAgent("skyhive"),
 	}
+	tlsSec := libp2p.Security(libp2ptls.ID, stalling(libp2ptls.New, gate))
+	noiseSec := libp2p.Security(noise.ID, stalling(noise.New, gate))
 	switch cfg.Security {
 	case SecurityTLS:
-		opts = append(opts, libp2p.Security(libp2ptls.ID, libp2ptls.New))
+		opts = append(opts, tlsSec)
 	case SecurityNoise:
-		opts = append(opts, libp2p.Security(noise.ID, noise.New))
+		opts = append(opts, noiseSec)
 	case SecurityTLSNoise:
-		opts = append(opts, libp2p.Security(libp2ptls.ID, libp2ptls.New), libp2p.Security(noise.ID, noise.New))
+		opts = append(opts, tlsSec, noiseSec)
 	default:
 		return nil, fmt.Errorf("p2p: unknown security %d", cfg.Security)
 	}

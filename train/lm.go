@@ -131,13 +131,12 @@ type LMResult struct {
 	BigramK           float64 `json:"bigram_k"`
 	UnigramPerplexity float64 `json:"unigram_perplexity"` // add-one unigram, for scale
 	// Ratio is ValPerplexity / BigramPerplexity; the target is ≤ 0.6.
-	Ratio        float64 `json:"ratio"`
-	EvalSeconds  float64 `json:"eval_seconds"`
-	Prompt       string  `json:"prompt,omitempty"`
-	Sample       string  `json:"sample,omitempty"`
-	Resumed      bool    `json:"resumed"`
-	Checkpoint   string  `json:"checkpoint,omitempty"`
-	StoppedEarly bool    `json:"stopped_early,omitempty"` // interrupted
+	Ratio       float64 `json:"ratio"`
+	EvalSeconds float64 `json:"eval_seconds"`
+	Prompt      string  `json:"prompt,omitempty"`
+	Sample      string  `json:"sample,omitempty"`
+	Resumed     bool    `json:"resumed"`
+	Checkpoint  string  `json:"checkpoint,omitempty"`
 }
 
 // bigramKs are the add-k smoothings tried for the bigram reference.

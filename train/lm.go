@@ -314,6 +314,9 @@ func RunLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (LMR
 	fmt.Fprintf(out, "validation perplexity %.2f (loss %.4f) on %d tokens; bigram %.2f (k=%g), unigram %.2f; ratio to the bigram %.3f\n",
 		res.ValPerplexity, res.ValLoss, res.EvalTokens, res.BigramPerplexity, res.BigramK, res.UnigramPerplexity, res.Ratio)
 
+	if cfg.SampleTokens > 0 && tok == nil {
+		fmt.Fprintln(out, "no sample: token data comes without its tokenizer, so the prompt cannot be encoded")
+	}
 	if cfg.SampleTokens > 0 && tok != nil {
 		prompt := tok.Encode([]byte(cfg.Prompt))
 		if len(prompt) == 0 {

@@ -19,9 +19,9 @@ import (
 // unless they are given.
 const (
 	lmDuration    = 3 * time.Minute
-	lmCorpusBytes = 4 << 20
+	lmCorpusBytes = 2 << 20
 	lmVocab       = 1024
-	lmSeq         = 128
+	lmSeq         = 64
 	lmBatch       = 16
 	lmLR          = 3e-3
 	lmWarmup      = 100

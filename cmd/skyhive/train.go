@@ -20,6 +20,7 @@ type trainFlags struct {
 	steps   int    // pipeline and moe: stop after N steps (0: --epochs)
 	dataset string // --data
 	data    dataFlags
+	lm      lmFlags // train local: language models
 	out     outputFlags
 }
 
@@ -45,9 +46,30 @@ func (f *trainFlags) registerModel(fl *pflag.FlagSet, datasets string) {
 }
 
 // runLocal trains in this process.
+// A language model (--model gpt-mini) trains on text (--data gcide by
+// default); an image model on Fashion-MNIST.
 func (f *trainFlags) runLocal(cmd *cobra.Command) error {
-	if f.dataset != "fashion-mnist" {
-		return fmt.Errorf("unknown data set %q (supported: fashion-mnist)", f.dataset)
+	lm, dataset := train.IsLanguageModel(f.cfg.Model), f.dataset
+	if lm && !cmd.Flags().Changed("data") {
+		dataset = "gcide"
+	}
+	textData := train.IsTextData(dataset)
+	switch {
+	case lm && dataset == "fashion-mnist":
+		return fmt.Errorf("%s is a language model and fashion-mnist is images: train it on text (--data %s), or train an image model (--model %s) on fashion-mnist",
+			f.cfg.Model, train.TextDataUsage, models.Usage())
+	case lm && textData:
+		return f.runLM(cmd, dataset)
+	case textData:
+		return fmt.Errorf("%s is an image classifier and %s is text: train a language model on it (--model gpt-mini), or train %s on fashion-mnist",
+			f.cfg.Model, dataset, f.cfg.Model)
+	case dataset != "fashion-mnist":
+		return fmt.Errorf("unknown data set %q (supported: fashion-mnist for image models; %s for language models)", dataset, train.TextDataUsage)
+	case lm:
+		return f.runLM(cmd, dataset) // unreachable: LM data is text
+	}
+	if err := checkImageFlags(cmd.Flags(), f.cfg.Model); err != nil {
+		return err
 	}
 	if err := f.cfg.Validate(); err != nil {
 		return err
@@ -85,7 +107,7 @@ func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 // per distributed mode.
 func newTrainCmd() *cobra.Command {
 	cmd := newTrainLocalCmd("train")
-	cmd.Short = "Train a model on Fashion-MNIST: in this process, or as a pipeline, a mixture of experts or an averaging swarm"
+	cmd.Short = "Train a model on Fashion-MNIST or a language model on text: in this process, or as a pipeline, a mixture of experts or an averaging swarm"
 	cmd.Long += "\n\nThe distributed modes are subcommands: train pipeline, train moe and train averaging;\n" +
 		"`skyhive train` alone is `skyhive train local`."
 	cmd.AddCommand(newTrainLocalCmd("local"), newTrainPipelineCmd(), newTrainMoECmd(), newTrainAveragingCmd())
@@ -96,20 +118,34 @@ func newTrainLocalCmd(use string) *cobra.Command {
 	var f trainFlags
 	cmd := &cobra.Command{
 		Use:   use,
-		Short: "Train a model on Fashion-MNIST in this process",
+		Short: "Train a model on Fashion-MNIST, or a language model on text, in this process",
 		Long: "Train a model on Fashion-MNIST with AdamW and a cosine schedule, showing loss, throughput\n" +
 			"and ETA, and evaluating on the test set after every epoch. With --checkpoint the run is\n" +
 			"saved atomically after every epoch and on Ctrl-C; --resume continues from it.\n\n" +
 			"Models (--model of train local, train pipeline and train averaging; the same --seed gives\n" +
-			"the same weights in every mode):\n" + strings.TrimRight(models.Help(models.ImageClassification, "  "), "\n"),
+			"the same weights in every mode):\n" + strings.TrimRight(models.Help(models.ImageClassification, "  "), "\n") + "\n\n" +
+			"Language models (--model gpt-mini) train on text: --data gcide (the GCIDE dictionary, the\n" +
+			"default), text:PATH (a plain text file) or tokens:PATH (a nanoGPT token file, with --vocab\n" +
+			"and --token-width). Text is tokenized with a byte-level BPE of --vocab tokens trained on it;\n" +
+			"a tenth is held out. The model trains for --duration (or --steps) on next-token cross\n" +
+			"entropy, then its validation perplexity is measured next to a count-based bigram's on the\n" +
+			"same tokens, and it writes a sample from --prompt. Without the flag, --batch is " + fmt.Sprint(lmBatch) + ", --lr " + fmt.Sprint(lmLR) + ",\n" +
+			"--warmup " + fmt.Sprint(lmWarmup) + " and --clip " + fmt.Sprint(lmClip) + " for a language model. A checkpoint holds the tokenizer.\n" +
+			"A GPT size without parameters gets the tokenizer's vocabulary and --seq:\n" +
+			strings.TrimRight(models.Help(models.LanguageModeling, "  "), "\n"),
 		Example: "  skyhive train --model mlp --data fashion-mnist\n" +
-			"  skyhive train --model bert-tiny --epochs 3 --checkpoint bert.safetensors --resume",
+			"  skyhive train --model bert-tiny --epochs 3 --checkpoint bert.safetensors --resume\n" +
+			"  skyhive train --model gpt-mini --data gcide --json\n" +
+			"  skyhive train --model gpt-mini --data text:book.txt --vocab 2048 --duration 10m --checkpoint lm.safetensors\n" +
+			"  skyhive train --model gpt-mini --data tokens:train.bin --vocab 50257 --seq 256",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return f.runLocal(cmd) },
 	}
 	fl := cmd.Flags()
 	f.register(fl)
-	f.registerModel(fl, "fashion-mnist")
-	f.out.register(fl, "the result (epochs, accuracy, time)", "one per epoch")
+	f.registerModel(fl, "fashion-mnist for image models; for language models gcide (their default), gcide:PATH, text:PATH or tokens:PATH")
+	f.lm.register(fl)
+	fl.Lookup("model").Usage = "model: " + models.Usage() + "; language models: gpt-mini, gpt-small, gpt-medium (the tokenizer's vocabulary and --seq) or " + models.LMUsage()
+	f.out.register(fl, "the result (epochs, accuracy, time; language models: perplexities, bigram, ratio, sample)", "one per epoch (language models: every tenth of the run)")
 	return cmd
 }

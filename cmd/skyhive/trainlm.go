@@ -1,0 +1,146 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/train"
+)
+
+// Defaults of language-model training, chosen for the target of
+// docs/text.md (gpt-mini at ≤ 0.6 × the bigram's validation perplexity in
+// about lmDuration on 2 cores) from 100-step runs; the full 3-minute run is
+// still to be measured. The shared flags (--batch, --lr, --warmup, --clip)
+// take these values for a language model unless they are given.
+const (
+	lmDuration    = 3 * time.Minute
+	lmCorpusBytes = 2 << 20
+	lmVocab       = 1024
+	lmSeq         = 64
+	lmBatch       = 16
+	lmLR          = 3e-3
+	lmWarmup      = 100
+	lmClip        = 1
+	lmPrompt      = "The act of"
+)
+
+// lmFlags are the options only language models have.
+type lmFlags struct {
+	duration     time.Duration
+	steps        int64
+	corpusBytes  int64
+	vocab        int
+	seq          int
+	tokenWidth   int
+	evalTokens   int
+	prompt       string
+	sampleTokens int
+	temperature  float64
+}
+
+// lmOnly names the flags lmFlags adds, which image models refuse.
+var lmOnly = []string{"duration", "steps", "corpus-bytes", "vocab", "seq", "token-width", "eval-tokens", "prompt", "sample-tokens", "temperature"}
+
+func (l *lmFlags) register(fl *pflag.FlagSet) {
+	fl.DurationVar(&l.duration, "duration", lmDuration, "language models: training time (0: --steps); --time is the same flag")
+	fl.Int64Var(&l.steps, "steps", 0, "language models: stop after N steps (0: --duration)")
+	fl.Int64Var(&l.corpusBytes, "corpus-bytes", lmCorpusBytes, "language models: bytes of the data to read (of GCIDE, decompressed)")
+	fl.IntVar(&l.vocab, "vocab", lmVocab, "language models: BPE vocabulary trained on text; with tokens:PATH, the file's vocabulary (required)")
+	fl.IntVar(&l.seq, "seq", lmSeq, "language models: context length in tokens")
+	fl.IntVar(&l.tokenWidth, "token-width", 2, "language models: bytes per id of a tokens:PATH file (2: uint16, 4: uint32)")
+	fl.IntVar(&l.evalTokens, "eval-tokens", 0, "language models: validation tokens to evaluate (0: all)")
+	fl.StringVar(&l.prompt, "prompt", lmPrompt, "language models: text the generated sample starts from")
+	fl.IntVar(&l.sampleTokens, "sample-tokens", 60, "language models: tokens to generate after training (0: no sample)")
+	fl.Float64Var(&l.temperature, "temperature", 0.8, "language models: sampling temperature (0: greedy)")
+	renameFlags(fl, map[string]string{"time": "duration"})
+}
+
+// checkImageFlags refuses the language-model flags for an image model.
+func checkImageFlags(fl *pflag.FlagSet, model string) error {
+	for _, name := range lmOnly {
+		if fl.Changed(name) {
+			return fmt.Errorf("--%s is for language models; %s is an image classifier (language models: %s)", name, model, "gpt-mini, gpt-small, gpt-medium or gpt:LAYERSxHIDDEN:VOCAB")
+		}
+	}
+	return nil
+}
+
+// runLM trains a language model on text data in this process.
+func (f *trainFlags) runLM(cmd *cobra.Command, dataset string) error {
+	fl := cmd.Flags()
+	for _, name := range []string{"epochs", "limit", "data-dir"} {
+		if fl.Changed(name) {
+			return fmt.Errorf("--%s is for image models; a language model trains for --duration or --steps on --data %s", name, dataset)
+		}
+	}
+	l := f.lm
+	cfg := train.LMConfig{
+		Model: f.cfg.Model, Vocab: l.vocab, Seq: l.seq,
+		BatchSize: lmBatch, LR: lmLR, WeightDecay: f.cfg.WeightDecay, Warmup: lmWarmup, ClipNorm: lmClip, Seed: f.cfg.Seed,
+		Steps: l.steps, Duration: l.duration, EvalTokens: l.evalTokens,
+		Prompt: l.prompt, SampleTokens: l.sampleTokens, Temperature: l.temperature,
+		Checkpoint: f.cfg.Checkpoint, Resume: f.cfg.Resume,
+	}
+	if fl.Changed("batch") {
+		cfg.BatchSize = f.cfg.BatchSize
+	}
+	if fl.Changed("lr") {
+		cfg.LR = f.cfg.LR
+	}
+	if fl.Changed("warmup") {
+		cfg.Warmup = f.cfg.Warmup
+	}
+	if fl.Changed("clip") {
+		cfg.ClipNorm = f.cfg.ClipNorm
+	}
+	if fl.Changed("steps") && !fl.Changed("duration") {
+		cfg.Duration = 0 // --steps alone sets the run's length
+	}
+	if !fl.Changed("seq") && strings.Contains(cfg.Model, ":") {
+		cfg.Seq = 0 // the spec's
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	tokenVocab := 0
+	if strings.HasPrefix(dataset, "tokens:") {
+		if !fl.Changed("vocab") {
+			return fmt.Errorf("--data %s: give the vocabulary of the token file with --vocab (50257 for GPT-2's tokenizer)", dataset)
+		}
+		tokenVocab = l.vocab
+	}
+	out := cmd.ErrOrStderr()
+	corpus, err := train.LoadCorpus(dataset, l.corpusBytes, l.tokenWidth, tokenVocab)
+	if err != nil {
+		return err
+	}
+	stats, closeStats, err := f.out.openStats()
+	if err != nil {
+		return err
+	}
+	defer closeStats()
+	cfg.Stats = stats
+	fmt.Fprintf(out, "training %s on %s, GEMM backend %s\n", cfg.Model, dataset, tensor.Backend())
+	res, err := train.RunLM(cmd.Context(), cfg, corpus, out)
+	if err != nil {
+		if cfg.Checkpoint != "" && cmd.Context().Err() != nil {
+			return fmt.Errorf("%w (continue with --resume)", err)
+		}
+		return err
+	}
+	if f.out.json {
+		return printJSON(cmd.OutOrStdout(), res)
+	}
+	w := cmd.OutOrStdout()
+	fmt.Fprintf(w, "validation perplexity %.2f, bigram %.2f: ratio %.3f (target ≤ 0.6) after %d steps in %.1fs (%s, %d parameters)\n",
+		res.ValPerplexity, res.BigramPerplexity, res.Ratio, res.Steps, res.Seconds, res.Model, res.Params)
+	if res.Sample != "" {
+		fmt.Fprintf(w, "sample: %s%s\n", res.Prompt, res.Sample)
+	}
+	return nil
+}

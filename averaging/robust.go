@@ -143,13 +143,12 @@ func countTrue(b []bool) int {
 	return n
 }
 
-// Norm is the Euclidean norm of x, summed in float64.
+// Norm is the Euclidean norm of x, summed in float64 (tensor.SumSquares:
+// eight partial sums, so the adds do not wait on each other; the
+// contribution checks run it on every chunk). It is finite exactly when
+// every value of x is.
 func Norm(x []float32) float64 {
-	var s float64
-	for _, v := range x {
-		s += float64(v) * float64(v)
-	}
-	return math.Sqrt(s)
+	return math.Sqrt(tensor.SumSquares(x))
 }
 
 // dist is ‖x−y‖.

@@ -39,7 +39,8 @@ strangers' control calls and 512 MiB activation frames, fake worker
 registrations, and slow senders.
 
 It prints, per attack, how many requests the victims refused, held or
-accepted, and how many found nothing to attack (n/a: e.g. an erasure of a DHT
+accepted (a request left unread by a victim that had blocked the identity, after
+it sent poisoned values, counts as refused), and how many found nothing to attack (n/a: e.g. an erasure of a DHT
 dictionary the node does not hold). Some requests an honest peer may also send (records within the
 quota, a registration): those are "absorbed". Any other request accepted, or a
 slow sender held to the end, is a breach: skyhive attack then exits with an

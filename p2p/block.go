@@ -171,7 +171,8 @@ type blockingRM struct {
 // OpenStream refuses a blocked peer's streams, then defers to the resource
 // manager.
 func (r *blockingRM) OpenStream(p peer.ID, dir network.Direction) (network.StreamManagementScope, error) {
-	if h := r.g.h; h != nil {
+	// Until the first Block no stream looks a peer up (see gater.blocked).
+	if h := r.g.h; h != nil && h.anyBlocked.Load() {
 		if dir == network.DirOutbound && h.Blocked(p) || dir == network.DirInbound && h.blockedAndTold(p) {
 			return nil, errBlockedStream
 		}

@@ -65,8 +65,6 @@ func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 			f.cfg.Model, dataset, f.cfg.Model)
 	case dataset != "fashion-mnist":
 		return fmt.Errorf("unknown data set %q (supported: fashion-mnist for image models; %s for language models)", dataset, train.TextDataUsage)
-	case lm:
-		return f.runLM(cmd, dataset) // unreachable: LM data is text
 	}
 	if err := checkImageFlags(cmd.Flags(), f.cfg.Model); err != nil {
 		return err

@@ -328,7 +328,13 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 		return res, err
 	}
 	if a.cfg.MaxNormRatio > 0 {
-		sess.rms = Norm(vec) / math.Sqrt(float64(len(vec))) // read-only from now on
+		// The answer check's floor, computed beside the first sends.
+		sess.rmsReady = make(chan struct{})
+		go func() {
+			sess.rms = Norm(vec) / math.Sqrt(float64(len(vec)))
+			close(sess.rmsReady)
+		}()
+		defer func() { <-sess.rmsReady }()
 	}
 
 	var sent, recv atomic.Int64
@@ -354,11 +360,16 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 			ownErr = err
 			break
 		}
+		if sess.rmsReady != nil {
+			<-sess.rmsReady // the floor reads the whole vector
+		}
 		lo := sess.lo + i*a.cfg.ChunkElems
 		sess.mu.Lock()
 		// With compression use what the other members receive, so all
 		// hold the same average.
-		if a.cfg.Codec == wire.CodecNone || decodeInto(c.resp[2:], vec[lo:lo+len(c.sum)]) != nil {
+		if a.cfg.Codec == wire.CodecNone {
+			copy(vec[lo:], c.sum)
+		} else if _, err := decodeInto(c.resp[2:], vec[lo:lo+len(c.sum)]); err != nil {
 			copy(vec[lo:], c.sum)
 		}
 		res.Contributors = min(res.Contributors, c.count)
@@ -469,14 +480,25 @@ func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to pee
 	// values in place.
 	mean := getScratch(len(x))
 	defer putScratch(mean)
-	if err := decodeInto(p, *mean); err != nil {
+	ss, err := decodeInto(p, *mean)
+	if err != nil {
 		return err
 	}
 	if g := a.cfg.MaxNormRatio; g > 0 {
 		// Our own chunk's norm, or our vector's RMS scaled to the chunk if
-		// larger (a chunk of our values may be near zero).
-		own := max(Norm(x), sess.rms*math.Sqrt(float64(len(x))))
-		if got := Norm(*mean); own > 0 && got > g*own {
+		// larger (a chunk of our values may be near zero). The chunk's own
+		// norm is only computed when the floor alone does not pass it.
+		got := math.Sqrt(ss)
+		select {
+		case <-sess.rmsReady:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		own := sess.rms * math.Sqrt(float64(len(x)))
+		if got > g*own {
+			own = max(own, Norm(x))
+		}
+		if own > 0 && got > g*own {
 			return fmt.Errorf("%w: mean of chunk %d from %s has norm %.3g, %.3g× ours", ErrMessage, i, to.ID.ShortString(), got, got/own)
 		}
 	}

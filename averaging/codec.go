@@ -67,19 +67,21 @@ func appendVector(b []byte, x []float32, codec wire.Codec) ([]byte, error) {
 }
 
 // decodeInto decodes a wire tensor of exactly len(dst) finite elements
-// into dst. On error dst may hold part of the data.
-func decodeInto(b []byte, dst []float32) error {
+// into dst and returns their sum of squares, summed in float64 (as Norm
+// does). One pass both checks finiteness and gives the norm: a finite
+// float32 squared cannot overflow a float64 sum, so the sum is finite
+// exactly when every element is. On error dst may hold part of the data.
+func decodeInto(b []byte, dst []float32) (float64, error) {
 	want := len(dst)
 	if len(b) >= vecHeader && string(b[:5]) == "SKT\x01\x01" && b[6] == 1 && b[7] == 0 &&
 		(wire.Codec(b[5]) == wire.CodecNone || wire.Codec(b[5]) == wire.CodecFP16) {
 		if n := binary.LittleEndian.Uint32(b[8:]); uint64(n) != uint64(want) {
-			return fmt.Errorf("%w: chunk of %d elements, want %d", ErrMessage, n, want)
+			return 0, fmt.Errorf("%w: chunk of %d elements, want %d", ErrMessage, n, want)
 		}
 		p := b[vecHeader:]
-		bad := false
 		if wire.Codec(b[5]) == wire.CodecNone {
 			if len(p) != 4*want {
-				return fmt.Errorf("%w: chunk of %d bytes for %d float32", ErrMessage, len(p), want)
+				return 0, fmt.Errorf("%w: chunk of %d bytes for %d float32", ErrMessage, len(p), want)
 			}
 			if nativeLE {
 				copy(f32Bytes(dst), p)
@@ -88,30 +90,26 @@ func decodeInto(b []byte, dst []float32) error {
 					dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
 				}
 			}
-			for _, v := range dst {
-				bad = bad || math.Float32bits(v)&0x7f800000 == 0x7f800000
-			}
 		} else {
 			if len(p) != 2*want {
-				return fmt.Errorf("%w: chunk of %d bytes for %d halves", ErrMessage, len(p), want)
+				return 0, fmt.Errorf("%w: chunk of %d bytes for %d halves", ErrMessage, len(p), want)
 			}
 			for i := range dst {
-				h := binary.LittleEndian.Uint16(p[2*i:])
-				bad = bad || h&0x7c00 == 0x7c00
-				dst[i] = wire.HalfToFloat32(h)
+				dst[i] = wire.HalfToFloat32(binary.LittleEndian.Uint16(p[2*i:]))
 			}
 		}
-		if bad {
-			return fmt.Errorf("%w: non-finite value in chunk", ErrMessage)
+		ss := tensor.SumSquares(dst)
+		if math.IsNaN(ss) || math.IsInf(ss, 0) {
+			return 0, fmt.Errorf("%w: non-finite value in chunk", ErrMessage)
 		}
-		return nil
+		return ss, nil
 	}
 	x, err := decodeVector(b, want)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	copy(dst, x)
-	return nil
+	return tensor.SumSquares(dst), nil
 }
 
 // nativeLE is a constant property of the machine.

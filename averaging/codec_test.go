@@ -37,7 +37,7 @@ func FuzzDecodeInto(f *testing.F) {
 			return
 		}
 		dst := make([]float32, n)
-		err := decodeInto(b, dst)
+		ss, err := decodeInto(b, dst)
 		ref, rerr := decodeVector(b, n)
 		if (err == nil) != (rerr == nil) {
 			t.Fatalf("decodeInto err %v, decodeVector err %v", err, rerr)
@@ -49,6 +49,9 @@ func FuzzDecodeInto(f *testing.F) {
 			if math.Float32bits(v) != math.Float32bits(ref[i]) {
 				t.Fatalf("element %d: %v vs %v", i, v, ref[i])
 			}
+		}
+		if want := tensor.SumSquares(ref); ss != want {
+			t.Fatalf("sum of squares %v, want %v", ss, want)
 		}
 	})
 }

@@ -59,7 +59,7 @@ func FuzzHandleReduce(f *testing.F) {
 		}
 		r, _ := unmarshalReduceRequest(b)
 		want := min(16, bounds[1]-int(r.Chunk)*16)
-		if err := decodeInto(p, make([]float32, want)); err != nil {
+		if _, err := decodeInto(p, make([]float32, want)); err != nil {
 			t.Fatalf("answer does not decode: %v", err)
 		}
 	})

@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -54,9 +55,11 @@ type session struct {
 	// rejected marks members whose contribution to a chunk was dropped by
 	// the norm check.
 	rejected []bool
-	// rms is the RMS of this peer's vector, the floor of the answer check;
-	// set by AllReduce before it sends.
-	rms float64
+	// rms is the RMS of this peer's vector, the floor of the answer check.
+	// AllReduce computes it while the first chunks travel and closes
+	// rmsReady when it is set; nothing writes the vector before that.
+	rms      float64
+	rmsReady chan struct{}
 }
 
 // chunk accumulates the contributions to one chunk of the reducer's part.
@@ -221,7 +224,6 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 			c.own = vec[lo:hi]
 			c.contrib = make([]*[]float32, len(s.Members))
 			c.norm = make([]float64, len(s.Members))
-			c.norm[self] = Norm(c.own)
 		}
 		sess.chunks[i] = c
 	}
@@ -344,11 +346,14 @@ func (s *session) maybeFinalize(c *chunk, force bool) {
 
 // add adds a member's contribution unless the chunk is final or already
 // has it.
-func (s *session) add(c *chunk, sender int, x []float32) { s.addOwned(c, sender, &x) }
+func (s *session) add(c *chunk, sender int, x []float32) {
+	s.addOwned(c, sender, &x, Norm(x))
+}
 
-// addOwned is add for a buffer from getScratch. It reports whether the
-// chunk keeps x until finalization (the caller must then not reuse it).
-func (s *session) addOwned(c *chunk, sender int, x *[]float32) (kept bool) {
+// addOwned is add for a buffer from getScratch whose norm the caller has
+// computed (outside the lock). It reports whether the chunk keeps x until
+// finalization (the caller must then not reuse it).
+func (s *session) addOwned(c *chunk, sender int, x *[]float32, norm float64) (kept bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.contributed[sender] = true
@@ -361,7 +366,7 @@ func (s *session) addOwned(c *chunk, sender int, x *[]float32) (kept bool) {
 	tensor.Axpy(1, *x, c.sum)
 	if c.contrib != nil {
 		c.contrib[sender] = x
-		c.norm[sender] = Norm(*x)
+		c.norm[sender] = norm
 		kept = true
 	}
 	s.maybeFinalize(c, false)
@@ -430,14 +435,15 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 	// payload must match it exactly before anything is decoded.
 	want := min(a.cfg.ChunkElems, s.hi-s.lo-int(r.Chunk)*a.cfg.ChunkElems)
 	x := getScratch(want)
-	if err := decodeInto(r.Payload, *x); err != nil {
+	ss, err := decodeInto(r.Payload, *x)
+	if err != nil {
 		// A malformed or non-finite contribution: stop waiting for this
 		// member, as for one that disagrees.
 		putScratch(x)
 		s.disagree(from)
 		return nil, err
 	}
-	if !s.addOwned(c, int(r.Sender), x) {
+	if !s.addOwned(c, int(r.Sender), x, math.Sqrt(ss)) {
 		putScratch(x)
 	}
 	if err := c.wait(ctx, a.done); err != nil {

@@ -88,6 +88,7 @@ func (s *session) aggregate(c *chunk) {
 		c.contrib, c.own, c.norm = nil, nil, nil
 	}()
 	if g := s.agg.maxRatio; g > 0 {
+		c.norm[s.self] = Norm(c.own)
 		var norms []float64
 		for j, ok := range c.from {
 			if ok && (j == s.self || c.contrib[j] != nil) {

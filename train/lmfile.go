@@ -85,6 +85,9 @@ func (r *lmRun) save() error {
 		metaStep:    strconv.FormatInt(st.Step, 10),
 		metaSeconds: strconv.FormatFloat(r.trained().Seconds(), 'f', 3, 64),
 	}
+	if err := describeMeta(meta, r.model, models.LanguageModeling.String(), nil); err != nil {
+		return err
+	}
 	if r.tok != nil {
 		tj, err := r.tok.MarshalJSON()
 		if err != nil {

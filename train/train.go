@@ -42,6 +42,9 @@ type Config struct {
 	Resume bool
 	// Stats, if set, receives one JSON line (EpochStats) after every epoch.
 	Stats io.Writer `json:"-"`
+	// Input, if set, says how the features were made from raw images; the
+	// checkpoint stores it so that readers can feed the model.
+	Input *data.Preprocessing `json:"-"`
 }
 
 // Validate reports the first invalid field.
@@ -193,7 +196,32 @@ const (
 	metaEpoch = "skyhive.epoch"
 	metaBatch = "skyhive.batch"
 	metaStep  = "skyhive.optim_step"
+	// Self-description (docs/checkpoint.md): what the model computes and
+	// how its input is made, for readers without Skyhive's source.
+	metaLayers = "skyhive.layers"
+	metaInput  = "skyhive.input"
 )
+
+// describeMeta adds the model's layer list and, if known, its input
+// preprocessing to meta.
+func describeMeta(meta map[string]string, model *nn.Sequential, task string, input *data.Preprocessing) error {
+	layers, err := nn.Describe(model)
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(layers)
+	if err != nil {
+		return err
+	}
+	meta[metaTask], meta[metaLayers] = task, string(b)
+	if input != nil {
+		if b, err = json.Marshal(input); err != nil {
+			return err
+		}
+		meta[metaInput] = string(b)
+	}
+	return nil
+}
 
 func save(cfg Config, model *nn.Sequential, opt optim.Optimizer, pos position) error {
 	tensors := map[string]*tensor.Tensor{}
@@ -210,6 +238,9 @@ func save(cfg Config, model *nn.Sequential, opt optim.Optimizer, pos position) e
 		metaEpoch: strconv.Itoa(pos.epoch),
 		metaBatch: strconv.Itoa(pos.batch),
 		metaStep:  strconv.FormatInt(st.Step, 10),
+	}
+	if err := describeMeta(meta, model, models.ImageClassification.String(), cfg.Input); err != nil {
+		return fmt.Errorf("save checkpoint: %w", err)
 	}
 	if err := checkpoint.Save(cfg.Checkpoint, tensors, meta); err != nil {
 		return fmt.Errorf("save checkpoint: %w", err)

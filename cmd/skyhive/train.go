@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/train"
@@ -84,6 +85,8 @@ func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 	defer closeStats()
 	cfg := f.cfg
 	cfg.Stats = stats
+	input := data.FashionMNISTPreprocessing(true) // dataFlags.load standardizes
+	cfg.Input = &input
 	fmt.Fprintf(out, "training %s on Fashion-MNIST: %d train / %d test examples, GEMM backend %s\n",
 		cfg.Model, trainSet.Len(), testSet.Len(), tensor.Backend())
 	res, err := train.Run(cmd.Context(), cfg, trainSet, testSet, out)

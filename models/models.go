@@ -208,6 +208,14 @@ func BuildLM(spec string, seed uint64) (*nn.Sequential, error) {
 	if err != nil {
 		return nil, err
 	}
+	return BuildGPT(cfg, seed)
+}
+
+// BuildGPT returns a freshly initialised GPT of cfg, seeded as Build is:
+// BuildLM(spec, seed) is BuildGPT of the spec's configuration. It is for
+// callers that change the configuration a spec gives, as package pipeline
+// unties the head of the models it splits across machines.
+func BuildGPT(cfg nn.GPTConfig, seed uint64) (*nn.Sequential, error) {
 	return nn.GPT(cfg, rand.New(rand.NewPCG(seed, 0x5eed)))
 }
 

@@ -118,6 +118,8 @@ func describe(m Module) (LayerInfo, error) {
 		return LayerInfo{Type: "expert", Hidden: m.FFN.FC1.In, FFN: m.FFN.FC1.Out, Activation: act, Eps: float64(m.LN.Eps)}, err
 	case *TiedHead:
 		return LayerInfo{Type: "tied_head", Vocab: m.Vocab, Hidden: m.Hidden}, nil
+	case *Head:
+		return LayerInfo{Type: "head", Vocab: m.Vocab, Hidden: m.Hidden}, nil
 	}
 	return LayerInfo{}, fmt.Errorf("no description for %T", m)
 }

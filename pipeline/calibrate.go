@@ -130,8 +130,9 @@ func (s *Session) calibrate(req profileReq, r profileResp) error {
 	if !(cm.refTotal > 0) {
 		return errors.New("pipeline: profile measured no time")
 	}
-	cm.modelFLOPs = s.ref.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs()
-	for _, c := range s.ref.LayerCosts([]int{1, InputFeatures}) {
+	cm.inFloats = s.info.InputLen()
+	cm.modelFLOPs = s.ref.Cost(append([]int{req.Batch}, s.info.Input...)).TotalFLOPs()
+	for _, c := range s.ref.LayerCosts(append([]int{1}, s.info.Input...)) {
 		cm.params = append(cm.params, c.Params)
 		cm.outFloats = append(cm.outFloats, int64(tensor.NumElements(c.OutShape)))
 	}

@@ -19,6 +19,16 @@
 // one stream per iteration and direction when the transport has streams
 // (libp2p), one call per tensor otherwise (memnet).
 //
+// # Models
+//
+// A session trains any model of package models: an image classifier on
+// data.Batch (Session.Step), or a GPT language model on text.Batch
+// (Session.StepTokens), whose examples are sequences of token ids and
+// whose last stage computes the per-token cross-entropy. DescribeModel
+// says what one example of a spec is. Language models are built with an
+// untied output head (nn.GPTConfig.Untied), since the embedding of stage
+// 0 and the head of the last stage live in different processes.
+//
 // # Where things are
 //
 // Coordinator side:

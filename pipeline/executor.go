@@ -193,9 +193,20 @@ func (w *Worker) onIter(ctx context.Context, b []byte) ([]byte, error) {
 		if x == nil || !slices.Equal(x.Shape, append([]int{total}, st.in...)) {
 			return nil, fmt.Errorf("pipeline: stage 0 needs inputs \"x\" of shape %v", append([]int{total}, st.in...))
 		}
+		if st.info.lm() {
+			// The embedding would index out of its table.
+			if err := st.info.checkTokens(x, nil, total); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if st.last() {
-		if y, err = labels(in["y"], total, st.out[len(st.out)-1]); err != nil {
+		if st.info.lm() {
+			y, err = tokenLabels(st.info, in["y"], total)
+		} else {
+			y, err = labels(in["y"], total, st.out[len(st.out)-1])
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -244,6 +255,22 @@ func labels(t *tensor.Tensor, n, classes int) ([]int, error) {
 		if v != float32(int(v)) || v < 0 || int(v) >= classes {
 			return nil, fmt.Errorf("pipeline: label %v not an integer in [0,%d)", v, classes)
 		}
+		y[i] = int(v)
+	}
+	return y, nil
+}
+
+// tokenLabels checks a language model's [n, Seq] float32 labels and
+// converts them.
+func tokenLabels(info ModelInfo, t *tensor.Tensor, n int) ([]int, error) {
+	if t == nil {
+		return nil, fmt.Errorf("pipeline: last stage needs labels \"y\" of shape [%d %d]", n, info.Labels)
+	}
+	if err := info.checkTokens(nil, t, n); err != nil {
+		return nil, err
+	}
+	y := make([]int, len(t.Data))
+	for i, v := range t.Data {
 		y[i] = int(v)
 	}
 	return y, nil
@@ -310,13 +337,24 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 			out, s := st.model.Forward(nn.Ctx{Train: true}, in)
 			states[op.Micro] = s
 			if st.last() {
-				loss, dl := nn.SoftmaxCrossEntropy(out, y[offs[op.Micro]:offs[op.Micro+1]])
+				// Labels per example: 1 for an image, Seq for text.
+				per := st.info.Labels
+				ym := y[offs[op.Micro]*per : offs[op.Micro+1]*per]
+				var loss float32
+				var dl *tensor.Tensor
+				preds := out
+				if st.info.lm() {
+					loss, dl = nn.SequenceCrossEntropy(out, ym)
+					preds = out.Reshape(n*per, out.Shape[len(out.Shape)-1])
+				} else {
+					loss, dl = nn.SoftmaxCrossEntropy(out, ym)
+				}
 				wgt := float32(n) / float32(total)
 				tensor.Scale(wgt, dl.Data)
 				dlogits[op.Micro] = dl
 				resp.Loss += float64(loss) * float64(wgt)
-				for i, p := range nn.Argmax(out) {
-					if p == y[offs[op.Micro]+i] {
+				for i, p := range nn.Argmax(preds) {
+					if p == ym[i] {
 						resp.Correct++
 					}
 				}

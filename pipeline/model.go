@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/skyhive/skyhive/alloc"
@@ -11,18 +12,134 @@ import (
 	"github.com/skyhive/skyhive/tensor"
 )
 
-// InputFeatures is the per-example input size of every model a pipeline
-// trains: a flattened 28×28 image (models.InputFeatures).
+// InputFeatures is the per-example input size of the image classifiers a
+// pipeline trains: a flattened 28×28 image (models.InputFeatures).
+// Language models take ModelInfo.Input instead.
 const InputFeatures = models.InputFeatures
 
-// BuildModel is models.Build, kept as a forwarder for the CLI's pipeline
-// commands; new code calls models.Build.
-func BuildModel(spec string, seed uint64) (*nn.Sequential, error) { return models.Build(spec, seed) }
+// ModelInfo is what the pipeline needs to know of a model spec besides its
+// layers: the data one example is.
+type ModelInfo struct {
+	// Task is the kind of model.
+	Task models.Task
+	// Input is the per-example input shape: [InputFeatures] for an image
+	// classifier, [Seq] token ids for a language model.
+	Input []int
+	// Labels is the number of labels per example: 1 for an image, Seq
+	// next-token ids for a language model.
+	Labels int
+	// Classes bounds the labels, [0, Classes): the image classes or the
+	// vocabulary. A language model's input ids lie in the same range.
+	Classes int
+	// GPT is a language model's configuration as the pipeline builds it
+	// (untied head, see BuildModel).
+	GPT nn.GPTConfig
+}
+
+// lm reports whether the model is a language model.
+func (m ModelInfo) lm() bool { return m.Task == models.LanguageModeling }
+
+// InputLen is the number of input values of one example.
+func (m ModelInfo) InputLen() int { return tensor.NumElements(m.Input) }
+
+// DescribeModel returns the ModelInfo of spec without building the model.
+func DescribeModel(spec string) (ModelInfo, error) {
+	m, err := models.Lookup(spec)
+	if err != nil {
+		return ModelInfo{}, err
+	}
+	if m.Task != models.LanguageModeling {
+		return ModelInfo{Task: m.Task, Input: []int{InputFeatures}, Labels: 1, Classes: models.Classes}, nil
+	}
+	cfg, err := models.ParseGPT(spec)
+	if err != nil {
+		return ModelInfo{}, err
+	}
+	// The first and last stages live in different processes, which cannot
+	// share the token table: the head gets a weight of its own.
+	cfg.Untied = true
+	return ModelInfo{Task: m.Task, Input: []int{cfg.Seq}, Labels: cfg.Seq, Classes: cfg.Vocab, GPT: cfg}, nil
+}
+
+// BuildModel returns the model that a pipeline of spec trains, freshly
+// initialised from seed: models.Build for an image classifier, and for a
+// language model models.BuildGPT of the spec's configuration with an
+// untied head (nn.GPTConfig.Untied), since the token table of stage 0 and
+// the output head of the last stage cannot be one tensor across machines.
+// Every worker and the coordinator build the same model from the same spec
+// and seed.
+func BuildModel(spec string, seed uint64) (*nn.Sequential, error) {
+	m, _, err := buildModel(spec, seed)
+	return m, err
+}
+
+// buildModel is BuildModel that also returns the spec's ModelInfo.
+func buildModel(spec string, seed uint64) (*nn.Sequential, ModelInfo, error) {
+	info, err := DescribeModel(spec)
+	if err != nil {
+		return nil, ModelInfo{}, err
+	}
+	var m *nn.Sequential
+	if info.lm() {
+		m, err = models.BuildGPT(info.GPT, seed)
+	} else {
+		m, err = models.Build(spec, seed)
+	}
+	if err != nil {
+		return nil, ModelInfo{}, err
+	}
+	return m, info, nil
+}
+
+// checkTokens checks a language model's batch of n sequences before it is
+// sent or computed on: inputs x of shape [n, Seq] (unless nil) and labels
+// y of shape [n, Seq] (unless nil), every value an integer in
+// [0, Vocab): an id past the vocabulary would make the embedding or the
+// loss index out of the table.
+func (m ModelInfo) checkTokens(x, y *tensor.Tensor, n int) error {
+	want := append([]int{n}, m.Input...)
+	if x != nil {
+		if !slices.Equal(x.Shape, want) || x.Len() != tensor.NumElements(want) {
+			return fmt.Errorf("pipeline: token ids \"x\" of shape %v, want %v", x.Shape, want)
+		}
+		if err := checkIDs("token id", x.Data, m.Classes); err != nil {
+			return err
+		}
+	}
+	if y != nil {
+		want := []int{n, m.Labels}
+		if !slices.Equal(y.Shape, want) || y.Len() != tensor.NumElements(want) {
+			return fmt.Errorf("pipeline: labels \"y\" of shape %v, want %v (one next token per input token)", y.Shape, want)
+		}
+		if err := checkIDs("label", y.Data, m.Classes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkIDs checks that every value is an integer in [0, n).
+func checkIDs(what string, vs []float32, n int) error {
+	for i, v := range vs {
+		if !(v >= 0 && v < float32(n)) || v != float32(int(v)) {
+			return fmt.Errorf("pipeline: %s %v at %d is not an integer in [0, %d)", what, v, i, n)
+		}
+	}
+	return nil
+}
 
 // AllocModel turns the layer costs of model for a batch of the given size
 // into the allocator's model, with micro micro-batches (1: sequential).
+// The examples are images ([batch, InputFeatures]); AllocModelOf takes
+// another input shape.
 func AllocModel(name string, model *nn.Sequential, batch, micro int) *alloc.Model {
-	costs := model.LayerCosts([]int{batch, InputFeatures})
+	return AllocModelOf(name, model, []int{InputFeatures}, batch, micro)
+}
+
+// AllocModelOf is AllocModel for examples of the given per-example input
+// shape (ModelInfo.Input).
+func AllocModelOf(name string, model *nn.Sequential, input []int, batch, micro int) *alloc.Model {
+	costs := model.LayerCosts(append([]int{batch}, input...))
 	layers := make([]alloc.Layer, len(costs))
 	lys := model.Layers()
 	for i, c := range costs {

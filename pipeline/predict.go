@@ -29,6 +29,17 @@ type costModel struct {
 	opOverhead float64
 	params     []int64 // parameters per layer
 	outFloats  []int64 // output floats per example, per layer
+	// inFloats is the input floats per example (ModelInfo.InputLen); 0
+	// means an image of InputFeatures.
+	inFloats int
+}
+
+// inputFloats is the number of input floats of one example.
+func (cm *costModel) inputFloats() int {
+	if cm.inFloats > 0 {
+		return cm.inFloats
+	}
+	return InputFeatures
 }
 
 // sizes returns the calibrated batch sizes in increasing order.
@@ -142,7 +153,7 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 	}
 	var inBytes float64
 	for _, n := range sizes {
-		inBytes += float64(n * InputFeatures * 4)
+		inBytes += float64(n * cm.inputFloats() * 4)
 	}
 	var start float64 = math.Inf(1)
 	for k, st := range stages {

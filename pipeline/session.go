@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/alloc"
-	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 )
@@ -128,9 +127,13 @@ type StageTiming struct {
 
 // IterStats reports one training iteration.
 type IterStats struct {
-	Iter     int           `json:"iter"`
-	Gen      uint64        `json:"gen"`
-	Loss     float64       `json:"loss"`
+	Iter int    `json:"iter"`
+	Gen  uint64 `json:"gen"`
+	// Loss is the batch's mean cross-entropy: per example for an image
+	// classifier, per token for a language model.
+	Loss float64 `json:"loss"`
+	// Accuracy is the fraction of labels predicted (argmax): of the
+	// batch's images, or of its next tokens.
 	Accuracy float64       `json:"accuracy"`
 	Seconds  float64       `json:"seconds"`
 	Stages   []StageTiming `json:"stages"`
@@ -162,6 +165,7 @@ type Session struct {
 	c      *Coordinator
 	cfg    SessionConfig
 	ref    *nn.Sequential // the model's structure (costs, parameter names)
+	info   ModelInfo      // what one example of the model is
 	base   *alloc.Model   // FLOP-counted layers (memory, sizes)
 	amodel *alloc.Model   // layers with calibrated work for the schedule
 	cm     *costModel     // nil until the first profile
@@ -183,12 +187,16 @@ func (c *Coordinator) Start(ctx context.Context, cfg SessionConfig) (*Session, e
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	ref, err := models.Build(cfg.Model, cfg.Seed)
+	ref, info, err := buildModel(cfg.Model, cfg.Seed)
 	if err != nil {
 		return nil, err
 	}
-	s := &Session{c: c, cfg: cfg, ref: ref}
-	s.base = AllocModel(cfg.Model, ref, cfg.Batch, cfg.Schedule.Micro(cfg.Micro))
+	s := &Session{c: c, cfg: cfg, ref: ref, info: info}
+	if info.lm() {
+		fmt.Fprintf(cfg.Log, "language model %s: sequences of %d tokens, vocabulary %d; output head untied from the token embedding (its own [%d, %d] weight), as stages cannot share a table\n",
+			cfg.Model, info.GPT.Seq, info.GPT.Vocab, info.GPT.Vocab, info.GPT.Hidden)
+	}
+	s.base = AllocModelOf(cfg.Model, ref, info.Input, cfg.Batch, cfg.Schedule.Micro(cfg.Micro))
 	s.amodel = s.base
 	if s.cfg.Checkpoint == "" {
 		if s.tmpDir, err = os.MkdirTemp("", "skyhive-pipeline-"); err != nil {

@@ -10,13 +10,18 @@ import (
 
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/tensor"
+	"github.com/skyhive/skyhive/text"
 	"github.com/skyhive/skyhive/wire"
 )
 
-// Step trains on one batch. If a worker fails or times out it re-plans on
-// the remaining workers (restoring lost layers from the checkpoint) and
-// retries the batch, up to MaxRecoveries times.
+// Step trains an image classifier on one batch. If a worker fails or
+// times out it re-plans on the remaining workers (restoring lost layers
+// from the checkpoint) and retries the batch, up to MaxRecoveries times.
+// A language model trains with StepTokens.
 func (s *Session) Step(ctx context.Context, b data.Batch) (IterStats, error) {
+	if s.info.lm() {
+		return IterStats{}, fmt.Errorf("pipeline: %s is a language model: train it with StepTokens", s.cfg.Model)
+	}
 	if b.Len() < s.cfg.Schedule.Micro(s.cfg.Micro) || b.Len() > maxBatch || b.X == nil || b.X.Len() != b.Len()*InputFeatures {
 		return IterStats{}, fmt.Errorf("pipeline: batch of %d examples does not fit the session", b.Len())
 	}
@@ -24,9 +29,47 @@ func (s *Session) Step(ctx context.Context, b data.Batch) (IterStats, error) {
 		// Stages accept at most a batch of activations per iteration.
 		return IterStats{}, fmt.Errorf("pipeline: batch of %d examples, over the session's batch size %d", b.Len(), s.cfg.Batch)
 	}
+	n := b.Len()
+	y := tensor.New(n)
+	for i, v := range b.Y {
+		y.Data[i] = float32(v)
+	}
+	return s.step(ctx, tensor.FromSlice(b.X.Data, n, InputFeatures), y, n)
+}
+
+// StepTokens trains a language model on one batch of text (text.Batch:
+// [n, Seq] token ids and their [n, Seq] next tokens), recovering from
+// failures as Step does. Every sequence must be the model's context
+// length, and every id and label an integer in [0, Vocab): a batch that
+// is not is refused before anything is sent. IterStats.Loss is the mean
+// cross-entropy per token and Accuracy the fraction of next tokens
+// predicted (argmax).
+func (s *Session) StepTokens(ctx context.Context, b text.Batch) (IterStats, error) {
+	if !s.info.lm() {
+		return IterStats{}, fmt.Errorf("pipeline: %s is not a language model: train it with Step", s.cfg.Model)
+	}
+	if b.X == nil || b.Y == nil || len(b.X.Shape) != 2 {
+		return IterStats{}, errors.New("pipeline: a text batch needs [n, seq] token ids X and labels Y")
+	}
+	n := b.X.Shape[0]
+	if n < s.cfg.Schedule.Micro(s.cfg.Micro) || n > maxBatch {
+		return IterStats{}, fmt.Errorf("pipeline: batch of %d sequences does not fit the session", n)
+	}
+	if n > s.cfg.Batch {
+		return IterStats{}, fmt.Errorf("pipeline: batch of %d sequences, over the session's batch size %d", n, s.cfg.Batch)
+	}
+	if err := s.info.checkTokens(b.X, b.Y, n); err != nil {
+		return IterStats{}, fmt.Errorf("%w (model %s)", err, s.cfg.Model)
+	}
+	return s.step(ctx, b.X, b.Y, n)
+}
+
+// step runs an iteration on n examples of inputs x and labels y, as the
+// stages take them, recovering from failures.
+func (s *Session) step(ctx context.Context, x, y *tensor.Tensor, n int) (IterStats, error) {
 	var event string
 	for attempt := 0; ; attempt++ {
-		st, committed, err := s.tryIter(ctx, b)
+		st, committed, err := s.tryIter(ctx, x, y, n)
 		if committed {
 			s.iter++
 		}
@@ -72,14 +115,9 @@ func joinEvent(a, b string) string {
 }
 
 // tryIter runs one iteration on the current plan and commits it.
-func (s *Session) tryIter(ctx context.Context, b data.Batch) (IterStats, bool, error) {
-	n := b.Len()
+func (s *Session) tryIter(ctx context.Context, x, y *tensor.Tensor, n int) (IterStats, bool, error) {
 	sizes := s.microSizes(n)
-	x := tensor.FromSlice(b.X.Data, n, InputFeatures)
-	y := tensor.New(n)
-	for i, v := range b.Y {
-		y.Data[i] = float32(v)
-	}
+	labels := n * s.info.Labels
 	start := time.Now()
 	ictx, cancel := context.WithTimeoutCause(ctx, s.cfg.IterTimeout+5*time.Second, errors.New("iteration timed out"))
 	defer cancel()
@@ -117,7 +155,7 @@ func (s *Session) tryIter(ctx context.Context, b data.Batch) (IterStats, bool, e
 	for k, r := range resps {
 		// A stage's report feeds the clipping scale and the statistics:
 		// an impossible one fails the iteration like the stage failed.
-		if r.GradSq < 0 || math.IsInf(r.GradSq, 0) || math.IsInf(r.Loss, 0) || r.Correct < 0 || r.Correct > n {
+		if r.GradSq < 0 || math.IsInf(r.GradSq, 0) || math.IsInf(r.Loss, 0) || r.Correct < 0 || r.Correct > labels {
 			return IterStats{}, false, &stageError{worker: s.stages[k].worker, err: fmt.Errorf("stage %d (%s): impossible report %+v", k, s.c.worker(s.stages[k].worker).Name, r)}
 		}
 		sq += r.GradSq
@@ -144,7 +182,7 @@ func (s *Session) tryIter(ctx context.Context, b data.Batch) (IterStats, bool, e
 		})
 	}
 	wg.Wait()
-	st := IterStats{Iter: s.iter, Gen: s.gen, Loss: loss, Accuracy: float64(resps[S-1].Correct) / float64(n), Seconds: time.Since(start).Seconds()}
+	st := IterStats{Iter: s.iter, Gen: s.gen, Loss: loss, Accuracy: float64(resps[S-1].Correct) / float64(labels), Seconds: time.Since(start).Seconds()}
 	for k, a := range s.stages {
 		r := resps[k]
 		t := StageTiming{

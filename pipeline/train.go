@@ -160,21 +160,63 @@ func (s *Session) Train(ctx context.Context, o TrainOptions) (TrainResult, error
 
 // Evaluate gathers the session's parameters into one model and returns its
 // mean loss and accuracy on ds, batch examples at a time (default 512).
+// A language model is evaluated with EvaluateTokens.
 func (s *Session) Evaluate(ctx context.Context, ds *data.Dataset, batch int) (loss, acc float64, err error) {
+	if s.info.lm() {
+		return 0, 0, fmt.Errorf("pipeline: %s is a language model: evaluate it with EvaluateTokens", s.cfg.Model)
+	}
 	if batch <= 0 {
 		batch = 512
 	}
-	snap, err := s.Snapshot(ctx)
+	model, err := s.Gather(ctx)
 	if err != nil {
 		return 0, 0, err
-	}
-	model, err := BuildModel(s.cfg.Model, s.cfg.Seed)
-	if err != nil {
-		return 0, 0, err
-	}
-	if err := nn.ImportParams(model.Params(), snap.Params); err != nil {
-		return 0, 0, fmt.Errorf("pipeline: evaluate: %w", err)
 	}
 	loss, acc = train.Evaluate(model, ds, batch)
 	return loss, acc, nil
+}
+
+// Gather fetches the session's parameters from the stages into one model
+// (BuildModel of the session's spec): for evaluation, generation or
+// export.
+func (s *Session) Gather(ctx context.Context) (*nn.Sequential, error) {
+	snap, err := s.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	model, err := BuildModel(s.cfg.Model, s.cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	if err := nn.ImportParams(model.Params(), snap.Params); err != nil {
+		return nil, fmt.Errorf("pipeline: gathering the model: %w", err)
+	}
+	return model, nil
+}
+
+// EvaluateTokens gathers a language model's parameters into one model and
+// returns its mean cross-entropy per token (nats; perplexity is its exp)
+// on tokens, cut into consecutive windows of the model's context length,
+// batch windows at a time (default 16), as train.EvaluateLM does.
+func (s *Session) EvaluateTokens(ctx context.Context, tokens []int32, batch int) (float64, error) {
+	if !s.info.lm() {
+		return 0, fmt.Errorf("pipeline: %s is not a language model: evaluate it with Evaluate", s.cfg.Model)
+	}
+	if batch <= 0 {
+		batch = 16
+	}
+	for i, t := range tokens {
+		if t < 0 || int(t) >= s.info.Classes {
+			return 0, fmt.Errorf("pipeline: evaluation token %d at %d is not in [0, %d)", t, i, s.info.Classes)
+		}
+	}
+	model, err := s.Gather(ctx)
+	if err != nil {
+		return 0, err
+	}
+	loss, err := train.EvaluateLM(ctx, model, tokens, s.info.GPT.Seq, batch)
+	if err != nil {
+		return 0, fmt.Errorf("pipeline: evaluate: %w", err)
+	}
+	return loss, nil
 }

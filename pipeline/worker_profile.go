@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/tensor"
@@ -36,7 +35,7 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 			return nil, err
 		}
 	}
-	model, err := models.Build(req.Model, req.Seed)
+	model, info, err := buildModel(req.Model, req.Seed)
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +48,7 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 	// The device: whole-model passes at req.Batch, each followed by the
 	// emulated slowdown.
 	var times, busys, overs []float64
-	_, _, err = w.timeLayers(ctx, model, req.Seed, req.Batch, req.Reps, func(wall, busy time.Duration) {
+	_, _, err = w.timeLayers(ctx, model, info, req.Seed, req.Batch, req.Reps, func(wall, busy time.Duration) {
 		t0 := time.Now()
 		w.throttle(ctx, wall, busy)
 		slept := time.Since(t0)
@@ -63,9 +62,9 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 		return nil, err
 	}
 	resp.Seconds, resp.CPU, resp.Overshoot = stats.Median(times), stats.Median(busys), stats.Median(overs)
-	resp.FLOPS = model.Cost([]int{req.Batch, InputFeatures}).TotalFLOPs() / resp.Seconds
+	resp.FLOPS = model.Cost(append([]int{req.Batch}, info.Input...)).TotalFLOPs() / resp.Seconds
 	for _, n := range req.Calibrate {
-		fwd, bwd, err := w.timeLayers(ctx, model, req.Seed, n, req.Reps, nil)
+		fwd, bwd, err := w.timeLayers(ctx, model, info, req.Seed, n, req.Reps, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -96,13 +95,23 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 // examples reps+1 times (the first warms up) and returns each layer's
 // median forward and backward busy seconds. after, if set, is called
 // after every pass with its wall and busy time.
-func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, seed uint64, n, reps int, after func(wall, busy time.Duration)) (fwd, bwd []float64, err error) {
+func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, info ModelInfo, seed uint64, n, reps int, after func(wall, busy time.Duration)) (fwd, bwd []float64, err error) {
 	rng := rand.New(rand.NewPCG(seed, 7))
-	x := tensor.New(n, InputFeatures)
-	tensor.FillNormal(x.Data, rng, 0, 1)
-	y := make([]int, n)
-	for i := range y {
-		y[i] = i % 10
+	x := tensor.New(append([]int{n}, info.Input...)...)
+	y := make([]int, n*info.Labels)
+	if info.lm() {
+		// Random token ids and labels: the model's real input shape.
+		for i := range x.Data {
+			x.Data[i] = float32(rng.IntN(info.Classes))
+		}
+		for i := range y {
+			y[i] = rng.IntN(info.Classes)
+		}
+	} else {
+		tensor.FillNormal(x.Data, rng, 0, 1)
+		for i := range y {
+			y[i] = i % 10
+		}
 	}
 	layers := model.Layers()
 	fs := make([][]float64, len(layers))
@@ -124,7 +133,12 @@ func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, seed uint
 			}
 		}
 		c := startOp()
-		_, dy := nn.SoftmaxCrossEntropy(h, y)
+		var dy *tensor.Tensor
+		if info.lm() {
+			_, dy = nn.SequenceCrossEntropy(h, y)
+		} else {
+			_, dy = nn.SoftmaxCrossEntropy(h, y)
+		}
 		dw, dc := c.stop()
 		wall, busy = wall+dw, busy+dc
 		for i := len(layers) - 1; i >= 0 && dy != nil; i-- {

@@ -10,7 +10,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/skyhive/skyhive/alloc"
-	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/tensor"
@@ -25,9 +24,10 @@ type stage struct {
 	opt     optim.Optimizer
 	prev    peer.AddrInfo
 	next    peer.AddrInfo
-	in, out []int // per-example input and output shapes
-	ready   int   // iteration whose gradients await a commit, or −1
-	iter    int   // iterations committed
+	in, out []int     // per-example input and output shapes
+	info    ModelInfo // the whole model's examples (inputs, labels)
+	ready   int       // iteration whose gradients await a commit, or −1
+	iter    int       // iterations committed
 }
 
 func (s *stage) first() bool { return s.req.Stage == 0 }
@@ -86,7 +86,7 @@ func (w *Worker) buildStage(req setupReq, ts []wire.Named) (*stage, error) {
 	if err := req.Optim.Validate(); err != nil {
 		return nil, err
 	}
-	full, err := models.Build(req.Model, req.Seed)
+	full, info, err := buildModel(req.Model, req.Seed)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +96,7 @@ func (w *Worker) buildStage(req setupReq, ts []wire.Named) (*stage, error) {
 	if (req.Stage == 0) != (req.First == 0) || (req.Stage == req.Stages-1) != (req.Last == full.Len()) {
 		return nil, fmt.Errorf("pipeline: stage %d of %d cannot hold layers [%d,%d) of %d", req.Stage, req.Stages, req.First, req.Last, full.Len())
 	}
-	st := &stage{req: req, model: full.Slice(req.First, req.Last), ready: -1, iter: req.Iter}
+	st := &stage{req: req, model: full.Slice(req.First, req.Last), info: info, ready: -1, iter: req.Iter}
 	st.params = st.model.Params()
 	snap, err := snapshotFrom(namedMap(ts), req.Step)
 	if err != nil {
@@ -109,7 +109,7 @@ func (w *Worker) buildStage(req setupReq, ts []wire.Named) (*stage, error) {
 	if err := st.opt.LoadState(optim.State{Step: req.Step, Tensors: snap.Optim}); err != nil {
 		return nil, fmt.Errorf("pipeline: stage optimizer state: %w", err)
 	}
-	st.in = full.Slice(0, req.First).Cost([]int{1, InputFeatures}).OutShape[1:]
+	st.in = full.Slice(0, req.First).Cost(append([]int{1}, info.Input...)).OutShape[1:]
 	cost := st.model.Cost(append([]int{req.Batch}, st.in...))
 	st.out = cost.OutShape[1:]
 	if need := alloc.StateCopies*4*cost.Params + cost.ActivationBytes; w.cfg.MemCap > 0 && need > w.cfg.MemCap {

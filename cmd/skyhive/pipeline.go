@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -15,12 +16,16 @@ import (
 
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/swarm"
+	"github.com/skyhive/skyhive/text"
+	"github.com/skyhive/skyhive/train"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // pipelineFlags are the options of `skyhive train pipeline`.
@@ -64,6 +69,7 @@ func newTrainPipelineCmd() *cobra.Command {
 			"local workers only (no --join-wait) the coordinator listens on loopback unless --listen says\n" +
 			"otherwise; with --join-wait it prints where workers reach it and whether they can.",
 		Example: "  skyhive train pipeline --workers 4 --slowdown-max 3 --strategy skyhive --steps 300\n" +
+			"  skyhive train pipeline --workers 3 --model gpt-mini --data gcide --steps 200\n" +
 			"  skyhive train pipeline --workers 4 --model deep-mlp:128x8 --latency 100ms --bandwidth 50\n" +
 			"  skyhive train pipeline --listen /ip4/0.0.0.0/tcp/4001 --identity coord.key --join-wait 4",
 		Args: cobra.NoArgs,
@@ -71,7 +77,9 @@ func newTrainPipelineCmd() *cobra.Command {
 	}
 	fl := cmd.Flags()
 	p.train.register(fl)
-	p.train.registerModel(fl, "fashion-mnist or blobs")
+	p.train.registerModel(fl, "fashion-mnist or blobs; language models: "+train.TextDataUsage+", default gcide")
+	fl.Lookup("model").Usage = "model: " + models.Usage() + "; or a language model: " + models.LMUsage() + " (a size without parameters, gpt-mini, takes --vocab and --seq)"
+	p.train.lm.registerPipeline(fl)
 	p.train.out.register(fl, "the result (plan, workers, events, last iteration)", "one per iteration, with per-stage times")
 	fl.IntVar(&p.train.steps, "steps", 0, "stop after N iterations (0: --epochs)")
 	fl.IntVar(&p.workers, "workers", 0, "launch N local skyhive worker processes on loopback")
@@ -219,9 +227,19 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	if p.workers <= 0 && p.joinWait <= 0 {
 		return errors.New("train pipeline needs --workers N (local processes) or --join-wait N (workers on other machines)")
 	}
-	trainSet, testSet, err := pipelineData(f)
-	if err != nil {
-		return err
+	var trainSet, testSet *data.Dataset
+	var corpus *pipelineText
+	if train.IsLanguageModel(f.cfg.Model) {
+		if corpus, err = p.loadText(cmd, out); err != nil {
+			return err
+		}
+	} else {
+		if err := checkPipelineImageFlags(cmd.Flags(), f.cfg.Model); err != nil {
+			return err
+		}
+		if trainSet, testSet, err = pipelineData(f); err != nil {
+			return err
+		}
 	}
 	netw, regions, err := p.network(f.cfg.Seed)
 	if err != nil {
@@ -286,6 +304,9 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 			return fmt.Errorf("--plan %s: %w", p.planFile, err)
 		}
 	}
+	if corpus != nil {
+		return p.trainLM(cmd, c, local, sched, plan, corpus)
+	}
 	loader, err := data.NewLoader(trainSet, data.BatchOptions{Size: f.cfg.BatchSize, Shuffle: true, Seed: f.cfg.Seed, DropLast: true})
 	if err != nil {
 		return err
@@ -320,17 +341,7 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	}
 	defer closeStats()
 	topts.Stats = stats
-	if local != nil && p.killWorker >= 0 {
-		topts.BeforeStep = func(_ context.Context, iter int) error {
-			if p.killWorker < 0 || iter != p.killAt {
-				return nil
-			}
-			fmt.Fprintf(out, "failure drill: killing worker w%d before iteration %d\n", p.killWorker, iter)
-			w := p.killWorker
-			p.killWorker = -1
-			return local.Kill(w)
-		}
-	}
+	topts.BeforeStep = p.failureDrill(local, out)
 	var compared []planMeasurement
 	if p.compare != "" {
 		if compared, err = p.measurePlans(ctx, s, trainSet, f.cfg.BatchSize, f.cfg.Seed, out); err != nil {
@@ -358,6 +369,23 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	fmt.Fprintf(cmd.OutOrStdout(), "pipeline: %d iterations run in %.1fs (%.1f ms/iteration; %d in all), final loss %.4f, test accuracy %.2f%%\n",
 		res.Ran, res.Seconds, 1e3*res.Seconds/float64(max(res.Ran, 1)), res.Iterations, res.FinalLoss, 100*res.TestAccuracy)
 	return nil
+}
+
+// failureDrill returns the hook that runs --kill-worker before iteration
+// --kill-at, or nil without the drill.
+func (p *pipelineFlags) failureDrill(local *swarm.LocalProcs, out io.Writer) func(context.Context, int) error {
+	if local == nil || p.killWorker < 0 {
+		return nil
+	}
+	return func(_ context.Context, iter int) error {
+		if p.killWorker < 0 || iter != p.killAt {
+			return nil
+		}
+		fmt.Fprintf(out, "failure drill: killing worker w%d before iteration %d\n", p.killWorker, iter)
+		w := p.killWorker
+		p.killWorker = -1
+		return local.Kill(w)
+	}
 }
 
 // planMeasurement is one strategy's plan measured by --compare.
@@ -440,4 +468,239 @@ func fmtFloats(xs []float64) string {
 		parts[i] = strconv.FormatFloat(x, 'f', 2, 64)
 	}
 	return strings.Join(parts, ",")
+}
+
+// pipelineLMFlags are the language-model flags `train pipeline` has: the
+// data's, not the run length's (--steps is the pipeline's own).
+var pipelineLMFlags = []string{"corpus-bytes", "vocab", "seq", "token-width", "eval-tokens"}
+
+// registerPipeline adds the language-model flags of `train pipeline`, with
+// the defaults of `skyhive train`.
+func (l *lmFlags) registerPipeline(fl *pflag.FlagSet) {
+	fl.Int64Var(&l.corpusBytes, "corpus-bytes", lmCorpusBytes, "language models: bytes of the data to read (of GCIDE, decompressed)")
+	fl.IntVar(&l.vocab, "vocab", lmVocab, "language models: BPE vocabulary trained on text; with tokens:PATH, the file's vocabulary (required)")
+	fl.IntVar(&l.seq, "seq", lmSeq, "language models: context length in tokens")
+	fl.IntVar(&l.tokenWidth, "token-width", 2, "language models: bytes per id of a tokens:PATH file (2: uint16, 4: uint32)")
+	fl.IntVar(&l.evalTokens, "eval-tokens", 0, "language models: validation tokens to evaluate (0: all)")
+}
+
+// checkPipelineImageFlags refuses the language-model flags for an image
+// model.
+func checkPipelineImageFlags(fl *pflag.FlagSet, model string) error {
+	for _, name := range pipelineLMFlags {
+		if fl.Changed(name) {
+			return fmt.Errorf("--%s is for language models; %s is an image classifier (language models: %s)", name, model, models.LMUsage())
+		}
+	}
+	return nil
+}
+
+// pipelineText is a language model's data for the pipeline: the spec
+// completed with the vocabulary and context, and the tokens split into
+// training and validation.
+type pipelineText struct {
+	name       string
+	spec       string
+	info       pipeline.ModelInfo
+	train, val []int32
+}
+
+// loadText reads and tokenizes --data for a language model, as `skyhive
+// train` does: a byte-level BPE of --vocab tokens trained on the text (or
+// the ids of a token file), a tenth held out for validation.
+func (p *pipelineFlags) loadText(cmd *cobra.Command, out io.Writer) (*pipelineText, error) {
+	f, fl, l := &p.train, cmd.Flags(), p.train.lm
+	dataset := f.dataset
+	if !fl.Changed("data") {
+		dataset = "gcide"
+	}
+	if !train.IsTextData(dataset) {
+		return nil, fmt.Errorf("%s is a language model and %s is images: train it on text (--data %s)", f.cfg.Model, dataset, train.TextDataUsage)
+	}
+	for _, name := range []string{"epochs", "limit", "data-dir", "compare"} {
+		if fl.Changed(name) {
+			return nil, fmt.Errorf("--%s is for image models; a language model trains for --steps on --data %s", name, dataset)
+		}
+	}
+	if f.steps <= 0 {
+		return nil, fmt.Errorf("a language model trains for --steps N (got %d)", f.steps)
+	}
+	tokenVocab := 0
+	if strings.HasPrefix(dataset, "tokens:") {
+		if !fl.Changed("vocab") {
+			return nil, fmt.Errorf("--data %s: give the vocabulary of the token file with --vocab (50257 for GPT-2's tokenizer)", dataset)
+		}
+		tokenVocab = l.vocab
+	}
+	corpus, err := train.LoadCorpus(dataset, l.corpusBytes, l.tokenWidth, tokenVocab)
+	if err != nil {
+		return nil, err
+	}
+	var ids []int32
+	vocab := corpus.Vocab
+	if corpus.Text != nil {
+		if l.vocab < 256 {
+			return nil, fmt.Errorf("--vocab %d: a BPE vocabulary is at least 256 (the byte tokens) plus the merges, e.g. 1024", l.vocab)
+		}
+		fmt.Fprintf(out, "training a BPE tokenizer of %d tokens on %d bytes of %s\n", l.vocab, len(corpus.Text), corpus.Name)
+		tok, err := text.TrainBPE(corpus.Text, l.vocab)
+		if err != nil {
+			return nil, err
+		}
+		ids, vocab = tok.Encode(corpus.Text), tok.VocabSize()
+	} else {
+		ids = corpus.Tokens
+		for i, id := range ids {
+			if id < 0 || int(id) >= vocab {
+				return nil, fmt.Errorf("token id %d at position %d is outside the vocabulary of %d", id, i, vocab)
+			}
+		}
+	}
+	seq := l.seq
+	spec := f.cfg.Model
+	if strings.Contains(spec, ":") {
+		if !fl.Changed("seq") {
+			seq = 0 // the spec's
+		}
+	} else {
+		spec = fmt.Sprintf("%s:%dx%d", spec, vocab, seq)
+	}
+	info, err := pipeline.DescribeModel(spec)
+	if err != nil {
+		return nil, err
+	}
+	if info.Classes < vocab {
+		return nil, fmt.Errorf("model %s has a vocabulary of %d, but the data has %d token ids: give the model no vocabulary (--model %s) or a larger one",
+			spec, info.Classes, vocab, strings.SplitN(spec, ":", 2)[0])
+	}
+	if seq != 0 && info.Input[0] != seq {
+		return nil, fmt.Errorf("model %s has a context of %d tokens but --seq is %d: set one of them", spec, info.Input[0], seq)
+	}
+	seq = info.Input[0]
+	trainIDs, valIDs, err := text.Split(ids, 0.1, f.cfg.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("%w: read more text (--corpus-bytes)", err)
+	}
+	if l.evalTokens > 0 && len(valIDs) > l.evalTokens {
+		valIDs = valIDs[:l.evalTokens]
+	}
+	if len(trainIDs) < seq+1 || len(valIDs) < seq+1 {
+		return nil, fmt.Errorf("the data gives %d training and %d validation tokens, but each needs at least context + 1 = %d: %w; read more text (--corpus-bytes) or use a shorter context (--seq)",
+			len(trainIDs), len(valIDs), seq+1, text.ErrEmpty)
+	}
+	fmt.Fprintf(out, "%s: %d tokens (%d train, %d validation), vocabulary %d, model %s\n", corpus.Name, len(ids), len(trainIDs), len(valIDs), vocab, spec)
+	return &pipelineText{name: corpus.Name, spec: spec, info: info, train: trainIDs, val: valIDs}, nil
+}
+
+// lmPipelineResult is what --json prints for a language model.
+type lmPipelineResult struct {
+	Model         string                 `json:"model"`
+	Data          string                 `json:"data"`
+	Iterations    int                    `json:"iterations"`
+	Ran           int                    `json:"iterations_run"`
+	Seconds       float64                `json:"seconds"`
+	FinalLoss     float64                `json:"final_loss"`
+	FinalAccuracy float64                `json:"final_token_accuracy"`
+	ValLoss       float64                `json:"val_loss"`
+	ValPerplexity float64                `json:"val_perplexity"`
+	ValTokens     int                    `json:"val_tokens"`
+	Plan          alloc.Plan             `json:"plan"`
+	Workers       []pipeline.WorkerInfo  `json:"workers"`
+	Events        []string               `json:"events,omitempty"`
+	Last          *pipeline.IterStats    `json:"last_iteration,omitempty"`
+	Config        map[string]interface{} `json:"config"`
+}
+
+// trainLM trains a language model for --steps iterations on windows
+// drawn from the training tokens, then reports the validation loss and
+// perplexity of the gathered model. The shared flags (--batch, --lr,
+// --warmup, --clip) take `skyhive train`'s language-model defaults unless
+// given.
+func (p *pipelineFlags) trainLM(cmd *cobra.Command, c *pipeline.Coordinator, local *swarm.LocalProcs, sched pipeline.Schedule, plan *alloc.Plan, corpus *pipelineText) error {
+	f, fl, ctx, out := &p.train, cmd.Flags(), cmd.Context(), cmd.ErrOrStderr()
+	batch, lr, warmup, clip := lmBatch, lmLR, int64(lmWarmup), float64(lmClip)
+	if fl.Changed("batch") {
+		batch = f.cfg.BatchSize
+	}
+	if fl.Changed("lr") {
+		lr = f.cfg.LR
+	}
+	if fl.Changed("warmup") {
+		warmup = f.cfg.Warmup
+	}
+	if fl.Changed("clip") {
+		clip = f.cfg.ClipNorm
+	}
+	total := int64(f.steps)
+	scfg := pipeline.SessionConfig{
+		Model: corpus.spec, Seed: f.cfg.Seed, Batch: batch, Micro: p.micro, Schedule: sched,
+		Optim:      pipeline.OptimConfig{LR: lr, WeightDecay: f.cfg.WeightDecay},
+		LRSchedule: &optim.Schedule{Peak: lr, Min: lr / 10, Warmup: min(warmup, total/10), Total: total, Decay: optim.Cosine},
+		ClipNorm:   clip, Strategy: p.strategy, Plan: plan,
+		Checkpoint: f.cfg.Checkpoint, Resume: f.cfg.Resume, CheckpointEvery: p.checkpointEvery,
+		ReplanThreshold: p.replanThreshold, IterTimeout: p.iterTimeout, Log: out,
+	}
+	s, err := c.Start(ctx, scfg)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	sampler, err := text.NewSampler(corpus.train, batch, corpus.info.Input[0], f.cfg.Seed)
+	if err != nil {
+		return err
+	}
+	for range s.Iter() {
+		sampler.Next() // a resumed run continues the sequence of batches
+	}
+	statsOut, closeStats, err := f.out.openStats()
+	if err != nil {
+		return err
+	}
+	defer closeStats()
+	var enc *json.Encoder
+	if statsOut != nil {
+		enc = json.NewEncoder(statsOut)
+	}
+	before := p.failureDrill(local, out)
+	res := lmPipelineResult{Model: corpus.spec, Data: corpus.name, ValTokens: len(corpus.val),
+		Config: map[string]interface{}{"model": corpus.spec, "batch": batch, "micro": p.micro, "schedule": sched.String(), "strategy": p.strategy, "lr": lr}}
+	var last pipeline.IterStats
+	start := time.Now()
+	for s.Iter() < int(total) {
+		if before != nil {
+			if err := before(ctx, s.Iter()); err != nil {
+				return err
+			}
+		}
+		st, err := s.StepTokens(ctx, sampler.Next())
+		if err != nil {
+			return err
+		}
+		last = st
+		res.Ran++
+		if enc != nil {
+			if err := enc.Encode(st); err != nil {
+				return fmt.Errorf("writing stats: %w", err)
+			}
+		}
+		if st.Event != "" {
+			res.Events = append(res.Events, fmt.Sprintf("iteration %d: %s", st.Iter, st.Event))
+		}
+		if st.Event != "" || st.Iter == 0 || (p.logEvery > 0 && (st.Iter+1)%p.logEvery == 0) {
+			st.WriteTable(out)
+		}
+	}
+	res.Seconds = time.Since(start).Seconds()
+	res.Iterations, res.FinalLoss, res.FinalAccuracy, res.Last = s.Iter(), last.Loss, last.Accuracy, &last
+	if res.ValLoss, err = s.EvaluateTokens(ctx, corpus.val, 16); err != nil {
+		return err
+	}
+	res.ValPerplexity = math.Exp(res.ValLoss)
+	res.Plan, res.Workers = s.Plan(), c.Workers()
+	if f.out.json {
+		return printJSON(cmd.OutOrStdout(), res)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "pipeline: %d iterations run in %.1fs (%.1f ms/iteration; %d in all), final loss %.4f, token accuracy %.2f%%; validation loss %.4f, perplexity %.2f on %d tokens (%s)\n",
+		res.Ran, res.Seconds, 1e3*res.Seconds/float64(max(res.Ran, 1)), res.Iterations, res.FinalLoss, 100*res.FinalAccuracy, res.ValLoss, res.ValPerplexity, res.ValTokens, res.Model)
+	return nil
 }

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// train pipeline --model gpt-mini --data text:PATH trains a language model
+// split over two local worker processes (--strategy even) and reports the validation loss and
+// perplexity of the gathered model.
+func TestTrainPipelineLM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	corpus := writeText(t)
+	var stdout syncBuffer
+	p := startCLI(t, &stdout, "train", "pipeline", "--workers", "2", "--model", "gpt-mini", "--data", "text:"+corpus,
+		"--vocab", "280", "--seq", "16", "--batch", "4", "--micro", "2", "--schedule", "gpipe", "--strategy", "even", "--steps", "6", "--log-every", "0", "--json")
+	if err := p.wait(t, 3*time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, tail(p.stderr.String()))
+	}
+	var res lmPipelineResult
+	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil {
+		t.Fatalf("stdout is not the JSON result: %v\n%s\n%s", err, stdout.String(), tail(p.stderr.String()))
+	}
+	if res.Model != "gpt-mini:280x16" || res.Iterations != 6 || res.Ran != 6 || len(res.Plan.Stages) != 2 || res.ValTokens < 17 {
+		t.Fatalf("result %+v", res)
+	}
+	if !(res.ValLoss > 0) || math.Abs(res.ValPerplexity-math.Exp(res.ValLoss)) > 1e-9*res.ValPerplexity || !(res.ValPerplexity < 280) {
+		t.Fatalf("validation loss %v, perplexity %v: want a model better than uniform over 280 tokens", res.ValLoss, res.ValPerplexity)
+	}
+	if !(res.FinalAccuracy >= 0 && res.FinalAccuracy <= 1) {
+		t.Fatalf("token accuracy %v", res.FinalAccuracy)
+	}
+	if !strings.Contains(p.stderr.String(), "untied") {
+		t.Errorf("the log does not say the head is untied:\n%s", tail(p.stderr.String()))
+	}
+}
+
+// Flags of the wrong kind of model are refused before any worker starts.
+func TestTrainPipelineLMBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--model", "gpt-mini", "--data", "fashion-mnist", "--steps", "5"}, "train it on text"},
+		{[]string{"--model", "gpt-mini", "--data", "text:x.txt"}, "--steps"},
+		{[]string{"--model", "gpt-mini", "--data", "text:x.txt", "--steps", "5", "--epochs", "2"}, "--epochs is for image models"},
+		{[]string{"--model", "mlp", "--vocab", "300"}, "--vocab is for language models"},
+	} {
+		var out syncBuffer
+		err := runCLI(context.Background(), &out, append([]string{"train", "pipeline", "--workers", "2"}, tc.args...)...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error about %q", tc.args, err, tc.want)
+		}
+	}
+}

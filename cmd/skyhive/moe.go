@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +23,8 @@ import (
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/progress"
+	"github.com/skyhive/skyhive/text"
+	"github.com/skyhive/skyhive/train"
 	"github.com/skyhive/skyhive/wire"
 )
 
@@ -41,6 +44,19 @@ type moeFlags struct {
 	allowZeroOutputs bool
 	link             linkFlags
 	rtt              time.Duration // retired --rtt and --emulated-rtt
+	// dataset is --data: Fashion-MNIST for a DMoE classifier, text for a
+	// DMoE transformer language model (moeLMFlags).
+	dataset string
+	lm      moeLMFlags
+}
+
+// moeLMFlags are the options of a DMoE language model (--data gcide).
+type moeLMFlags struct {
+	seq, vocab, heads int
+	corpusBytes       int64
+	tokenWidth        int
+	evalTokens        int
+	clip              float64
 }
 
 // register adds the flags of both MoE commands; latency is the default
@@ -63,6 +79,14 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	m.link.register(fl, "of every expert and DHT call of the trainers, each way", latency)
 	fl.DurationVar(&m.rtt, "rtt", 0, "retired: use --latency, the one-way latency (half the round trip)")
 	_ = fl.MarkDeprecated("rtt", "use --latency with the one-way latency (half of --rtt)")
+	fl.StringVar(&m.dataset, "data", "fashion-mnist", "fashion-mnist (a DMoE classifier) or text for a DMoE transformer language model: "+train.TextDataUsage)
+	fl.IntVar(&m.lm.seq, "seq", 64, "language model: context length in tokens")
+	fl.IntVar(&m.lm.vocab, "vocab", lmVocab, "language model: BPE vocabulary trained on text; with tokens:PATH, the file's vocabulary")
+	fl.IntVar(&m.lm.heads, "heads", 2, "language model: attention heads (dividing --hidden)")
+	fl.Int64Var(&m.lm.corpusBytes, "corpus-bytes", lmCorpusBytes, "language model: bytes of the data to read (of GCIDE, decompressed)")
+	fl.IntVar(&m.lm.tokenWidth, "token-width", 2, "language model: bytes per id of a tokens:PATH file (2 or 4)")
+	fl.IntVar(&m.lm.evalTokens, "eval-tokens", 20000, "language model: validation tokens to evaluate (0: all)")
+	fl.Float64Var(&m.lm.clip, "clip", 1, "language model: global norm clip of the local gradients (0 disables)")
 	renameFlags(fl, map[string]string{"moe-grids": "grids", "moe-hidden": "hidden", "moe-steps": "steps", "moe-listen": "listen", "emulated-rtt": "rtt"})
 }
 
@@ -139,6 +163,15 @@ type moeResult struct {
 	// (demo moe only).
 	ExpertCalls   int64 `json:"expert_calls,omitempty"`
 	ExpertBatches int64 `json:"expert_batches,omitempty"`
+	// A language model (--data gcide) reports its data, vocabulary,
+	// training loss and validation loss and perplexity instead of a test
+	// accuracy.
+	Data          string  `json:"data,omitempty"`
+	Vocab         int     `json:"vocab,omitempty"`
+	EvalTokens    int     `json:"eval_tokens,omitempty"`
+	TrainLoss     float64 `json:"train_loss,omitempty"`
+	ValLoss       float64 `json:"val_loss,omitempty"`
+	ValPerplexity float64 `json:"val_perplexity,omitempty"`
 }
 
 // trainMoE trains a DMoE classifier with m.trainers concurrent trainers
@@ -228,7 +261,12 @@ func (m *moeFlags) report(w io.Writer, res moeResult) error {
 	if m.train.out.json {
 		return printJSON(w, res)
 	}
-	fmt.Fprintf(w, "test accuracy %.2f%% after %d steps (%d failed) in %.0fs", 100*res.TestAccuracy, res.Steps, res.Failed, res.Seconds)
+	if res.ValPerplexity > 0 {
+		fmt.Fprintf(w, "validation perplexity %.1f (loss %.3f on %d tokens) after %d steps (%d failed) in %.0fs",
+			res.ValPerplexity, res.ValLoss, res.EvalTokens, res.Steps, res.Failed, res.Seconds)
+	} else {
+		fmt.Fprintf(w, "test accuracy %.2f%% after %d steps (%d failed) in %.0fs", 100*res.TestAccuracy, res.Steps, res.Failed, res.Seconds)
+	}
 	if res.ExpertCalls > 0 {
 		fmt.Fprintf(w, "; servers answered %d expert calls in %d batches", res.ExpertCalls, res.ExpertBatches)
 	}
@@ -250,9 +288,13 @@ func newTrainMoECmd() *cobra.Command {
 		Long: "Join the swarm's DHT, and train a DMoE classifier on Fashion-MNIST: --trainers concurrent\n" +
 			"trainers share the local layers; each DMoE layer (--grids) beam-searches the DHT for the\n" +
 			"--k-best experts of every sample, calls them over libp2p and carries on past slow or dead\n" +
-			"ones (--k-min, --timeout-after-k-min). The experts are hosted and trained by `skyhive server`.",
+			"ones (--k-min, --timeout-after-k-min). The experts are hosted and trained by `skyhive server`.\n" +
+			"With --data gcide (or text:PATH, tokens:PATH) it trains a DMoE transformer language model\n" +
+			"instead, one block per grid whose feed-forward sub-block is the grid's experts, and reports\n" +
+			"its validation perplexity; the servers' --hidden must be the model's.",
 		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]' --hidden 64     # prints its address\n" +
-			"  skyhive train moe --dht ADDR --grids ffn.16.16 --hidden 64 --trainers 4 [--latency 50ms]",
+			"  skyhive train moe --dht ADDR --grids ffn.16.16 --hidden 64 --trainers 4 [--latency 50ms]\n" +
+			"  skyhive train moe --dht ADDR --data gcide --grids ffn.16.16 --hidden 64 --seq 64 --steps 300",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return m.run(cmd) },
 	}
@@ -285,7 +327,7 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	trainSet, testSet, err := m.train.data.load()
+	d, err := m.loadData(cmd.ErrOrStderr())
 	if err != nil {
 		return err
 	}
@@ -308,9 +350,7 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 		return fmt.Errorf("join DHT: %w", err)
 	}
 	out := cmd.ErrOrStderr()
-	fmt.Fprintf(out, "training a DMoE classifier (%d layers, k=%d, hidden %d) with %d trainer(s) against the swarm\n",
-		len(grids), m.kBest, m.hidden, m.trainers)
-	res, err := m.trainMoE(ctx, out, grids, tr, node, trainSet, testSet)
+	res, err := m.trainOn(ctx, out, d, grids, tr, node)
 	if err != nil {
 		return err
 	}
@@ -329,7 +369,8 @@ func newDemoMoECmd() *cobra.Command {
 		Long: "Run a decentralized mixture of experts on this machine: a DHT bootstrap node, --servers\n" +
 			"expert servers hosting the grids' experts, and --trainers trainers, all libp2p hosts on\n" +
 			"loopback with an emulated --latency on the trainers' calls. The trainers share their\n" +
-			"local layers and train on Fashion-MNIST with a progress bar.",
+			"local layers and train on Fashion-MNIST with a progress bar. With --data gcide one trainer\n" +
+			"trains a DMoE transformer language model and reports its validation perplexity.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runDemoMoE(cmd, &m, servers) },
 	}
@@ -360,7 +401,7 @@ func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 	if err != nil {
 		return err
 	}
-	trainSet, testSet, err := f.data.load()
+	d, err := m.loadData(out)
 	if err != nil {
 		return err
 	}
@@ -430,9 +471,9 @@ func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%d trainers, %d DMoE layers of %v experts (top %d), emulated one-way latency %v\n",
-		m.trainers, len(grids), grids[0].Size, m.kBest, link.Latency)
-	res, err := m.trainMoE(ctx, out, grids, tr, tn, trainSet, testSet)
+	fmt.Fprintf(out, "%d DMoE layers of %v experts (top %d), emulated one-way latency %v\n",
+		len(grids), grids[0].Size, m.kBest, link.Latency)
+	res, err := m.trainOn(ctx, out, d, grids, tr, tn)
 	if err != nil {
 		return err
 	}
@@ -443,4 +484,152 @@ func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 		}
 	}
 	return m.report(cmd.OutOrStdout(), res)
+}
+
+// moeData is what a MoE command trains on: Fashion-MNIST for a DMoE
+// classifier, or the tokens of a DMoE language model.
+type moeData struct {
+	trainSet, testSet *data.Dataset
+	lm                *moeCorpus
+}
+
+// moeCorpus is a tokenized text corpus split for training and validation.
+type moeCorpus struct {
+	name       string
+	vocab      int
+	train, val []int32
+}
+
+// loadData reads --data: Fashion-MNIST, or a text corpus that it
+// tokenizes with a byte-level BPE of --vocab tokens trained on it and
+// splits (a tenth for validation, at most --eval-tokens of it kept).
+func (m *moeFlags) loadData(out io.Writer) (moeData, error) {
+	if !train.IsTextData(m.dataset) {
+		if m.dataset != "fashion-mnist" {
+			return moeData{}, fmt.Errorf("--data %q: want fashion-mnist or text (%s)", m.dataset, train.TextDataUsage)
+		}
+		trainSet, testSet, err := m.train.data.load()
+		return moeData{trainSet: trainSet, testSet: testSet}, err
+	}
+	switch {
+	case m.lm.seq < 1 || m.lm.heads < 1 || m.hidden%m.lm.heads != 0:
+		return moeData{}, fmt.Errorf("--seq %d and --heads %d must be positive, and --heads must divide --hidden %d", m.lm.seq, m.lm.heads, m.hidden)
+	case m.lm.evalTokens < 0 || m.lm.clip < 0:
+		return moeData{}, errors.New("--eval-tokens and --clip must not be negative")
+	}
+	corpus, err := train.LoadCorpus(m.dataset, m.lm.corpusBytes, m.lm.tokenWidth, m.lm.vocab)
+	if err != nil {
+		return moeData{}, err
+	}
+	ids, vocab := corpus.Tokens, corpus.Vocab
+	if corpus.Text != nil {
+		fmt.Fprintf(out, "training a BPE tokenizer of %d tokens on %d bytes of %s\n", m.lm.vocab, len(corpus.Text), corpus.Name)
+		tok, err := text.TrainBPE(corpus.Text, m.lm.vocab)
+		if err != nil {
+			return moeData{}, err
+		}
+		ids, vocab = tok.Encode(corpus.Text), tok.VocabSize()
+	}
+	trainIDs, valIDs, err := text.Split(ids, 0.1, m.train.cfg.Seed)
+	if err != nil {
+		return moeData{}, fmt.Errorf("--data %s: %w", corpus.Name, err)
+	}
+	if n := m.lm.evalTokens; n > 0 && len(valIDs) > n+1 {
+		valIDs = valIDs[:n+1]
+	}
+	if len(valIDs) < 2 || len(trainIDs) <= m.lm.seq {
+		return moeData{}, fmt.Errorf("--data %s: %d tokens are too few for --seq %d (read more with --corpus-bytes)", corpus.Name, len(ids), m.lm.seq)
+	}
+	return moeData{lm: &moeCorpus{name: corpus.Name, vocab: vocab, train: trainIDs, val: valIDs}}, nil
+}
+
+// trainOn trains the model d calls for: a classifier or a language model.
+func (m *moeFlags) trainOn(ctx context.Context, out io.Writer, d moeData, grids []moe.Grid, tr p2p.Transport, node *dht.Node) (moeResult, error) {
+	if d.lm != nil {
+		fmt.Fprintf(out, "training a DMoE language model (%d blocks, k=%d, hidden %d, vocab %d, seq %d) against the swarm\n",
+			len(grids), m.kBest, m.hidden, d.lm.vocab, m.lm.seq)
+		if m.trainers > 1 {
+			fmt.Fprintf(out, "one trainer: --trainers %d applies to classifiers\n", m.trainers)
+		}
+		return m.trainLM(ctx, out, grids, tr, node, d.lm)
+	}
+	fmt.Fprintf(out, "training a DMoE classifier (%d layers, k=%d, hidden %d) with %d trainer(s) against the swarm\n",
+		len(grids), m.kBest, m.hidden, m.trainers)
+	return m.trainMoE(ctx, out, grids, tr, node, d.trainSet, d.testSet)
+}
+
+// moeLMSteps is the training length of a language model without --steps.
+const moeLMSteps = 300
+
+// trainLM trains a DMoE transformer language model (client.LM) whose
+// blocks' feed-forward sub-blocks are the grids' experts, one trainer
+// stepping at a time (client.TrainLM), then reports its validation
+// perplexity.
+func (m *moeFlags) trainLM(ctx context.Context, out io.Writer, grids []moe.Grid, tr p2p.Transport, node *dht.Node, c *moeCorpus) (moeResult, error) {
+	f := &m.train
+	res := moeResult{Data: c.name, Vocab: c.vocab}
+	steps := int64(f.steps)
+	if steps <= 0 {
+		steps = moeLMSteps
+	}
+	lm, err := client.LMConfig{
+		Vocab: c.vocab, Seq: m.lm.seq, Hidden: m.hidden, Heads: m.lm.heads, Grids: grids, CacheTTL: m.cacheTTL, Seed: f.cfg.Seed,
+		Layer: client.Config{KBest: m.kBest, KMin: m.kMin, ForwardTimeout: m.forwardTimeout, TimeoutAfterKMin: m.afterKMin,
+			BackwardTimeout: m.backwardTimeout, AllowZeroOutputs: m.allowZeroOutputs},
+	}.Build(node, tr)
+	if err != nil {
+		return res, err
+	}
+	sampler, err := text.NewSampler(c.train, f.cfg.BatchSize, m.lm.seq, f.cfg.Seed)
+	if err != nil {
+		return res, err
+	}
+	stats, closeStats, err := f.out.openStats()
+	if err != nil {
+		return res, err
+	}
+	defer closeStats()
+	lines := jsonLines{w: stats}
+	opt := optim.NewAdamW(lm.Params(), optim.AdamWConfig{LR: f.cfg.LR, WeightDecay: f.cfg.WeightDecay, NoDecay: optim.NoDecayVectors})
+	bar := progress.New(out, "steps", int(steps))
+	var sum float64
+	var n int64
+	tokens := int64(f.cfg.BatchSize * m.lm.seq)
+	start := time.Now()
+	st, err := client.TrainLM(ctx, lm, opt, sampler, client.LMTrainConfig{
+		Steps:    steps,
+		LR:       optim.Schedule{Peak: f.cfg.LR, Min: f.cfg.LR / 10, Warmup: min(f.cfg.Warmup, steps/10), Total: steps, Decay: optim.Cosine},
+		ClipNorm: m.lm.clip,
+		OnStep: func(step int64, loss float64, _ error) {
+			if !math.IsNaN(loss) {
+				sum += loss
+				n++
+			}
+			bar.Update(int(step+1), (step+1)*tokens, progress.F("loss", sum/float64(max(n, 1))))
+			if (step+1)%max(steps/10, 1) == 0 {
+				lines.write(moeEpoch{Steps: step + 1, TrainLoss: sum / float64(max(n, 1)), Seconds: time.Since(start).Seconds()})
+				sum, n = 0, 0
+			}
+		},
+	})
+	res.Steps, res.Failed, res.TrainLoss = st.Steps, st.Failed, st.LastLoss
+	res.Seconds = time.Since(start).Seconds()
+	if st.Failed > 0 {
+		fmt.Fprintf(out, "\n%d of %d steps failed; first error: %v\n", st.Failed, st.Steps, st.Err)
+	}
+	if err != nil {
+		return res, err
+	}
+	seq := min(m.lm.seq, len(c.val)-1)
+	vl, err := lm.Evaluate(ctx, c.val, seq, f.cfg.BatchSize)
+	if err != nil {
+		return res, fmt.Errorf("validation: %w", err)
+	}
+	res.ValLoss, res.ValPerplexity = vl, math.Exp(vl)
+	res.EvalTokens = (len(c.val) - 1) / seq * seq
+	fmt.Fprintln(out)
+	if lines.err != nil {
+		return res, fmt.Errorf("--stats: %w", lines.err)
+	}
+	return res, nil
 }

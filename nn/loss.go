@@ -15,30 +15,42 @@ func SoftmaxCrossEntropy(logits *tensor.Tensor, labels []int) (float32, *tensor.
 		panic(fmt.Sprintf("nn: SoftmaxCrossEntropy: logits %v for %d labels", logits.Shape, len(labels)))
 	}
 	n, c := logits.Shape[0], logits.Shape[1]
-	d := tensor.New(n, c)
-	var loss float64
-	inv := 1 / float32(n)
-	for i, lab := range labels {
+	for _, lab := range labels {
 		if lab < 0 || lab >= c {
 			panic(fmt.Sprintf("nn: SoftmaxCrossEntropy: label %d outside [0, %d)", lab, c))
 		}
-		row := logits.Data[i*c : (i+1)*c]
-		dr := d.Data[i*c : (i+1)*c]
-		mx := row[0]
-		for _, v := range row {
-			mx = max(mx, v)
+	}
+	d := tensor.New(n, c)
+	rowLoss := make([]float64, n)
+	inv := 1 / float32(n)
+	// Rows are independent: each goroutine takes a range, and the losses
+	// are summed in row order afterwards, so the result does not depend on
+	// the split.
+	parallelFor(n, rowGrain(c), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			lab := labels[i]
+			row := logits.Data[i*c : (i+1)*c]
+			dr := d.Data[i*c : (i+1)*c]
+			mx := row[0]
+			for _, v := range row {
+				mx = max(mx, v)
+			}
+			for j, v := range row {
+				dr[j] = v - mx
+			}
+			tensor.Exp(dr, dr)
+			var s float64
+			for _, e := range dr {
+				s += float64(e)
+			}
+			rowLoss[i] = math.Log(s) - float64(row[lab]-mx)
+			tensor.Scale(float32(float64(inv)/s), dr)
+			dr[lab] -= inv
 		}
-		var s float64
-		for j, v := range row {
-			e := math.Exp(float64(v - mx))
-			dr[j] = float32(e)
-			s += e
-		}
-		loss += math.Log(s) - float64(row[lab]-mx)
-		for j := range dr {
-			dr[j] = dr[j] / float32(s) * inv
-		}
-		dr[lab] -= inv
+	})
+	var loss float64
+	for _, l := range rowLoss {
+		loss += l
 	}
 	return float32(loss / float64(n)), d
 }

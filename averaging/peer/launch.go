@@ -30,7 +30,8 @@ type LaunchConfig struct {
 	// Dir holds each peer's log and stats file.
 	Dir string
 	// Duration is how long the peers run (they stop themselves); the
-	// launcher waits Duration plus a minute at most.
+	// launcher waits Duration plus a minute at most (0: until the peers
+	// exit, e.g. after --steps, or ctx ends).
 	Duration time.Duration
 	// Log receives notices (nil: none).
 	Log io.Writer
@@ -49,6 +50,9 @@ type Launched struct {
 	Peers []Result `json:"peers"`
 	// MeanAccuracy averages the peers' final test accuracies.
 	MeanAccuracy float64 `json:"mean_accuracy"`
+	// MeanValPerplexity averages language-model peers' final validation
+	// perplexities.
+	MeanValPerplexity float64 `json:"mean_val_perplexity,omitempty"`
 }
 
 // Launch runs a DHT node in this process on loopback and Peers `skyhive
@@ -103,7 +107,10 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Launched, error) {
 	if err != nil {
 		return out, err
 	}
-	wctx, cancel := context.WithTimeout(ctx, cfg.Duration+time.Minute)
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if cfg.Duration > 0 {
+		wctx, cancel = context.WithTimeout(ctx, cfg.Duration+time.Minute)
+	}
 	werr := sw.Wait(wctx)
 	cancel()
 	serr := sw.Stop()
@@ -119,10 +126,12 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Launched, error) {
 		}
 		out.Peers = append(out.Peers, r)
 		out.MeanAccuracy += r.TestAccuracy
+		out.MeanValPerplexity += r.ValPerplexity
 		n++
 	}
 	if n > 0 {
 		out.MeanAccuracy /= float64(n)
+		out.MeanValPerplexity /= float64(n)
 	}
 	if ctx.Err() != nil {
 		return out, nil // interrupted: report what the peers saved

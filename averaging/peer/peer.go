@@ -21,13 +21,11 @@ import (
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/clock"
-	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/models"
-	"github.com/skyhive/skyhive/nn"
-	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/swarm"
+	"github.com/skyhive/skyhive/train"
 	"github.com/skyhive/skyhive/wire"
 )
 
@@ -82,16 +80,40 @@ type Config struct {
 
 	// Model is a model spec of package models ("mlp-small"); Seed seeds its
 	// initial weights (equal on every peer) and, with the peer ID, the
-	// order of its batches.
+	// order of its batches. An image classifier trains on Fashion-MNIST; a
+	// language model ("gpt-mini", models.LanguageModeling) on Data.
 	Model string
 	Seed  uint64
-	// Batch, LR and Momentum configure SGD with momentum (32, 0.05, 0.9).
-	Batch    int
-	LR       float64
-	Momentum float64
+	// Batch, LR and Momentum configure SGD with momentum for image models
+	// (32, 0.05, 0.9). Language models train with AdamW: Batch sequences
+	// per step (16) at LR (3e-3) with WeightDecay, after Warmup steps of
+	// linear warm-up, clipping the global norm of the (averaged) gradients
+	// to ClipNorm (0: no clipping); Momentum does not apply.
+	Batch       int
+	LR          float64
+	Momentum    float64
+	WeightDecay float64
+	Warmup      int
+	ClipNorm    float64
+	// Data is a language model's text data (train.LoadCorpus: "gcide",
+	// "gcide:PATH", "text:PATH" or "tokens:PATH"; "gcide" by default).
+	// Every peer trains a byte-level BPE of Vocab tokens on it (for token
+	// data, Vocab is the file's vocabulary, required, and TokenWidth its
+	// id size, 2 by default) and splits off a tenth for validation with
+	// Seed, so peers given the same data and seed agree on both. Seq is
+	// the context of a GPT size given without one (models.DefaultSeq when
+	// 0); CorpusBytes bounds what is read (text.DefaultMaxBytes when 0);
+	// EvalTokens bounds the validation tokens evaluated (0: all).
+	Data        string
+	Vocab       int
+	Seq         int
+	CorpusBytes int64
+	TokenWidth  int
+	EvalTokens  int
 	// DataDir holds Fashion-MNIST ("" = Debian's location); Limit caps the
 	// training examples (0 = all); Shard K of Shards gives this peer
 	// every Shards-th example (Shards 0: the whole set, in its own order).
+	// These are for image models only.
 	DataDir      string
 	Limit        int
 	Shard        int
@@ -147,8 +169,26 @@ type Result struct {
 	// held up training (waiting for others).
 	MaxStepSeconds float64 `json:"max_step_seconds"`
 	Failures       int     `json:"failures"`
-	Epoch          int     `json:"epoch"`
-	SwarmPeers     int     `json:"swarm_peers"`
+	// Rejected counts contributions to this peer's parts that the
+	// averager dropped (norm check or robust aggregation).
+	Rejected   int `json:"rejected,omitempty"`
+	Epoch      int `json:"epoch"`
+	SwarmPeers int `json:"swarm_peers"`
+	// Language models only: the full model spec, its vocabulary and
+	// context, the training and validation tokens, the validation loss
+	// and perplexity of the last evaluation and of the first, and the
+	// perplexity of the add-one unigram on the same validation tokens, for
+	// scale.
+	Model             string  `json:"model,omitempty"`
+	Vocab             int     `json:"vocab,omitempty"`
+	Seq               int     `json:"seq,omitempty"`
+	TrainTokens       int     `json:"train_tokens,omitempty"`
+	ValTokens         int     `json:"val_tokens,omitempty"`
+	EvalTokens        int     `json:"eval_tokens,omitempty"`
+	ValLoss           float64 `json:"val_loss,omitempty"`
+	ValPerplexity     float64 `json:"val_perplexity,omitempty"`
+	FirstPerplexity   float64 `json:"first_perplexity,omitempty"`
+	UnigramPerplexity float64 `json:"unigram_perplexity,omitempty"`
 	// Curve lists the evaluations.
 	Curve []Eval `json:"curve,omitempty"`
 }
@@ -160,6 +200,8 @@ type Eval struct {
 	Steps    int     `json:"steps"`
 	Accuracy float64 `json:"accuracy"`
 	Loss     float64 `json:"loss"`
+	// Perplexity is a language model's validation perplexity, exp(Loss).
+	Perplexity float64 `json:"perplexity,omitempty"`
 }
 
 // Snapshot is a line of the stats stream.
@@ -170,6 +212,7 @@ type Snapshot struct {
 	Stats      optimizer.Stats    `json:"stats"`
 	Progress   optimizer.Progress `json:"progress"`
 	Accuracy   float64            `json:"accuracy,omitempty"`
+	Perplexity float64            `json:"perplexity,omitempty"`
 	Goroutines int                `json:"goroutines"`
 	RSSBytes   int64              `json:"rss_bytes"`
 	HeapBytes  uint64             `json:"heap_bytes"`
@@ -185,6 +228,9 @@ var (
 	// ErrNoSwarm means not enough peers of the run appeared.
 	ErrNoSwarm = errors.New("not enough peers of the run")
 )
+
+// lm reports whether the peer trains a language model.
+func (c *Config) lm() bool { return isLM(c.Model) }
 
 func (c *Config) defaults() error {
 	if c.JoinTimeout <= 0 {
@@ -223,6 +269,24 @@ func (c *Config) defaults() error {
 	if c.Model == "" {
 		c.Model = "mlp-small"
 	}
+	lm := isLM(c.Model)
+	if lm {
+		if c.Batch == 0 {
+			c.Batch = 16
+		}
+		if c.LR == 0 {
+			c.LR = 3e-3
+		}
+		if c.Data == "" {
+			c.Data = "gcide"
+		}
+		if c.Vocab == 0 && !strings.HasPrefix(c.Data, "tokens:") {
+			c.Vocab = 1024
+		}
+		if c.TokenWidth == 0 {
+			c.TokenWidth = 2
+		}
+	}
 	if c.Batch == 0 {
 		c.Batch = 32
 	}
@@ -256,6 +320,16 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("%w: shard %d of %d", ErrConfig, c.Shard, c.Shards)
 	case c.Steps < 0 || c.Duration < 0:
 		return fmt.Errorf("%w: negative steps or duration", ErrConfig)
+	case !lm && c.Data != "" && c.Data != "fashion-mnist":
+		return fmt.Errorf("%w: %s is an image classifier, which trains on Fashion-MNIST; data %q is for language models (%s)", ErrConfig, c.Model, c.Data, models.LMUsage())
+	case lm && !train.IsTextData(c.Data):
+		return fmt.Errorf("%w: language model %s trains on text data (%s), not %q", ErrConfig, c.Model, train.TextDataUsage, c.Data)
+	case c.Warmup < 0 || c.ClipNorm < 0 || c.WeightDecay < 0 || c.Seq < 0 || c.Vocab < 0 || c.EvalTokens < 0 || c.CorpusBytes < 0:
+		return fmt.Errorf("%w: warm-up, clip norm, weight decay, context, vocabulary, evaluation tokens and corpus bytes must not be negative", ErrConfig)
+	case lm && (c.Shards > 0 || c.Limit != 0 || c.EvalExamples != 0):
+		return fmt.Errorf("%w: shards, a limit of training examples and evaluation examples are for image models; language model %s samples from all of %s's training tokens (bound them with the corpus bytes; the evaluation with evaluation tokens)", ErrConfig, c.Model, c.Data)
+	case lm && strings.HasPrefix(c.Data, "tokens:") && c.Vocab == 0:
+		return fmt.Errorf("%w: data %s: give the vocabulary of the token file (--vocab; 50257 for GPT-2's tokenizer)", ErrConfig, c.Data)
 	}
 	return nil
 }
@@ -270,22 +344,21 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	start := time.Now()
 	res := Result{Algo: string(cfg.Algo)}
-	trainSet, err := data.LoadFashionMNIST(cfg.DataDir, data.Train, data.LoadOptions{Standardize: true, Limit: cfg.Limit})
+	su, err := newSetup(cfg)
 	if err != nil {
 		return res, err
 	}
-	testSet, err := data.LoadFashionMNIST(cfg.DataDir, data.Test, data.LoadOptions{Standardize: true, Limit: cfg.EvalExamples})
+	model, sig := su.model, su.sig
+	if lt := su.lm; lt != nil {
+		res.Model, res.Vocab, res.Seq = lt.spec, lt.gpt.Vocab, lt.gpt.Seq
+		res.TrainTokens, res.ValTokens, res.EvalTokens = len(lt.data.Train), len(lt.data.Val), len(lt.evalIDs)-1
+		res.UnigramPerplexity = lt.unigram
+		logf(cfg.Log, "%s on %s: %d training and %d validation tokens, vocabulary %d", lt.spec, cfg.Data, res.TrainTokens, res.ValTokens, lt.data.Vocab)
+	}
+	// A checkpoint of another model is refused before joining the swarm.
+	ck, err := loadCheckpoint(cfg.Checkpoint, sig)
 	if err != nil {
 		return res, err
-	}
-	if cfg.Shards > 0 {
-		if trainSet, err = trainSet.Shard(cfg.Shard, cfg.Shards); err != nil {
-			return res, err
-		}
-	}
-	model, err := models.Build(cfg.Model, cfg.Seed)
-	if err != nil {
-		return res, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 
 	hcfg := cfg.Host
@@ -321,8 +394,6 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 	avg := averaging.New(h, averaging.Config{Codec: cfg.Codec, Timeout: cfg.Timeout, Aggregation: cfg.Aggregation, MaxNormRatio: cfg.MaxNormRatio})
 	defer avg.Close()
-	inner := optim.NewSGD(model.Params(), optim.SGDConfig{LR: cfg.LR, Momentum: cfg.Momentum})
-	sig := fmt.Sprintf("%s/%d", cfg.Model, nn.NumParams(model.Params()))
 	ocfg := optimizer.Config{
 		Algo: cfg.Algo, GroupSize: cfg.GroupSize, Tau: cfg.Tau, Period: cfg.Period,
 		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: node, RoundInterval: cfg.RoundInterval,
@@ -336,7 +407,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.Matchmaking == averaging.MatchRanks {
 		ocfg.Roster, ocfg.Rank = roster(others, h.AddrInfo())
 	}
-	opt, err := optimizer.New(avg, inner, ocfg)
+	opt, err := optimizer.New(avg, su.inner, ocfg)
 	if err != nil {
 		return res, err
 	}
@@ -344,7 +415,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 	// Start from the checkpoint, or from the swarm's state if it has made
 	// progress, or from the shared initial weights.
-	switch ok, err := resume(cfg.Checkpoint, opt, sig); {
+	switch ok, err := resume(cfg.Checkpoint, ck, opt); {
 	case err != nil:
 		return res, err
 	case ok:
@@ -366,12 +437,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			cfg.RunID, opt.Round(), len(d.From), len(d.Rejected), len(d.Failed), reset)
 	}
 
-	loader, err := data.NewLoader(trainSet, data.BatchOptions{Size: cfg.Batch, Shuffle: true, Seed: cfg.Seed ^ idSeed(h.ID()), DropLast: true})
-	if err != nil {
+	if err := su.task.seed(batchSeed(cfg.Seed, h.ID())); err != nil {
 		return res, err
-	}
-	if loader.Len() == 0 {
-		return res, fmt.Errorf("%w: %d training examples are fewer than a batch", ErrConfig, trainSet.Len())
 	}
 	dev := cfg.Device
 	if dev == nil {
@@ -379,9 +446,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return res, err
 		}
 	}
-	t := &trainer{cfg: cfg, model: model, opt: opt, loader: loader, train: trainSet, test: testSet, dev: dev, start: start, res: &res}
+	t := &trainer{cfg: cfg, model: model, opt: opt, task: su.task, dev: dev, start: start, res: &res}
+	// The first and the last evaluation run to the end even when ctx
+	// ends: the last one comes after the stop.
+	evalCtx := context.WithoutCancel(ctx)
 	if res.Joined > 0 || res.Resumed {
-		t.evaluate() // how good the state we start from is
+		if err := t.evaluate(evalCtx); err != nil { // how good the state we start from is
+			return res, err
+		}
 	}
 	if cfg.Matchmaking == averaging.MatchRanks {
 		if err := startBarrier(ctx, cfg, node, h.ID(), ocfg.Roster); err != nil {
@@ -392,7 +464,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	// Leave the swarm first (groups in flight are told at once), then
 	// evaluate and save.
 	opt.Close()
-	t.evaluate()
+	if err := t.evaluate(evalCtx); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
 	if err := t.save(); err != nil {
 		runErr = errors.Join(runErr, err)
 	}

@@ -5,6 +5,7 @@ package peer
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"runtime"
@@ -15,24 +16,20 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/averaging/optimizer"
-	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/progress"
 	"github.com/skyhive/skyhive/swarm"
-	"github.com/skyhive/skyhive/train"
 )
 
 // trainer is the peer's training loop.
 type trainer struct {
-	cfg    Config
-	model  *nn.Sequential
-	opt    *optimizer.Optimizer
-	loader *data.Loader
-	train  *data.Dataset
-	test   *data.Dataset
-	dev    *swarm.Device
-	start  time.Time
-	res    *Result
+	cfg   Config
+	model *nn.Sequential
+	opt   *optimizer.Optimizer
+	task  task
+	dev   *swarm.Device
+	start time.Time
+	res   *Result
 
 	mu       sync.Mutex // guards res.Curve against the stats writer
 	lastStat time.Time
@@ -56,30 +53,25 @@ func (t *trainer) loop(ctx context.Context) error {
 	}
 	lastEval, lastBar := time.Now(), time.Now()
 	t.lastStat, t.lastCkpt = time.Now(), time.Now()
-	var order []int
-	epoch, steps := 0, 0
+	steps := 0
 	var ema float64
 	for t.cfg.Steps <= 0 || steps < t.cfg.Steps {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if len(order) < t.cfg.Batch {
-			order = t.loader.Order(epoch)
-			epoch++
-		}
-		b := t.train.Gather(order[:t.cfg.Batch])
-		order = order[t.cfg.Batch:]
+		t.task.next()
 		t0 := time.Now()
 		t.opt.ZeroGrad()
-		logits, st := t.model.Forward(nn.Ctx{Train: true}, b.X)
-		loss, dlogits := nn.SoftmaxCrossEntropy(logits, b.Y)
-		t.model.Backward(st, dlogits)
+		loss, examples, err := t.task.grad(t.model)
+		if err != nil {
+			return fmt.Errorf("step %d: %w", steps+1, err)
+		}
 		if err := t.dev.Throttle(ctx, time.Since(t0)); err != nil {
 			return nil
 		}
-		t.opt.Inner().SetLR(t.lr(steps, time.Since(t.start)))
+		t.opt.Inner().SetLR(learningRate(t.cfg, steps, time.Since(t.start)))
 		ts := time.Now()
-		if err := t.opt.Step(ctx, t.cfg.Batch); err != nil {
+		if err := t.opt.Step(ctx, examples); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -87,7 +79,7 @@ func (t *trainer) loop(ctx context.Context) error {
 		}
 		t.res.MaxStepSeconds = max(t.res.MaxStepSeconds, time.Since(ts).Seconds())
 		steps++
-		ema = 0.98*ema + 0.02*float64(loss)
+		ema = 0.98*ema + 0.02*loss
 		now := time.Now()
 		if bar != nil && now.Sub(lastBar) >= time.Second {
 			lastBar = now
@@ -101,7 +93,12 @@ func (t *trainer) loop(ctx context.Context) error {
 		}
 		if t.cfg.EvalEvery > 0 && now.Sub(lastEval) >= t.cfg.EvalEvery {
 			lastEval = now
-			t.evaluate()
+			if err := t.evaluate(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil // stopped: Run evaluates once more
+				}
+				return err
+			}
 		}
 		if now.Sub(t.lastStat) >= t.cfg.StatsEvery {
 			t.lastStat = now
@@ -117,33 +114,45 @@ func (t *trainer) loop(ctx context.Context) error {
 	return nil
 }
 
-// lr is the learning rate at this point of the run: cosine decay from LR
-// to LR/10 over Steps or Duration when the run's length is known.
-func (t *trainer) lr(steps int, elapsed time.Duration) float64 {
+// learningRate is the learning rate of the step after steps local steps,
+// elapsed into the run: a linear warm-up over cfg.Warmup steps, then a
+// cosine decay from LR to LR/10 over Steps or Duration when the run's
+// length is known.
+func learningRate(cfg Config, steps int, elapsed time.Duration) float64 {
+	if steps < cfg.Warmup {
+		return cfg.LR * float64(steps+1) / float64(cfg.Warmup)
+	}
 	frac := -1.0
 	switch {
-	case t.cfg.Steps > 0:
-		frac = float64(steps) / float64(t.cfg.Steps)
-	case t.cfg.Duration > 0:
-		frac = elapsed.Seconds() / t.cfg.Duration.Seconds()
+	case cfg.Steps > 0:
+		frac = float64(steps) / float64(cfg.Steps)
+	case cfg.Duration > 0:
+		frac = elapsed.Seconds() / cfg.Duration.Seconds()
 	}
 	if frac < 0 {
-		return t.cfg.LR
+		return cfg.LR
 	}
 	frac = min(frac, 1)
-	return t.cfg.LR * (0.1 + 0.9*0.5*(1+math.Cos(math.Pi*frac)))
+	return cfg.LR * (0.1 + 0.9*0.5*(1+math.Cos(math.Pi*frac)))
 }
 
-// evaluate measures the model (with averages that arrived) on the test set.
-func (t *trainer) evaluate() {
+// evaluate measures the model (with averages that arrived) on the held-out
+// data: the test set of an image model, the validation tokens of a
+// language model.
+func (t *trainer) evaluate(ctx context.Context) error {
 	nn.SetFlatValues(t.model.Params(), t.opt.Snapshot())
-	loss, acc := train.Evaluate(t.model, t.test, 500)
+	e := Eval{Steps: t.opt.Stats().Steps}
+	if err := t.task.eval(ctx, t.model, &e); err != nil {
+		return fmt.Errorf("evaluate: %w", err)
+	}
+	e.Unix, e.Seconds = float64(time.Now().UnixNano())/1e9, time.Since(t.start).Seconds()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.res.Curve = append(t.res.Curve, Eval{Unix: float64(time.Now().UnixNano()) / 1e9, Seconds: time.Since(t.start).Seconds(), Steps: t.opt.Stats().Steps, Accuracy: acc, Loss: loss})
+	t.res.Curve = append(t.res.Curve, e)
 	if len(t.res.Curve) == 1 {
-		t.res.FirstAccuracy = acc
+		t.res.FirstAccuracy, t.res.FirstPerplexity = e.Accuracy, e.Perplexity
 	}
+	return nil
 }
 
 // fill copies the final counters into the result.
@@ -153,11 +162,16 @@ func (t *trainer) fill() {
 	r := t.res
 	r.Steps, r.Rounds, r.Samples = s.Steps, s.Round, s.Samples
 	r.BytesSent, r.BytesReceived = s.BytesSent, s.BytesReceived
-	r.Groups, r.Failures = s.Groups+s.GlobalSyncs, s.Failures
+	r.Groups, r.Failures, r.Rejected = s.Groups+s.GlobalSyncs, s.Failures, s.Rejected
 	r.Epoch, r.SwarmPeers = p.Epoch, p.Peers
 	r.Seconds = time.Since(t.start).Seconds()
 	if n := len(r.Curve); n > 0 {
-		r.TestAccuracy, r.TestLoss = r.Curve[n-1].Accuracy, r.Curve[n-1].Loss
+		last := r.Curve[n-1]
+		if t.cfg.lm() {
+			r.ValLoss, r.ValPerplexity = last.Loss, last.Perplexity
+		} else {
+			r.TestAccuracy, r.TestLoss = last.Accuracy, last.Loss
+		}
 	}
 }
 
@@ -175,7 +189,7 @@ func (t *trainer) writeStats(final bool) {
 		Goroutines: runtime.NumGoroutine(), RSSBytes: rss(), HeapBytes: ms.HeapInuse,
 	}
 	if n := len(t.res.Curve); n > 0 {
-		snap.Accuracy = t.res.Curve[n-1].Accuracy
+		snap.Accuracy, snap.Perplexity = t.res.Curve[n-1].Accuracy, t.res.Curve[n-1].Perplexity
 	}
 	if final {
 		r := *t.res

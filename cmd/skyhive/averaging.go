@@ -21,6 +21,7 @@ import (
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/train"
 	"github.com/skyhive/skyhive/wire"
 )
 
@@ -36,6 +37,100 @@ type peerFlags struct {
 	stats  string
 	asJSON bool
 	quiet  bool
+	lm     averagingLMFlags
+}
+
+// averagingLMFlags are the language-model options of `skyhive peer` and
+// `skyhive train averaging`, with the names, meanings and defaults of
+// `skyhive train`'s.
+type averagingLMFlags struct {
+	data        string
+	vocab       int
+	seq         int
+	corpusBytes int64
+	tokenWidth  int
+	evalTokens  int
+	warmup      int
+	clip        float64
+	weightDecay float64
+}
+
+// averagingLMOnly name the flags averagingLMFlags adds, which image models
+// refuse; averagingImageOnly those that language models refuse.
+var (
+	averagingLMOnly    = []string{"vocab", "seq", "corpus-bytes", "token-width", "eval-tokens", "warmup", "clip", "weight-decay"}
+	averagingImageOnly = []string{"data-dir", "limit", "momentum", "shard", "eval-examples"}
+)
+
+func (l *averagingLMFlags) register(fl *pflag.FlagSet) {
+	fl.StringVar(&l.data, "data", "fashion-mnist", "data: fashion-mnist for image models; for language models "+train.TextDataUsage+" (gcide by default; every peer of a run must read the same)")
+	fl.IntVar(&l.vocab, "vocab", lmVocab, "language models: BPE vocabulary trained on text (the same on every peer); with tokens:PATH, the file's vocabulary (required)")
+	fl.IntVar(&l.seq, "seq", lmSeq, "language models: context length in tokens (of a spec without one, like gpt-mini)")
+	fl.Int64Var(&l.corpusBytes, "corpus-bytes", lmCorpusBytes, "language models: bytes of the data to read (of GCIDE, decompressed)")
+	fl.IntVar(&l.tokenWidth, "token-width", 2, "language models: bytes per id of a tokens:PATH file (2: uint16, 4: uint32)")
+	fl.IntVar(&l.evalTokens, "eval-tokens", 0, "language models: validation tokens to evaluate (0: all)")
+	fl.IntVar(&l.warmup, "warmup", lmWarmup, "language models: linear learning-rate warm-up steps")
+	fl.Float64Var(&l.clip, "clip", lmClip, "language models: global norm clip of the (averaged) gradients (0 disables)")
+	fl.Float64Var(&l.weightDecay, "weight-decay", 0.01, "language models: AdamW decoupled weight decay")
+}
+
+// resolve checks the flags given against the model, and for a language
+// model returns its data (gcide unless --data is given) and its context
+// (0: the spec's, when the spec has one and --seq is not given).
+func (l *averagingLMFlags) resolve(fl *pflag.FlagSet, model string) (lm bool, dataset string, seq int, err error) {
+	changed := func(name string) bool { f := fl.Lookup(name); return f != nil && f.Changed }
+	if !train.IsLanguageModel(model) {
+		for _, name := range averagingLMOnly {
+			if changed(name) {
+				return false, "", 0, fmt.Errorf("--%s is for language models; %s is an image classifier (language models: gpt-mini, gpt-small, gpt-medium or gpt:LAYERSxHIDDEN:VOCAB)", name, model)
+			}
+		}
+		switch {
+		case l.data == "fashion-mnist":
+		case train.IsTextData(l.data):
+			return false, "", 0, fmt.Errorf("%s is an image classifier and %s is text: train a language model on it (--model gpt-mini), or train %s on fashion-mnist", model, l.data, model)
+		default:
+			return false, "", 0, fmt.Errorf("unknown data set %q (supported: fashion-mnist for image models; %s for language models)", l.data, train.TextDataUsage)
+		}
+		return false, "", 0, nil
+	}
+	dataset = l.data
+	if !changed("data") {
+		dataset = "gcide"
+	}
+	for _, name := range averagingImageOnly {
+		if changed(name) {
+			return true, "", 0, fmt.Errorf("--%s is for image models; language model %s trains with AdamW on --data %s", name, model, dataset)
+		}
+	}
+	switch {
+	case dataset == "fashion-mnist":
+		return true, "", 0, fmt.Errorf("%s is a language model and fashion-mnist is images: train it on text (--data %s), or train an image model (--model %s)", model, train.TextDataUsage, models.Usage())
+	case !train.IsTextData(dataset):
+		return true, "", 0, fmt.Errorf("unknown data %q for language model %s (want %s)", dataset, model, train.TextDataUsage)
+	case strings.HasPrefix(dataset, "tokens:") && !changed("vocab"):
+		return true, "", 0, fmt.Errorf("--data %s: give the vocabulary of the token file with --vocab (50257 for GPT-2's tokenizer)", dataset)
+	case l.seq < 1 || l.vocab < 1 || l.corpusBytes < 0 || l.evalTokens < 0 || l.warmup < 0 || l.clip < 0 || l.weightDecay < 0:
+		return true, "", 0, errors.New("--seq and --vocab must be positive, and --corpus-bytes, --eval-tokens, --warmup, --clip and --weight-decay not negative")
+	}
+	seq = l.seq
+	if !changed("seq") && strings.Contains(model, ":") {
+		seq = 0 // the spec's
+	}
+	return true, dataset, seq, nil
+}
+
+// args are the flags that pass the language-model options on to a `skyhive
+// peer`.
+func (l *averagingLMFlags) args(dataset string, seq int) []string {
+	a := []string{"--data", dataset, "--vocab", strconv.Itoa(l.vocab),
+		"--corpus-bytes", strconv.FormatInt(l.corpusBytes, 10), "--token-width", strconv.Itoa(l.tokenWidth),
+		"--eval-tokens", strconv.Itoa(l.evalTokens), "--warmup", strconv.Itoa(l.warmup),
+		"--clip", strconv.FormatFloat(l.clip, 'g', -1, 64), "--weight-decay", strconv.FormatFloat(l.weightDecay, 'g', -1, 64)}
+	if seq > 0 {
+		a = append(a, "--seq", strconv.Itoa(seq))
+	}
+	return a
 }
 
 func newPeerCmd() *cobra.Command {
@@ -45,14 +140,24 @@ func newPeerCmd() *cobra.Command {
 		Short: "Run one group-averaging peer (WAGMA, all-reduce SGD or local SGD) that joins a swarm through the DHT",
 		Long: "Run one data-parallel training peer in this process: it joins the swarm's DHT, waits for\n" +
 			"--min-peers peers of --run-id, downloads the swarm's model and optimizer state if the run has\n" +
-			"made progress (from two donors, cross-checked), and trains Fashion-MNIST at its real speed,\n" +
-			"averaging with the others as --algo says. It listens on all interfaces by default. SIGINT or\n" +
-			"SIGTERM makes it leave cleanly: its groups are told at once, it evaluates its model and saves\n" +
-			"--checkpoint, which a restart resumes from. --json prints a final result line in the\n" +
-			"benchmark protocol; --stats FILE appends JSON lines with counters, memory and goroutines.",
+			"made progress (from two donors, cross-checked), and trains at its real speed, averaging with\n" +
+			"the others as --algo says. It listens on all interfaces by default. SIGINT or SIGTERM makes it\n" +
+			"leave cleanly: its groups are told at once, it evaluates its model and saves --checkpoint,\n" +
+			"which a restart resumes from (only into the same model). --json prints a final result line in\n" +
+			"the benchmark protocol; --stats FILE appends JSON lines with counters, memory and goroutines.\n\n" +
+			"An image classifier (--model mlp-small, the default, and the others --model lists) trains\n" +
+			"on Fashion-MNIST with SGD and momentum. A language model (--model gpt-mini, gpt-small,\n" +
+			"gpt-medium or gpt:LAYERSxHIDDEN:VOCAB) trains on --data (gcide, gcide:PATH, text:PATH or\n" +
+			"tokens:PATH) with AdamW on next-token cross entropy, with skyhive train's flags and defaults\n" +
+			"(--vocab, --seq, --corpus-bytes, --token-width, --eval-tokens, --warmup, --clip,\n" +
+			"--weight-decay; --lr 3e-3 and --batch 16 sequences unless given): every peer trains the same\n" +
+			"BPE tokenizer on the same data and splits off the same tenth for validation (from --seed),\n" +
+			"then samples its own windows; it reports the validation loss and perplexity next to the\n" +
+			"unigram's. Peers with another model, context or tokenizer are not averaged with.",
 		Example: "  skyhive dht --listen /ip4/0.0.0.0/tcp/4001              # prints its /p2p address\n" +
 			"  skyhive peer --dht /ip4/10.0.0.1/tcp/4001/p2p/12D3Koo... --algo wagma --duration 10m\n" +
 			"  skyhive peer --dht ADDR --algo allreduce --min-peers 4   # rank-based: exactly 4 peers\n" +
+			"  skyhive peer --dht ADDR --model gpt-mini --data gcide --duration 30m   # a GPT on the dictionary\n" +
 			"  srun skyhive peer --dht ADDR --shard $SLURM_PROCID/$SLURM_NTASKS   # see examples/slurm",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runPeer(cmd, &f) },
@@ -76,11 +181,11 @@ func newPeerCmd() *cobra.Command {
 	fl.DurationVar(&c.WaitPeers, "wait-peers", time.Minute, "how long to wait for --min-peers")
 	fl.DurationVar(&c.JoinTimeout, "join-timeout", 30*time.Second, "how long joining the DHT and downloading the swarm's state may take")
 	fl.Int64Var(&c.TargetBatchSize, "target-batch-size", 0, "samples summed over the swarm that make one swarm epoch (0: epochs do not advance)")
-	fl.StringVar(&c.Model, "model", "mlp-small", "model: "+models.Usage()+" (every peer of a run must agree)")
+	fl.StringVar(&c.Model, "model", "mlp-small", "model: "+models.Usage()+", or a language model: "+models.LMUsage()+", e.g. gpt-mini (every peer of a run must agree)")
 	fl.Uint64Var(&c.Seed, "seed", 1, "seed of the initial weights (equal on every peer) and of the batch order (mixed with the peer ID)")
-	fl.IntVar(&c.Batch, "batch", 32, "examples per local step")
-	fl.Float64Var(&c.LR, "lr", 0.05, "SGD learning rate (cosine decay to a tenth over --steps or --duration when given)")
-	fl.Float64Var(&c.Momentum, "momentum", 0.9, "SGD momentum")
+	fl.IntVar(&c.Batch, "batch", 32, "examples per local step (language models: sequences, 16 unless given)")
+	fl.Float64Var(&c.LR, "lr", 0.05, "SGD learning rate (cosine decay to a tenth over --steps or --duration when given); language models: AdamW's, 3e-3 unless given")
+	fl.Float64Var(&c.Momentum, "momentum", 0.9, "SGD momentum (image models)")
 	fl.StringVar(&c.DataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
 	fl.IntVar(&c.Limit, "limit", 0, "use only the first N training examples (0 = all)")
 	fl.StringVar(&f.shard, "shard", "", "train on shard K/N of the data (e.g. $SLURM_PROCID/$SLURM_NTASKS; default: all of it, in this peer's own order)")
@@ -95,6 +200,7 @@ func newPeerCmd() *cobra.Command {
 	fl.DurationVar(&c.StatsEvery, "stats-every", 10*time.Second, "interval of --stats lines")
 	fl.BoolVar(&f.asJSON, "json", false, "print the final result as one JSON line (benchmark protocol) on stdout")
 	fl.BoolVar(&f.quiet, "quiet", false, "no progress bar")
+	f.lm.register(fl)
 	return cmd
 }
 
@@ -132,6 +238,21 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 		c.Shards, e2 = strconv.Atoi(n)
 		if !ok || e1 != nil || e2 != nil || c.Shards < 1 || c.Shard < 0 || c.Shard >= c.Shards {
 			return fmt.Errorf("--shard wants K/N with 0 <= K < N, got %q", f.shard)
+		}
+	}
+	lm, dataset, seq, err := f.lm.resolve(cmd.Flags(), c.Model)
+	if err != nil {
+		return err
+	}
+	if lm {
+		l := f.lm
+		c.Data, c.Seq, c.CorpusBytes, c.TokenWidth, c.EvalTokens = dataset, seq, l.corpusBytes, l.tokenWidth, l.evalTokens
+		c.Vocab, c.Warmup, c.ClipNorm, c.WeightDecay = l.vocab, l.warmup, l.clip, l.weightDecay
+		if !cmd.Flags().Changed("lr") {
+			c.LR = lmLR
+		}
+		if !cmd.Flags().Changed("batch") {
+			c.Batch = lmBatch
 		}
 	}
 	if !f.quiet {
@@ -173,6 +294,9 @@ func peerFlagHint(err error) error {
 // reportPeer prints a peer's result: one JSON line in the benchmark
 // protocol, or a sentence.
 func reportPeer(w io.Writer, r peer.Result, asJSON bool) error {
+	if r.Model != "" {
+		return reportLMPeer(w, r, asJSON)
+	}
 	if !asJSON {
 		fmt.Fprintf(w, "peer %s: test accuracy %.2f%% after %d steps, %d rounds, %.0fs; %.1f MB sent\n",
 			shortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
@@ -181,6 +305,24 @@ func reportPeer(w io.Writer, r peer.Result, asJSON bool) error {
 	line := map[string]any{
 		"suite": "peer", "case": r.Algo, "metric": "test_accuracy", "value": r.TestAccuracy, "unit": "fraction",
 		"peer": r.Peer, "test_accuracy": r.TestAccuracy, "test_loss": r.TestLoss, "first_accuracy": r.FirstAccuracy,
+		"steps": r.Steps, "rounds": r.Rounds, "samples": r.Samples, "bytes_sent": r.BytesSent,
+		"bytes_received": r.BytesReceived, "seconds": r.Seconds, "groups": r.Groups, "failures": r.Failures, "max_step_seconds": r.MaxStepSeconds,
+		"joined_from": r.Joined, "resumed": r.Resumed, "epoch": r.Epoch, "swarm_peers": r.SwarmPeers,
+	}
+	return json.NewEncoder(w).Encode(line)
+}
+
+// reportLMPeer is reportPeer for a language model.
+func reportLMPeer(w io.Writer, r peer.Result, asJSON bool) error {
+	if !asJSON {
+		fmt.Fprintf(w, "peer %s: validation perplexity %.2f (unigram %.2f) of %s after %d steps, %d rounds, %.0fs; %.1f MB sent\n",
+			shortID(r.Peer), r.ValPerplexity, r.UnigramPerplexity, r.Model, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
+		return nil
+	}
+	line := map[string]any{
+		"suite": "peer", "case": r.Algo, "metric": "val_perplexity", "value": r.ValPerplexity, "unit": "perplexity",
+		"peer": r.Peer, "model": r.Model, "val_loss": r.ValLoss, "val_perplexity": r.ValPerplexity,
+		"first_perplexity": r.FirstPerplexity, "unigram_perplexity": r.UnigramPerplexity, "eval_tokens": r.EvalTokens,
 		"steps": r.Steps, "rounds": r.Rounds, "samples": r.Samples, "bytes_sent": r.BytesSent,
 		"bytes_received": r.BytesReceived, "seconds": r.Seconds, "groups": r.Groups, "failures": r.Failures, "max_step_seconds": r.MaxStepSeconds,
 		"joined_from": r.Joined, "resumed": r.Resumed, "epoch": r.Epoch, "swarm_peers": r.SwarmPeers,
@@ -212,6 +354,7 @@ type averagingFlags struct {
 	slowLo   float64
 	slowHi   float64
 	duration time.Duration
+	steps    int
 	codec    string
 	match    string
 	interval time.Duration
@@ -219,18 +362,20 @@ type averagingFlags struct {
 	dir      string
 	small    bool // retired --small
 	data     dataFlags
+	lm       averagingLMFlags
 	out      outputFlags
 }
 
 func (a *averagingFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce or local")
 	fl.IntVar(&a.peers, "peers", 4, "peer processes (skyhive peer) to start on this machine")
-	fl.StringVar(&a.model, "model", "mlp-small", "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores)")
+	fl.StringVar(&a.model, "model", "mlp-small", "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores), or a language model: "+models.LMUsage()+", e.g. gpt-mini")
 	fl.Uint64Var(&a.seed, "seed", 1, "seed of the initial weights, the slowdowns and the batch order")
-	fl.IntVar(&a.batch, "batch", 64, "examples per local step")
-	fl.Float64Var(&a.lr, "lr", 0.05, "SGD learning rate of each peer (cosine decay to a tenth over --duration)")
-	fl.Float64Var(&a.momentum, "momentum", 0.9, "SGD momentum")
-	fl.DurationVar(&a.duration, "duration", time.Minute, "how long the peers train")
+	fl.IntVar(&a.batch, "batch", 64, "examples per local step (language models: sequences, 16 unless given)")
+	fl.Float64Var(&a.lr, "lr", 0.05, "SGD learning rate of each peer (cosine decay to a tenth over --duration or --steps); language models: AdamW's, 3e-3 unless given")
+	fl.Float64Var(&a.momentum, "momentum", 0.9, "SGD momentum (image models)")
+	fl.DurationVar(&a.duration, "duration", time.Minute, "how long the peers train (with --steps alone: until they are done)")
+	fl.IntVar(&a.steps, "steps", 0, "stop each peer after this many local steps (0: --duration only)")
 	fl.IntVar(&a.group, "group-size", 0, "averaging group size (0: the peer's default)")
 	fl.IntVar(&a.tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds")
 	fl.IntVar(&a.period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
@@ -242,6 +387,7 @@ func (a *averagingFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&a.runID, "run-id", "skyhive", "run name in DHT keys")
 	fl.StringVar(&a.dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
 	a.data.register(fl)
+	a.lm.register(fl)
 	a.out.register(fl, "the peers' results", "every peer's stats lines, copied from --logs when the peers are done")
 	fl.BoolVar(&a.small, "small", false, "retired: use --model mlp-small")
 	_ = fl.MarkDeprecated("small", "use --model mlp-small (the default)")
@@ -254,11 +400,20 @@ func newTrainAveragingCmd() *cobra.Command {
 		Use:   "averaging",
 		Short: "Train with group averaging (WAGMA, all-reduce SGD or local SGD) on a local swarm of `skyhive peer` processes",
 		Long: "Start a DHT node and --peers `skyhive peer` processes on this machine with emulated\n" +
-			"slowdowns drawn from U[--slowdown-min, --slowdown-max], let them train Fashion-MNIST for\n" +
-			"--duration while averaging as --algo says, and print every peer's test accuracy. Logs and\n" +
-			"stats of each peer are kept in --logs. Across machines, run `skyhive peer` on each.",
+			"slowdowns drawn from U[--slowdown-min, --slowdown-max], let them train for --duration (or\n" +
+			"--steps) while averaging as --algo says, and print every peer's result. Logs and stats of each\n" +
+			"peer are kept in --logs. Across machines, run `skyhive peer` on each.\n\n" +
+			"An image classifier (the default, mlp-small) trains on Fashion-MNIST and reports test\n" +
+			"accuracy. A language model (--model gpt-mini, gpt-small, gpt-medium or\n" +
+			"gpt:LAYERSxHIDDEN:VOCAB) trains on --data (gcide, gcide:PATH, text:PATH or tokens:PATH;\n" +
+			"gcide by default) with AdamW, with the flags and defaults of `skyhive train` (--vocab, --seq,\n" +
+			"--corpus-bytes, --token-width, --eval-tokens, --warmup, --clip, --weight-decay): each peer\n" +
+			"is a replica that derives the same tokenizer and validation split from the data and --seed\n" +
+			"and samples its own batches, and reports its validation loss and perplexity (--json:\n" +
+			"val_loss, val_perplexity, unigram_perplexity per peer, and mean_val_perplexity).",
 		Example: "  skyhive train averaging --algo wagma --peers 4 --duration 1m\n" +
-			"  skyhive train averaging --algo allreduce --peers 8 --logs runs/ar --json",
+			"  skyhive train averaging --algo allreduce --peers 8 --logs runs/ar --json\n" +
+			"  skyhive train averaging --model gpt-mini --data gcide --algo allreduce --peers 2 --steps 500 --json",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd) },
 	}
@@ -275,13 +430,24 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 		return fmt.Errorf("--peers must be in 1..64, got %d", a.peers)
 	case a.slowLo < 1 || a.slowHi < a.slowLo:
 		return fmt.Errorf("--slowdown-min and --slowdown-max must satisfy 1 <= min <= max, got %v..%v", a.slowLo, a.slowHi)
-	case a.duration <= 0:
-		return fmt.Errorf("--duration must be positive")
+	case a.duration < 0 || a.steps < 0:
+		return fmt.Errorf("--duration and --steps must not be negative")
+	case a.duration == 0 && a.steps == 0:
+		return fmt.Errorf("give the peers a --duration or a number of --steps")
 	case a.data.limit < 0:
 		return fmt.Errorf("--limit must not be negative, got %d", a.data.limit)
 	}
 	if a.small {
 		a.model = "mlp-small"
+	}
+	fl := cmd.Flags()
+	lm, dataset, seq, err := a.lm.resolve(fl, a.model)
+	if err != nil {
+		return err
+	}
+	duration := a.duration
+	if a.steps > 0 && !fl.Changed("duration") {
+		duration = 0 // --steps alone sets the run's length
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -293,22 +459,53 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 			return err
 		}
 	}
-	args := []string{"--algo", a.algo, "--model", a.model, "--duration", a.duration.String(), "--quiet",
-		"--lr", strconv.FormatFloat(a.lr, 'g', -1, 64), "--momentum", strconv.FormatFloat(a.momentum, 'g', -1, 64),
-		"--batch", strconv.Itoa(a.batch), "--seed", strconv.FormatUint(a.seed, 10),
-		"--data-dir", a.data.dir, "--limit", strconv.Itoa(a.data.limit),
-		"--codec", a.codec, "--round-interval", a.interval.String(), "--run-id", a.runID,
+	var args []string
+	if !lm {
+		args = []string{"--algo", a.algo, "--model", a.model, "--duration", duration.String(), "--quiet",
+			"--lr", strconv.FormatFloat(a.lr, 'g', -1, 64), "--momentum", strconv.FormatFloat(a.momentum, 'g', -1, 64),
+			"--batch", strconv.Itoa(a.batch), "--seed", strconv.FormatUint(a.seed, 10),
+			"--data-dir", a.data.dir, "--limit", strconv.Itoa(a.data.limit)}
+	} else {
+		lr, batch := lmLR, lmBatch
+		if fl.Changed("lr") {
+			lr = a.lr
+		}
+		if fl.Changed("batch") {
+			batch = a.batch
+		}
+		args = append([]string{"--algo", a.algo, "--model", a.model, "--duration", duration.String(), "--quiet",
+			"--lr", strconv.FormatFloat(lr, 'g', -1, 64), "--batch", strconv.Itoa(batch), "--seed", strconv.FormatUint(a.seed, 10)},
+			a.lm.args(dataset, seq)...)
+	}
+	args = append(args, "--codec", a.codec, "--round-interval", a.interval.String(), "--run-id", a.runID,
 		"--group-size", strconv.Itoa(a.group), "--tau", strconv.Itoa(a.tau), "--period", strconv.Itoa(a.period),
-		"--eval-every", (a.duration / 4).String(), "--stats-every", "5s"}
+		"--stats-every", "5s")
+	if duration > 0 {
+		args = append(args, "--eval-every", (duration / 4).String())
+	}
+	if a.steps > 0 {
+		args = append(args, "--steps", strconv.Itoa(a.steps))
+	}
 	if a.match != "" {
 		args = append(args, "--matchmaking", a.match)
 	}
 	out := cmd.ErrOrStderr()
 	slow := sim.DrawSlowdowns(a.peers, a.slowLo, a.slowHi, a.seed)
-	fmt.Fprintf(out, "%s with %d peer processes (slowdowns %.1f..%.1f), %s, %v; logs in %s\n",
-		a.algo, a.peers, a.slowLo, a.slowHi, a.model, a.duration, dir)
+	length := duration.String()
+	if a.steps > 0 {
+		length = fmt.Sprintf("%d steps", a.steps)
+		if duration > 0 {
+			length += " or " + duration.String()
+		}
+	}
+	what := a.model
+	if lm {
+		what += " on " + dataset
+	}
+	fmt.Fprintf(out, "%s with %d peer processes (slowdowns %.1f..%.1f), %s, %s; logs in %s\n",
+		a.algo, a.peers, a.slowLo, a.slowHi, what, length, dir)
 	res, err := peer.Launch(cmd.Context(), peer.LaunchConfig{
-		Exe: exe, Peers: a.peers, Slowdowns: slow, Args: args, Dir: dir, Duration: a.duration, Log: out,
+		Exe: exe, Peers: a.peers, Slowdowns: slow, Args: args, Dir: dir, Duration: duration, Log: out,
 	})
 	if serr := a.copyStats(dir); serr != nil && err == nil {
 		err = serr
@@ -317,6 +514,13 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 		if jerr := printJSON(cmd.OutOrStdout(), res); jerr != nil {
 			return jerr
 		}
+	} else if lm {
+		for i, r := range res.Peers {
+			fmt.Fprintf(cmd.OutOrStdout(), "  peer %d (%s): validation perplexity %.2f (unigram %.2f), %d steps, %d rounds, %.1f MB sent\n",
+				i, shortID(r.Peer), r.ValPerplexity, r.UnigramPerplexity, r.Steps, r.Rounds, float64(r.BytesSent)/1e6)
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "%s: mean validation perplexity of %d peers %.2f (logs: %s)\n",
+			a.algo, len(res.Peers), res.MeanValPerplexity, filepath.Clean(dir))
 	} else {
 		for i, r := range res.Peers {
 			fmt.Fprintf(cmd.OutOrStdout(), "  peer %d (%s): test accuracy %.2f%%, %d steps, %d rounds, %.1f MB sent\n",

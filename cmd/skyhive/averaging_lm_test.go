@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/skyhive/skyhive/averaging/peer"
+	"github.com/skyhive/skyhive/text"
+)
+
+// train averaging --model gpt-mini starts two `skyhive peer` processes
+// that train GPT replicas with all-reduce SGD on the same English text (64
+// KB of GCIDE, or where it is not installed a small text file); --json
+// reports each peer's validation perplexity, finite and below the
+// unigram's on the same tokens, and the replicas agree.
+func TestTrainAveragingLanguageModel(t *testing.T) {
+	data := "gcide"
+	if _, err := os.Stat(text.DefaultGCIDEPath); err != nil {
+		data = "text:" + writeText(t)
+	}
+	logs := t.TempDir()
+	var stdout syncBuffer
+	p := startCLI(t, &stdout, "train", "averaging", "--model", "gpt-mini", "--data", data, "--corpus-bytes", "65536",
+		"--vocab", "300", "--seq", "16", "--batch", "8", "--eval-tokens", "2000", "--warmup", "5",
+		"--algo", "allreduce", "--peers", "2", "--steps", "60", "--slowdown-max", "1", "--logs", logs, "--json")
+	if err := p.wait(t, 90*time.Second); err != nil {
+		t.Fatalf("%v\nstderr:\n%s", err, tail(p.stderr.String()))
+	}
+	var res peer.Launched
+	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil {
+		t.Fatalf("stdout is not the JSON result: %v\n%s", err, stdout.String())
+	}
+	if len(res.Peers) != 2 {
+		t.Fatalf("%d peer results: %+v\nstderr:\n%s", len(res.Peers), res, tail(p.stderr.String()))
+	}
+	for i, r := range res.Peers {
+		if r.Steps != 60 || r.Model != fmt.Sprintf("gpt-mini:%dx16", r.Vocab) || r.Vocab < 257 || r.Vocab > 300 || r.Algo != "allreduce" || r.EvalTokens == 0 || r.Failures != 0 {
+			t.Fatalf("peer %d: %+v", i, r)
+		}
+		if math.IsNaN(r.ValPerplexity) || math.IsInf(r.ValPerplexity, 0) || !(r.ValPerplexity > 1) || !(r.ValPerplexity < r.UnigramPerplexity) ||
+			math.Abs(math.Log(r.ValPerplexity)-r.ValLoss) > 1e-9 {
+			t.Fatalf("peer %d: validation perplexity %v (loss %v), unigram %v", i, r.ValPerplexity, r.ValLoss, r.UnigramPerplexity)
+		}
+		t.Logf("peer %d: validation perplexity %.2f, unigram %.2f, %d steps, %d rounds, %.1fs", i, r.ValPerplexity, r.UnigramPerplexity, r.Steps, r.Rounds, r.Seconds)
+	}
+	// All-reduce SGD keeps the replicas equal: the same model evaluated
+	// on the same tokens.
+	if a, b := res.Peers[0].ValLoss, res.Peers[1].ValLoss; math.Abs(a-b) > 1e-3*a {
+		t.Errorf("the replicas' validation losses differ: %v and %v", a, b)
+	}
+	if m := (res.Peers[0].ValPerplexity + res.Peers[1].ValPerplexity) / 2; math.Abs(res.MeanValPerplexity-m) > 1e-9*m {
+		t.Errorf("mean validation perplexity %v, want %v", res.MeanValPerplexity, m)
+	}
+}
+
+// Language-model flags given to an image model, image flags given to a
+// language model, and data of the wrong kind are clear errors naming the
+// flag, before any peer starts.
+func TestAveragingLanguageModelBadFlags(t *testing.T) {
+	const dht = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd"
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"train", "averaging", "--vocab", "300"}, "--vocab is for language models"},
+		{[]string{"train", "averaging", "--data", "gcide"}, "mlp-small is an image classifier and gcide is text"},
+		{[]string{"train", "averaging", "--model", "gpt-mini", "--data", "fashion-mnist"}, "gpt-mini is a language model"},
+		{[]string{"train", "averaging", "--model", "gpt-mini", "--limit", "100"}, "--limit is for image models"},
+		{[]string{"train", "averaging", "--model", "gpt-mini", "--data", "tokens:/tmp/x.bin"}, "--vocab"},
+		{[]string{"train", "averaging", "--model", "gpt-mini", "--duration", "0"}, "--duration or a number of --steps"},
+		{[]string{"peer", "--dht", dht, "--model", "gpt-mini", "--momentum", "0.5"}, "--momentum is for image models"},
+		{[]string{"peer", "--dht", dht, "--seq", "32"}, "--seq is for language models"},
+		{[]string{"peer", "--dht", dht, "--model", "gpt-mini", "--data", "images"}, "unknown data"},
+		{[]string{"peer", "--dht", dht, "--model", "gpt-mini", "--data", "text:/nonexistent/corpus.txt"}, "/nonexistent/corpus.txt"},
+	}
+	for _, c := range cases {
+		var out syncBuffer
+		err := runCLI(context.Background(), &out, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want one mentioning %q", c.args, err, c.want)
+		}
+	}
+}

@@ -90,10 +90,12 @@ type Config struct {
 	MaxPendingPerPeer int
 
 	// MaxNormRatio drops another member's contribution to a chunk whose
-	// norm exceeds this multiple of the median norm of the chunk's
-	// contributions (DefaultMaxNormRatio; negative: no check). The mean is
-	// then over the remaining contributions; such members are listed in
-	// Result.Rejected. A chunk whose median norm is 0 is not checked.
+	// norm exceeds this multiple of both the median norm of the chunk's
+	// contributions and the RMS of this peer's part scaled to the chunk
+	// (DefaultMaxNormRatio; negative: no check). The floor keeps sparse
+	// gradients whole: a chunk one member left at zero does not make the
+	// others' look hostile. The mean is then over the remaining
+	// contributions; such members are listed in Result.Rejected.
 	// Answers whose norm exceeds this multiple of this peer's own chunk
 	// (or of its vector's RMS scaled to the chunk, if larger) are refused
 	// too (the part keeps its own values, Result.Failed).

@@ -60,6 +60,13 @@ type session struct {
 	// rmsReady when it is set; nothing writes the vector before that.
 	rms      float64
 	rmsReady chan struct{}
+	// ownPart is this peer's part of its vector, and partRMS its RMS,
+	// computed under mu the first time a contribution fails the median
+	// check (partRMS < 0 until then): the floor of that check, so that a
+	// chunk one member left near zero (a sparse gradient: embedding rows
+	// its batch did not touch) does not make the others' look hostile.
+	ownPart []float32
+	partRMS float64
 }
 
 // chunk accumulates the contributions to one chunk of the reducer's part.
@@ -204,6 +211,7 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 		sess.members[i] = m.Peer.ID
 	}
 	sess.lo, sess.hi = bounds[self], bounds[self+1]
+	sess.ownPart, sess.partRMS = vec[sess.lo:sess.hi], -1
 	sess.codec = a.cfg.Codec
 	sess.contributed = make([]bool, len(s.Members))
 	sess.banned = make([]bool, len(s.Members))

@@ -102,13 +102,17 @@ func (s *session) aggregate(c *chunk) {
 		if len(norms) == 2 {
 			m = 0
 		}
-		if med := norms[m]; med > 0 {
-			for j, p := range c.contrib {
-				if p != nil && j != s.self && c.norm[j] > g*med {
-					s.rejected[j] = true
-					putScratch(p)
-					c.contrib[j] = nil
-				}
+		med := norms[m]
+		for j, p := range c.contrib {
+			if p == nil || j == s.self || c.norm[j] <= g*med {
+				continue
+			}
+			// Over the median's bound: also over the floor's? (Computed
+			// only here, so honest dense chunks never pay for it.)
+			if ref := max(med, s.chunkFloor(len(c.own))); ref > 0 && c.norm[j] > g*ref {
+				s.rejected[j] = true
+				putScratch(p)
+				c.contrib[j] = nil
 			}
 		}
 	}
@@ -132,6 +136,21 @@ func (s *session) aggregate(c *chunk) {
 		}
 		Mean(c.sum, xs)
 	}
+}
+
+// chunkFloor is the RMS of this peer's part scaled to a chunk of n
+// elements: the norm below which no contribution is too large, whatever
+// the chunk's median. The part's values are this peer's own or, for
+// chunks already final, their aggregate: either is of the scale honest
+// members send. s.mu must be held.
+func (s *session) chunkFloor(n int) float64 {
+	if s.partRMS < 0 {
+		s.partRMS = 0
+		if len(s.ownPart) > 0 {
+			s.partRMS = Norm(s.ownPart) / math.Sqrt(float64(len(s.ownPart)))
+		}
+	}
+	return s.partRMS * math.Sqrt(float64(n))
 }
 
 func countTrue(b []bool) int {

@@ -336,3 +336,44 @@ func TestParseAggregation(t *testing.T) {
 		t.Fatal("unknown aggregation accepted")
 	}
 }
+
+// Sparse gradients: where one member's chunk is zero (embedding rows its
+// batch did not touch) the other's honest chunk is kept, because the check
+// never drops a norm under the reducer's part RMS scaled to the chunk; a
+// huge contribution to the same chunk is still dropped.
+func TestNormCheckFloorKeepsSparseChunks(t *testing.T) {
+	for _, attack := range []bool{false, true} {
+		t.Run(fmt.Sprint("attack=", attack), func(t *testing.T) {
+			const n, length = 2, 2000
+			s := newTestSwarm(t, n, Config{ChunkElems: 100, Timeout: 4 * time.Second})
+			vs := randomVectors(n, length, 21)
+			bounds, _ := Partition(length, []float64{1, 1})
+			// Member 0 reduces [0, 1000): its first chunk is all zero,
+			// member 1's is honest (or, attacking, 1000× larger).
+			clear(vs[0][:100])
+			if attack {
+				for j := range 100 {
+					vs[1][j] *= 1000
+				}
+			}
+			want := exactMean(vs)
+			res, errs := s.runAll(context.Background(), s.session("sparse", nil), vs)
+			for i := range n {
+				if errs[i] != nil {
+					t.Fatal(errs[i])
+				}
+			}
+			dropped := slices.Contains(res[0].Rejected, s.peers[1].ID())
+			if dropped != attack {
+				t.Fatalf("member 1 dropped: %v, want %v (%+v)", dropped, attack, res[0])
+			}
+			if !attack {
+				for j, x := range vs[0][:bounds[1]] {
+					if math.Abs(float64(x)-want[j]) > 1e-5 {
+						t.Fatalf("element %d: %v, mean %v", j, x, want[j])
+					}
+				}
+			}
+		})
+	}
+}

@@ -2,13 +2,9 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -51,14 +47,11 @@ const (
 )
 
 func skyhiveBinary() (string, error) {
-	exe, err := os.Executable()
-	if err == nil && strings.HasPrefix(filepath.Base(exe), "skyhive") {
-		return exe, nil
+	bin, err := swarm.Binary()
+	if err != nil {
+		return "", fmt.Errorf("the pipeline suite launches `skyhive worker` processes (run it as `skyhive bench pipeline`): %w", err)
 	}
-	if p, err := exec.LookPath("skyhive"); err == nil {
-		return p, nil
-	}
-	return "", errors.New("the pipeline suite launches `skyhive worker` processes: run it as `skyhive bench pipeline` or put skyhive on PATH")
+	return bin, nil
 }
 
 // pipeGeometry is one case's cluster and model.

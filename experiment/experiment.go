@@ -53,6 +53,7 @@ func All() []Experiment {
 		// Experiments register here, one line each.
 		moeConvergence(),
 		averagingConvergence(),
+		skyComputing(),
 	}
 }
 

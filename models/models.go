@@ -103,6 +103,7 @@ var registry = [...]entry{
 	{Model: Model{"mlp-small", "mlp-small", "784-128-10 MLP without dropout (102k parameters), light for swarms of many peers", ImageClassification}, build: plain(buildMLPSmall)},
 	{Model: Model{"bert-tiny", "bert-tiny", "BERT-style classifier of 7×7 patches: hidden 64, 4 heads, 2 layers (72k parameters)", ImageClassification}, build: plain(buildBERTTiny)},
 	{Model: Model{"deep-mlp", "deep-mlp:WIDTHxDEPTH", fmt.Sprintf("DEPTH equal hidden layers (Linear+ReLU) of WIDTH units, no dropout; width ≤ %d, depth ≤ %d", maxDeepWidth, maxDeepDepth), ImageClassification}, build: buildDeepMLP},
+	{Model: Model{"bert-stack", "bert-stack:LAYERSxHIDDEN", bertStackHelp, ImageClassification}, build: buildBERTStack},
 	gptEntry("gpt-mini", "GPT language model over VOCAB tokens, context SEQ (default 128): 4 blocks of hidden 128, 4 heads, FFN 512, no dropout (0.79M + 128·(VOCAB+SEQ) parameters); trains in minutes on 2 cores", nn.GPTMini),
 	gptEntry("gpt-small", "GPT-2 small (BERT-base geometry): 12 blocks of hidden 768, 12 heads, dropout 0.1 (85M + 768·(VOCAB+SEQ) parameters)", nn.GPTSmall),
 	gptEntry("gpt-medium", "GPT-2 medium (BERT-large geometry): 24 blocks of hidden 1024, 16 heads, dropout 0.1 (302M + 1024·(VOCAB+SEQ) parameters)", nn.GPTMedium),

@@ -20,6 +20,8 @@ func example(m Model) (spec string, heavy bool) {
 	switch m.Name {
 	case "deep-mlp":
 		return "deep-mlp:16x3", false
+	case "bert-stack":
+		return "bert-stack:2x64", false
 	case "gpt-mini":
 		return "gpt-mini:50x16", false
 	case "gpt":
@@ -129,6 +131,9 @@ func TestParamCounts(t *testing.T) {
 		"bert-tiny":      71946,
 		"deep-mlp:16x3":  784*16 + 16 + 2*(16*16+16) + 16*10 + 10,
 		"deep-mlp:256x6": 784*256 + 256 + 5*(256*256+256) + 256*10 + 10,
+		// bert-tiny's geometry with an FFN of 4·64 instead of 128.
+		"bert-stack:2x64": 71946 + 2*(2*64*128+128),
+		"bert-stack:3x32": 49*32 + 32 + 16*32 + 2*32 + 3*(12*32*32+13*32) + 32*10 + 10,
 	} {
 		m, err := Build(spec, 3)
 		if err != nil {
@@ -198,6 +203,7 @@ func TestBadSpecs(t *testing.T) {
 	for _, bad := range []string{
 		"", "resnet", "mlp:", "mlp:3", "deep-mlp", "deep-mlp:", "deep-mlp:16", "deep-mlp:x3",
 		"deep-mlp:0x3", "deep-mlp:16x0", "deep-mlp:16x3x2", "deep-mlp:8193x1", "deep-mlp:1x257", "MLP",
+		"bert-stack:0x64", "bert-stack:64",
 	} {
 		_, err := Build(bad, 1)
 		if err == nil {
@@ -212,6 +218,55 @@ func TestBadSpecs(t *testing.T) {
 	}
 	if _, err := Build("deep-mlp:8192x1", 1); err != nil {
 		t.Errorf("largest width refused: %v", err)
+	}
+}
+
+// TestBERTStackSpecs checks the geometry "bert-stack" specs give and the
+// bounds that keep a peer from making a worker build an absurd model.
+func TestBERTStackSpecs(t *testing.T) {
+	for spec, want := range map[string][2]int{ // heads, encoder children
+		"bert-stack:2x64":    {1, 2},
+		"bert-stack:8x32":    {1, 8},
+		"bert-stack:4x256":   {4, 4},
+		"bert-stack:24x1024": {16, 24},
+	} {
+		_, params, _ := strings.Cut(spec, ":")
+		cfg, err := BERTStackConfig(params)
+		if err != nil {
+			t.Errorf("%s: %v", spec, err)
+			continue
+		}
+		if cfg.Heads != want[0] || cfg.Layers != want[1] || cfg.FFN != 4*cfg.Hidden || cfg.Seq != 16 || cfg.Patch != 7 || cfg.Classes != Classes {
+			t.Errorf("%s: %+v", spec, cfg)
+		}
+	}
+	// BERT-large's encoder (302M parameters) is within the bounds; its
+	// parameter count is checked without building it.
+	cfg, _ := BERTStackConfig("24x1024")
+	if n := bertStackParams(cfg); math.Abs(n-302.3e6) > 0.5e6 {
+		t.Errorf("bert-stack:24x1024 has %v parameters, want about 302M", n)
+	}
+	m, err := Build("bert-stack:5x64", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pipeline splits the model at its children: patchify, patch,
+	// pos, ln, drop, 5 encoder layers, pool, head.
+	if n := len(m.Layers()); n != 5+7 {
+		t.Errorf("bert-stack:5x64 has %d children, want 12", n)
+	}
+	c, _ := BERTStackConfig("5x64")
+	if float64(numParams(m)) != bertStackParams(c) {
+		t.Errorf("bert-stack:5x64: %d parameters, bertStackParams says %v", numParams(m), bertStackParams(c))
+	}
+	for _, bad := range []string{
+		"bert-stack", "bert-stack:", "bert-stack:4", "bert-stack:x64", "bert-stack:0x64", "bert-stack:257x64",
+		"bert-stack:4x7", "bert-stack:4x2049", "bert-stack:4x200", "bert-stack:4x64x2", "bert-stack:-1x64",
+		"bert-stack:40x1024", // 504M parameters
+	} {
+		if _, err := Build(bad, 1); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 }
 

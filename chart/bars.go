@@ -1,0 +1,120 @@
+package chart
+
+import (
+	"errors"
+	"fmt"
+	"image/color"
+	"os"
+	"path/filepath"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// BarSeries is one named series of a grouped bar chart: one value per
+// group, and optionally one mark per group drawn as a black ring over the
+// bar (e.g. a prediction next to the measured value). A zero value draws no
+// bar, a zero mark no ring.
+type BarSeries struct {
+	Name   string
+	Values []float64
+	Marks  []float64
+}
+
+// Bars is a grouped bar chart: one group of bars per label in Groups, one
+// bar per series in each group.
+type Bars struct {
+	Title, YLabel string
+	Groups        []string
+	Series        []BarSeries
+}
+
+// WriteBarsPNG renders b as a PNG of the given size in inches at path,
+// atomically as WritePNG does.
+func WriteBarsPNG(path string, b Bars, width, height float64) error {
+	if len(b.Series) == 0 || len(b.Groups) == 0 {
+		return errors.New("chart: no bars to draw")
+	}
+	p := plot.New()
+	p.Title.Text = b.Title
+	p.Y.Label.Text = b.YLabel
+	p.Add(plotter.NewGrid())
+	p.Legend.Top = true
+	p.Legend.Left = false
+	n := len(b.Series)
+	w := vg.Points(min(16, 300/float64(n*len(b.Groups))))
+	for i, s := range b.Series {
+		if len(s.Values) != len(b.Groups) || (s.Marks != nil && len(s.Marks) != len(b.Groups)) {
+			return fmt.Errorf("chart: series %q has %d values and %d marks for %d groups", s.Name, len(s.Values), len(s.Marks), len(b.Groups))
+		}
+		bars, err := plotter.NewBarChart(plotter.Values(s.Values), w)
+		if err != nil {
+			return fmt.Errorf("chart: series %q: %w", s.Name, err)
+		}
+		bars.Color = plotutil.Color(i)
+		bars.LineStyle.Width = 0
+		bars.Offset = w * vg.Length(float64(i)-float64(n-1)/2)
+		p.Add(bars)
+		p.Legend.Add(s.Name, bars)
+		if s.Marks == nil {
+			continue
+		}
+		var pts plotter.XYs
+		for g, m := range s.Marks {
+			if m > 0 {
+				pts = append(pts, plotter.XY{X: float64(g), Y: m})
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		sc, err := plotter.NewScatter(pts)
+		if err != nil {
+			return fmt.Errorf("chart: series %q marks: %w", s.Name, err)
+		}
+		// Bars are offset in canvas units: draw each ring over its bar.
+		// Black rings show over any bar, including their own.
+		sc.GlyphStyle.Shape = offsetGlyph{draw.RingGlyph{}, bars.Offset}
+		sc.GlyphStyle.Radius = vg.Points(3)
+		sc.GlyphStyle.Color = color.Black
+		p.Add(sc)
+	}
+	p.NominalX(b.Groups...)
+	p.X.Min, p.X.Max = -0.5, float64(len(b.Groups))-0.5
+	p.Y.Min = 0
+	wt, err := p.WriterTo(vg.Length(width)*vg.Inch, vg.Length(height)*vg.Inch, "png")
+	if err != nil {
+		return fmt.Errorf("chart: render: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".chart-*.png")
+	if err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := wt.WriteTo(tmp); err != nil {
+		tmp.Close()
+		return fmt.Errorf("chart: write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("chart: write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	return nil
+}
+
+// offsetGlyph draws its glyph dx to the right of the point.
+type offsetGlyph struct {
+	draw.GlyphDrawer
+	dx vg.Length
+}
+
+// DrawGlyph draws the glyph at pt moved by dx.
+func (g offsetGlyph) DrawGlyph(c *draw.Canvas, sty draw.GlyphStyle, pt vg.Point) {
+	pt.X += g.dx
+	g.GlyphDrawer.DrawGlyph(c, sty, pt)
+}

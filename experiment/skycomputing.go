@@ -1,0 +1,517 @@
+package experiment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/chart"
+	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/pipeline"
+	"github.com/skyhive/skyhive/stats"
+	"github.com/skyhive/skyhive/swarm"
+)
+
+// skyComputing reproduces Sky Computing's experiment (arXiv 2202.11836,
+// load-balanced pipeline parallelism over heterogeneous devices) on real
+// `skyhive worker` processes: a BERT encoder stack over a grid of worker
+// and layer counts, slowdowns drawn from U[1,6], every allocation strategy
+// measured next to the cost model's prediction.
+func skyComputing() Experiment {
+	return Experiment{
+		Name:  "sky-computing",
+		Short: "Sky Computing on worker processes: BERT stack, slowdowns U[1,6], even/sky/optimal/skyhive measured vs predicted over workers×layers",
+		Run:   runSkyComputing,
+	}
+}
+
+// skyStrategies are the allocation strategies compared, even first (the
+// baseline of every speed-up).
+var skyStrategies = []string{"even", "sky", "optimal", "skyhive"}
+
+// skyConfig is the experiment's geometry.
+type skyConfig struct {
+	// Workers and Layers span the grid of measured points (Layers counts
+	// encoder layers of bert-stack:LAYERSxHidden).
+	Workers, Layers []int
+	Hidden          int
+	// Batch examples per iteration in Micro micro-batches, 1F1B. Micro is
+	// at least the largest worker count, so that no point's pipeline is
+	// mostly fill and drain (its bubble is (S−1)/(Micro+S−1) of an
+	// iteration on S stages).
+	Batch, Micro int
+	// Every worker is Base times slower than one core of this machine,
+	// times a factor drawn from U[1, MaxSlowdown]: the worker sleeps
+	// (F−1)× the busy time of each op, so co-located workers need about
+	// Σ 1/F of the cores.
+	Base, MaxSlowdown float64
+	// Rounds of measured iterations per plan (plans alternate).
+	Rounds int
+	// ProfileReps is the pipeline's profiling repetitions per worker.
+	ProfileReps int
+	// PointTimeout bounds one grid point, launch to shutdown.
+	PointTimeout time.Duration
+	// ExtraWorkers and ExtraLayers are the paper's scale, extrapolated
+	// with alloc's BERT-large cost model.
+	ExtraWorkers, ExtraLayers int
+	// OptimalLimit bounds the optimal strategy's solve in the
+	// extrapolation.
+	OptimalLimit time.Duration
+	// Binary is the skyhive executable the workers run; Env is added to
+	// their environment.
+	Binary string
+	Env    []string
+}
+
+// skyDefaults is the grid of the full run (about 12 minutes on 2 quiet
+// cores) or of --quick (about a minute).
+func skyDefaults(quick bool) skyConfig {
+	c := skyConfig{
+		Workers: []int{4, 8, 16}, Layers: []int{8, 24, 48}, Hidden: 64,
+		Batch: 32, Micro: 16, Base: 6, MaxSlowdown: 6, Rounds: 5, ProfileReps: 5,
+		PointTimeout: 8 * time.Minute, ExtraWorkers: 64, ExtraLayers: 160, OptimalLimit: 20 * time.Second,
+	}
+	if quick {
+		c.Workers, c.Layers, c.Rounds = []int{4, 8}, []int{8}, 3
+		c.PointTimeout, c.OptimalLimit = 2*time.Minute, 5*time.Second
+	}
+	return c
+}
+
+// skyStrategyResult is one strategy's outcome at one grid point.
+type skyStrategyResult struct {
+	Strategy string `json:"strategy"`
+	// Error is the strategy's failure to plan, if any.
+	Error string `json:"error,omitempty"`
+	// Plan's stages use the workers' indices (registration order, w0…).
+	Plan      alloc.Plan `json:"plan"`
+	Stages    int        `json:"stages"`
+	SolveTime float64    `json:"solve_seconds"`
+	// Times are the measured iteration times (s); Median, Min and Max
+	// summarise them.
+	Times  []float64 `json:"times"`
+	Median float64   `json:"median"`
+	Min    float64   `json:"min"`
+	Max    float64   `json:"max"`
+	// Predicted is the calibrated simulation (Session.Predict); Alloc is
+	// alloc's analytic model of the same plan (Report.Iteration).
+	Predicted float64 `json:"predicted"`
+	Alloc     float64 `json:"alloc_predicted"`
+	// MeasuredOverPredicted is Median / Predicted.
+	MeasuredOverPredicted float64 `json:"measured_over_predicted"`
+	// SpeedupOnEven is even's median over this one's; PredictedSpeedup the
+	// same ratio of the predictions.
+	SpeedupOnEven    float64 `json:"speedup_on_even"`
+	PredictedSpeedup float64 `json:"predicted_speedup_on_even"`
+}
+
+// skyPoint is one grid point.
+type skyPoint struct {
+	Name      string              `json:"name"` // WORKERSxLAYERS
+	Workers   int                 `json:"workers"`
+	Layers    int                 `json:"layers"`
+	Model     string              `json:"model"`
+	Slowdowns []float64           `json:"slowdowns"` // U[1,6] factors, before Base
+	Seconds   float64             `json:"seconds"`   // wall time of the point
+	Results   []skyStrategyResult `json:"results"`
+}
+
+// skyExtrapolation is alloc's prediction at the paper's scale.
+type skyExtrapolation struct {
+	Model     string              `json:"model"`
+	Workers   int                 `json:"workers"`
+	Slowdowns []float64           `json:"slowdowns"`
+	Speed     float64             `json:"reference_flops"` // one core, FLOP/s
+	Link      alloc.Link          `json:"link"`
+	Results   []skyStrategyResult `json:"results"`
+	Note      string              `json:"note"`
+}
+
+// skyResults is the JSON written to sky-computing.json.
+type skyResults struct {
+	Config        map[string]any    `json:"config"`
+	Points        []skyPoint        `json:"points"`
+	Extrapolation *skyExtrapolation `json:"extrapolation,omitempty"`
+}
+
+func runSkyComputing(ctx context.Context, o Options) error {
+	cfg := skyDefaults(o.Quick)
+	bin, err := swarm.Binary()
+	if err != nil {
+		return fmt.Errorf("sky-computing: %w", err)
+	}
+	cfg.Binary = bin
+	res, err := skyRun(ctx, o, cfg)
+	if err != nil {
+		return err
+	}
+	return skyWrite(o, cfg, res)
+}
+
+// skyPointName names a grid point for --only and the tables: "16x48".
+func skyPointName(workers, layers int) string { return fmt.Sprintf("%dx%d", workers, layers) }
+
+// skyRun measures every selected grid point and extrapolates.
+func skyRun(ctx context.Context, o Options, cfg skyConfig) (*skyResults, error) {
+	res := &skyResults{Config: map[string]any{
+		"hidden": cfg.Hidden, "batch": cfg.Batch, "micro_batches": cfg.Micro, "schedule": pipeline.OneFOneB.String(),
+		"base_slowdown": cfg.Base, "max_slowdown": cfg.MaxSlowdown, "rounds": cfg.Rounds, "profile_reps": cfg.ProfileReps,
+		"optimizer": "adamw", "data": "gaussian blobs, 784 features", "seed": o.Seed, "strategies": skyStrategies,
+	}}
+	var ref []float64 // reference FLOP/s estimates (speed × slowdown) of the last point
+	var link alloc.Link
+	for _, w := range cfg.Workers {
+		for _, l := range cfg.Layers {
+			name := skyPointName(w, l)
+			if !o.Selected(name) {
+				continue
+			}
+			pt, r, lk, err := skyMeasurePoint(ctx, o, cfg, w, l)
+			if err != nil {
+				return nil, fmt.Errorf("sky-computing %s: %w", name, err)
+			}
+			res.Points = append(res.Points, *pt)
+			ref, link = r, lk
+		}
+	}
+	if len(res.Points) == 0 {
+		return nil, fmt.Errorf("sky-computing: no grid point is named %v (names are WORKERSxLAYERS, e.g. %s)", o.Only, skyPointName(cfg.Workers[0], cfg.Layers[0]))
+	}
+	ex, err := skyExtrapolate(ctx, o, cfg, stats.Median(ref), link)
+	if err != nil {
+		return nil, err
+	}
+	res.Extrapolation = ex
+	return res, nil
+}
+
+// skySlowdowns draws the U[1, max] factors of n workers, the same for
+// every layer count of a worker count.
+func skySlowdowns(seed uint64, n int, maxF float64) []float64 {
+	rng := rand.New(rand.NewPCG(seed, 0x5c1+uint64(n)))
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = 1 + (maxF-1)*rng.Float64()
+	}
+	return out
+}
+
+// skyMeasurePoint launches the workers of one grid point, plans with every
+// strategy, measures the plans alternately and stops the workers. It also
+// returns each worker's reference speed estimate (its profiled speed times
+// its slowdown) and the measured link between workers.
+func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, layers int) (*skyPoint, []float64, alloc.Link, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.PointTimeout)
+	defer cancel()
+	begin := time.Now()
+	name := skyPointName(workers, layers)
+	pt := &skyPoint{Name: name, Workers: workers, Layers: layers, Model: fmt.Sprintf("bert-stack:%dx%d", layers, cfg.Hidden),
+		Slowdowns: skySlowdowns(o.Seed, workers, cfg.MaxSlowdown)}
+	slow := make([]float64, workers)
+	for i, u := range pt.Slowdowns {
+		slow[i] = cfg.Base * u
+	}
+	o.Logf("sky-computing %s: %s, %d workers, slowdowns ×%.0f of %s", name, pt.Model, workers, cfg.Base, fmtFactors(pt.Slowdowns))
+
+	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{})
+	if err != nil {
+		return nil, nil, alloc.Link{}, err
+	}
+	defer c.Close()
+	local, err := swarm.LaunchPipelineWorkers(ctx, c, swarm.PipelineLaunch{
+		Binary: cfg.Binary, Slowdowns: slow, Env: append([]string{"OPENBLAS_NUM_THREADS=1"}, cfg.Env...), Output: o.Log,
+	})
+	if err != nil {
+		return nil, nil, alloc.Link{}, err
+	}
+	defer local.Close()
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		c.Shutdown(sctx)
+	}()
+	var log io.Writer = io.Discard
+	if o.Log != nil {
+		log = o.Log
+	}
+	s, err := c.Start(ctx, pipeline.SessionConfig{
+		Model: pt.Model, Seed: o.Seed, Batch: cfg.Batch, Micro: cfg.Micro, Schedule: pipeline.OneFOneB,
+		Optim: pipeline.OptimConfig{Kind: "adamw", LR: 1e-3}, Strategy: "even", ProfileReps: cfg.ProfileReps,
+		CheckpointEvery: 1 << 30, Log: log,
+	})
+	if err != nil {
+		return nil, nil, alloc.Link{}, err
+	}
+	defer s.Close()
+	o.Logf("sky-computing %s: workers up, profiled and planned after %.1f s", name, time.Since(begin).Seconds())
+
+	ds, err := data.GaussianBlobs(cfg.Batch*8, pipeline.InputFeatures, data.NumClasses, o.Seed)
+	if err != nil {
+		return nil, nil, alloc.Link{}, err
+	}
+	loader, err := data.NewLoader(ds, data.BatchOptions{Size: cfg.Batch, Shuffle: true, Seed: o.Seed, DropLast: true})
+	if err != nil {
+		return nil, nil, alloc.Link{}, err
+	}
+	cmp, err := s.ComparePlans(ctx, skyStrategies)
+	if err != nil {
+		return nil, nil, alloc.Link{}, err
+	}
+	for _, pc := range cmp {
+		if pc.Err != nil {
+			o.Logf("sky-computing %s: %s cannot plan: %v", name, pc.Strategy, pc.Err)
+			continue
+		}
+		o.Logf("sky-computing %s: %-7s %d stages %v, solved in %.2f s, predicted %.3f s (alloc %.3f s)",
+			name, pc.Strategy, len(pc.Plan.Stages), pc.Plan.Stages, pc.SolveTime.Seconds(), pc.Prediction.Iteration, pc.Report.Iteration)
+	}
+	seen := map[string]int{}
+	err = s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: pipeline.NewBatches(loader), Rounds: cfg.Rounds,
+		OnIteration: func(strategy string, st pipeline.IterStats, _ time.Duration) {
+			o.Logf("sky-computing %s: %-7s %.3f s", name, strategy, st.Seconds)
+			// The last round's per-stage breakdown: compute (emulated)
+			// against busy time shows whether the slowdowns hold.
+			if seen[strategy]++; seen[strategy] == cfg.Rounds && o.Log != nil {
+				st.WriteTable(o.Log)
+			}
+		}})
+	if err != nil {
+		return nil, nil, alloc.Link{}, err
+	}
+
+	// Device indices of the plans are registration indices: every worker
+	// registered and none died, so they are w0, w1, … in order.
+	pr := s.Problem()
+	if len(pr.Cluster.Devices) != workers {
+		return nil, nil, alloc.Link{}, fmt.Errorf("%d of %d workers live after the measurements", len(pr.Cluster.Devices), workers)
+	}
+	ref := make([]float64, workers)
+	for i, d := range pr.Cluster.Devices {
+		ref[i] = d.Speed * slow[i]
+	}
+	pt.Results = skySummarize(cmp)
+	pt.Seconds = time.Since(begin).Seconds()
+	if r, ok := skyGet(pt.Results, "skyhive"); ok {
+		o.Logf("sky-computing %s: done in %.0f s; even/skyhive %.2f measured, %.2f predicted", name, pt.Seconds, r.SpeedupOnEven, r.PredictedSpeedup)
+	}
+	return pt, ref, pr.Cluster.Intra, nil
+}
+
+// skySummarize turns measured plan comparisons into results.
+func skySummarize(cmp pipeline.PlanComparisons) []skyStrategyResult {
+	var out []skyStrategyResult
+	for _, pc := range cmp {
+		r := skyStrategyResult{Strategy: pc.Strategy}
+		if pc.Err != nil {
+			r.Error = pc.Err.Error()
+			out = append(out, r)
+			continue
+		}
+		r.Plan, r.Stages, r.SolveTime = pc.Plan, len(pc.Plan.Stages), pc.SolveTime.Seconds()
+		r.Times, r.Predicted, r.Alloc = pc.Times, pc.Prediction.Iteration, pc.Report.Iteration
+		if len(r.Times) > 0 {
+			r.Median, r.Min, r.Max = stats.Median(r.Times), slices.Min(r.Times), slices.Max(r.Times)
+		}
+		if r.Predicted > 0 {
+			r.MeasuredOverPredicted = r.Median / r.Predicted
+		}
+		out = append(out, r)
+	}
+	skySpeedups(out)
+	return out
+}
+
+// skySpeedups fills every result's speed-ups over the even entry.
+func skySpeedups(rs []skyStrategyResult) {
+	even, ok := skyGet(rs, "even")
+	if !ok || even.Error != "" {
+		return
+	}
+	for i := range rs {
+		if rs[i].Error != "" {
+			continue
+		}
+		if rs[i].Median > 0 {
+			rs[i].SpeedupOnEven = even.Median / rs[i].Median
+		}
+		if rs[i].Predicted > 0 {
+			rs[i].PredictedSpeedup = even.Predicted / rs[i].Predicted
+		}
+	}
+}
+
+// skyGet returns the named strategy's result.
+func skyGet(rs []skyStrategyResult, strategy string) (skyStrategyResult, bool) {
+	i := slices.IndexFunc(rs, func(r skyStrategyResult) bool { return r.Strategy == strategy })
+	if i < 0 {
+		return skyStrategyResult{}, false
+	}
+	return rs[i], true
+}
+
+// skyExtrapolate predicts, with alloc's analytic model, the paper's scale:
+// cfg.ExtraLayers BERT-large encoder layers on cfg.ExtraWorkers devices of
+// the same kind as the measured ones (one core of this machine at the
+// measured reference speed, Base × U[1, MaxSlowdown] slower) joined by the
+// measured loopback link, with the measured batch and micro-batches
+// (GPipe formula).
+func skyExtrapolate(ctx context.Context, o Options, cfg skyConfig, ref float64, link alloc.Link) (*skyExtrapolation, error) {
+	if !(ref > 0) {
+		return nil, errors.New("sky-computing: no reference speed to extrapolate from")
+	}
+	spec := fmt.Sprintf("bert-large:%d", cfg.ExtraLayers)
+	m, err := alloc.GenerateModel(spec, cfg.Batch, cfg.Micro)
+	if err != nil {
+		return nil, fmt.Errorf("sky-computing: %w", err)
+	}
+	ex := &skyExtrapolation{Model: spec, Workers: cfg.ExtraWorkers, Speed: ref, Link: link,
+		Slowdowns: skySlowdowns(o.Seed, cfg.ExtraWorkers, cfg.MaxSlowdown)}
+	cl := &alloc.Cluster{Intra: link, Inter: link}
+	for i, u := range ex.Slowdowns {
+		cl.Devices = append(cl.Devices, alloc.Device{Name: fmt.Sprintf("d%d", i), Speed: ref / (cfg.Base * u), MemBytes: 1 << 50, Region: "local"})
+	}
+	strats, err := alloc.Strategies(skyStrategies, cfg.OptimalLimit)
+	if err != nil {
+		return nil, err
+	}
+	cmp, err := alloc.Compare(ctx, alloc.Problem{Cluster: cl, Model: m}, strats, alloc.CompareOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("sky-computing: extrapolation: %w", err)
+	}
+	var notes []string
+	for _, c := range cmp.Asked() {
+		r := skyStrategyResult{Strategy: c.Strategy}
+		if c.Err != nil {
+			r.Error = c.Err.Error()
+			ex.Results = append(ex.Results, r)
+			continue
+		}
+		r.Plan, r.Stages, r.SolveTime = c.Result.Plan, len(c.Result.Plan.Stages), c.Result.SolveTime.Seconds()
+		r.Alloc, r.Predicted = c.Result.Report.Iteration, c.Result.Report.Iteration
+		if c.Result.Strategy == "optimal" && !c.Result.Proven {
+			notes = append(notes, fmt.Sprintf("optimal stopped at its %v limit: %s", cfg.OptimalLimit, strings.Join(c.Result.Notes, "; ")))
+		}
+		ex.Results = append(ex.Results, r)
+	}
+	skySpeedups(ex.Results)
+	ex.Note = "alloc.Evaluate's GPipe formula (no coordinator, optimizer step or per-op delay); " +
+		"devices are this machine's core at the measured reference speed with the measured slowdown law; times are not measured"
+	if len(notes) > 0 {
+		ex.Note += "; " + strings.Join(notes, "; ")
+	}
+	for _, r := range ex.Results {
+		o.Logf("sky-computing extrapolation %s on %d workers: %-7s %d stages, predicted %.1f s, even/%s %.2f", spec, cfg.ExtraWorkers, r.Strategy, r.Stages, r.Predicted, r.Strategy, r.PredictedSpeedup)
+	}
+	return ex, nil
+}
+
+// skyWrite writes sky-computing.json, the speed-up chart
+// sky-computing.png and the iteration-time bars sky-computing-times.png,
+// and prints the table.
+func skyWrite(o Options, cfg skyConfig, res *skyResults) error {
+	c := skySpeedupChart(res)
+	jp, pp, err := WriteResults(o, "sky-computing", res, c)
+	if err != nil {
+		return err
+	}
+	bars := chart.Bars{Title: fmt.Sprintf("BERT stack (hidden %d), slowdowns U[1,%g]: iteration time (bars measured, rings predicted)", cfg.Hidden, cfg.MaxSlowdown),
+		YLabel: "iteration time (s)"}
+	for _, pt := range res.Points {
+		bars.Groups = append(bars.Groups, pt.Name)
+	}
+	for _, s := range skyStrategies {
+		b := chart.BarSeries{Name: s}
+		for _, pt := range res.Points {
+			r, _ := skyGet(pt.Results, s)
+			b.Values, b.Marks = append(b.Values, r.Median), append(b.Marks, r.Predicted)
+		}
+		bars.Series = append(bars.Series, b)
+	}
+	bp := filepath.Join(o.Out, "sky-computing-times.png")
+	if err := chart.WriteBarsPNG(bp, bars, 10, 5); err != nil {
+		return err
+	}
+	if o.Log != nil {
+		skyTable(o.Log, res)
+	}
+	o.Logf("wrote %s, %s and %s", jp, pp, bp)
+	return nil
+}
+
+// skySpeedupChart draws even/skyhive, measured and predicted, against
+// the layer count with one pair of lines per worker count, or against the
+// worker count when the grid has a single layer count.
+func skySpeedupChart(res *skyResults) chart.Chart {
+	var workers, layers []int
+	for _, pt := range res.Points {
+		if !slices.Contains(workers, pt.Workers) {
+			workers = append(workers, pt.Workers)
+		}
+		if !slices.Contains(layers, pt.Layers) {
+			layers = append(layers, pt.Layers)
+		}
+	}
+	c := chart.Chart{Title: "Sky Computing on worker processes: even / skyhive iteration time", XLabel: "encoder layers", YLabel: "speed-up of skyhive over even"}
+	add := func(name string, keep func(skyPoint) bool, x func(skyPoint) int) {
+		meas, pred := chart.Series{Name: name + "measured"}, chart.Series{Name: name + "predicted"}
+		for _, pt := range res.Points {
+			r, ok := skyGet(pt.Results, "skyhive")
+			if !keep(pt) || !ok || r.Error != "" {
+				continue
+			}
+			meas.X, meas.Y = append(meas.X, float64(x(pt))), append(meas.Y, r.SpeedupOnEven)
+			pred.X, pred.Y = append(pred.X, float64(x(pt))), append(pred.Y, r.PredictedSpeedup)
+		}
+		if len(meas.X) > 0 {
+			c.Series = append(c.Series, meas, pred)
+		}
+	}
+	if len(layers) < 2 {
+		c.XLabel = fmt.Sprintf("workers (%d encoder layers)", layers[0])
+		add("", func(skyPoint) bool { return true }, func(pt skyPoint) int { return pt.Workers })
+		return c
+	}
+	for _, w := range workers {
+		add(fmt.Sprintf("%d workers, ", w), func(pt skyPoint) bool { return pt.Workers == w }, func(pt skyPoint) int { return pt.Layers })
+	}
+	return c
+}
+
+// skyTable prints the measured and predicted times per point and strategy.
+func skyTable(w io.Writer, res *skyResults) {
+	fmt.Fprintf(w, "%-7s %-8s %6s %9s %9s %9s %8s %8s %8s\n", "point", "strategy", "stages", "measured", "predicted", "alloc", "meas/pred", "vs even", "pred vs even")
+	for _, pt := range res.Points {
+		for _, r := range pt.Results {
+			if r.Error != "" {
+				fmt.Fprintf(w, "%-7s %-8s  error: %s\n", pt.Name, r.Strategy, r.Error)
+				continue
+			}
+			fmt.Fprintf(w, "%-7s %-8s %6d %8.3fs %8.3fs %8.3fs %8.2f %8.2f %8.2f\n", pt.Name, r.Strategy, r.Stages, r.Median, r.Predicted, r.Alloc, r.MeasuredOverPredicted, r.SpeedupOnEven, r.PredictedSpeedup)
+		}
+	}
+	if ex := res.Extrapolation; ex != nil {
+		for _, r := range ex.Results {
+			if r.Error != "" {
+				fmt.Fprintf(w, "%s on %d workers (alloc) %-8s  error: %s\n", ex.Model, ex.Workers, r.Strategy, r.Error)
+				continue
+			}
+			fmt.Fprintf(w, "%s on %d workers (alloc) %-8s %3d stages %9.1fs  even/%s %.2f\n", ex.Model, ex.Workers, r.Strategy, r.Stages, r.Predicted, r.Strategy, r.PredictedSpeedup)
+		}
+	}
+}
+
+// fmtFactors prints slowdown factors with two decimals.
+func fmtFactors(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, ",")
+}

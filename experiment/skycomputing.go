@@ -72,6 +72,10 @@ type skyConfig struct {
 
 // skyDefaults is the grid of the full run (about 12 minutes on 2 quiet
 // cores) or of --quick (about a minute).
+// skyCalibrationIters is how many iterations of the even plan calibrate
+// the workers' speeds before the strategies plan.
+const skyCalibrationIters = 3
+
 func skyDefaults(quick bool) skyConfig {
 	c := skyConfig{
 		Workers: []int{4, 8, 16}, Layers: []int{8, 24, 48}, Hidden: 64,
@@ -260,6 +264,25 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 	if err != nil {
 		return nil, nil, alloc.Link{}, err
 	}
+	batches := pipeline.NewBatches(loader)
+	// Calibrate in place: the session starts on the even plan; one warm-up
+	// iteration, then the stage speeds of skyCalibrationIters more set the
+	// workers' planning speeds (Session.Recalibrate). Every strategy then
+	// plans, and is predicted, from the same calibrated speeds.
+	var calib []pipeline.IterStats
+	for i := range 1 + skyCalibrationIters {
+		b, _ := batches.Next()
+		st, err := s.Step(ctx, b)
+		if err != nil {
+			return nil, nil, alloc.Link{}, fmt.Errorf("calibration iteration: %w", err)
+		}
+		if i > 0 {
+			calib = append(calib, st)
+		}
+	}
+	if err := s.Recalibrate(calib); err != nil {
+		return nil, nil, alloc.Link{}, err
+	}
 	cmp, err := s.ComparePlans(ctx, skyStrategies)
 	if err != nil {
 		return nil, nil, alloc.Link{}, err
@@ -273,7 +296,7 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 			name, pc.Strategy, len(pc.Plan.Stages), pc.Plan.Stages, pc.SolveTime.Seconds(), pc.Prediction.Iteration, pc.Report.Iteration)
 	}
 	seen := map[string]int{}
-	err = s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: pipeline.NewBatches(loader), Rounds: cfg.Rounds,
+	err = s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: batches, Rounds: cfg.Rounds,
 		OnIteration: func(strategy string, st pipeline.IterStats, _ time.Duration) {
 			o.Logf("sky-computing %s: %-7s %.3f s", name, strategy, st.Seconds)
 			// The last round's per-stage breakdown: compute (emulated)

@@ -203,3 +203,49 @@ func (s *Session) measureLinks(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Recalibrate corrects the workers' planning speeds with what iterations
+// of the current plan measured: each stage's worker gets the median of its
+// stage's measured speed (StageTiming.Speed, in the cost model's units),
+// and the workers without a stage are scaled by the median ratio of
+// measured to planned speed. A profile times the model alone on each
+// worker; inside a running pipeline, with its neighbours computing and
+// sending, the same layers can take longer (20–35% for 16 emulated
+// devices sharing two cores), and predictions made from the profile alone
+// are then too short. Iterations of another plan are refused.
+func (s *Session) Recalibrate(iters []IterStats) error {
+	S := len(s.stages)
+	med := make([][]float64, S)
+	for _, st := range iters {
+		if st.Gen != s.gen || len(st.Stages) != S {
+			return fmt.Errorf("pipeline: recalibrate: iteration %d is not of the current plan", st.Iter)
+		}
+		for k, t := range st.Stages {
+			if t.Speed > 0 && !math.IsInf(t.Speed, 0) {
+				med[k] = append(med[k], t.Speed)
+			}
+		}
+	}
+	var ratios []float64
+	staged := map[int]bool{}
+	for k, a := range s.stages {
+		old := s.c.worker(a.worker).speed(s.c)
+		if len(med[k]) == 0 || !(old > 0) {
+			continue
+		}
+		sp := stats.Median(med[k])
+		ratios = append(ratios, sp/old)
+		s.c.setSpeed(a.worker, sp)
+		staged[a.worker] = true
+	}
+	if len(ratios) == 0 {
+		return errors.New("pipeline: recalibrate: no stage speed measured")
+	}
+	r := stats.Median(ratios)
+	for _, w := range s.c.Workers() {
+		if !staged[w.Index] && w.Speed > 0 {
+			s.c.setSpeed(w.Index, w.Speed*r)
+		}
+	}
+	return nil
+}

@@ -50,10 +50,19 @@ func TestMoEConvergenceQuick(t *testing.T) {
 	// (the swarm tests of cmd/skyhive run alongside in `make test`), the
 	// slowest run, 10% failures at 100 ms, gets too few samples for 30%:
 	// 2 944 samples and 15.7% once on 2026-11-24.
+	// A run that the load left with fewer than minSamples (768 once on
+	// 2026-11-26) is only required to have trained; the best run must
+	// still reach 30%.
+	const minSamples = 3000
 	best := 0.0
 	for _, r := range res.Runs {
 		best = max(best, r.FinalAccuracy)
-		if r.Samples == 0 || r.FinalAccuracy < 0.12 {
+		switch {
+		case r.Samples == 0:
+			t.Errorf("%s: no samples trained", r.Name)
+		case r.Samples < minSamples:
+			t.Logf("%s: only %d samples under load, accuracy %.3f not checked", r.Name, r.Samples, r.FinalAccuracy)
+		case r.FinalAccuracy < 0.12:
 			t.Errorf("%s: %d samples, accuracy %.3f", r.Name, r.Samples, r.FinalAccuracy)
 		}
 	}

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"image/color"
-	"os"
-	"path/filepath"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -85,26 +83,7 @@ func WriteBarsPNG(path string, b Bars, width, height float64) error {
 	p.NominalX(b.Groups...)
 	p.X.Min, p.X.Max = -0.5, float64(len(b.Groups))-0.5
 	p.Y.Min = 0
-	wt, err := p.WriterTo(vg.Length(width)*vg.Inch, vg.Length(height)*vg.Inch, "png")
-	if err != nil {
-		return fmt.Errorf("chart: render: %w", err)
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".chart-*.png")
-	if err != nil {
-		return fmt.Errorf("chart: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := wt.WriteTo(tmp); err != nil {
-		tmp.Close()
-		return fmt.Errorf("chart: write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("chart: write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("chart: %w", err)
-	}
-	return nil
+	return renderPNG(path, p, width, height)
 }
 
 // offsetGlyph draws its glyph dx to the right of the point.

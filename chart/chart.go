@@ -62,6 +62,12 @@ func WritePNG(path string, c Chart, width, height float64) error {
 		p.Add(line)
 		p.Legend.Add(s.Name, line)
 	}
+	return renderPNG(path, p, width, height)
+}
+
+// renderPNG renders p as a width×height-inch PNG and replaces path with it
+// atomically (a temporary file in the same directory, then a rename).
+func renderPNG(path string, p *plot.Plot, width, height float64) error {
 	w, err := p.WriterTo(vg.Length(width)*vg.Inch, vg.Length(height)*vg.Inch, "png")
 	if err != nil {
 		return fmt.Errorf("chart: render: %w", err)

@@ -408,9 +408,13 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 	return res, nil
 }
 
+// errImplausible marks an answered mean refused by the norm check.
+var errImplausible = errors.New("implausible mean")
+
 // sendPart sends this member's chunks of reducer j's part and writes the
 // averages it answers into part. It stops at the first failure, leaving the
-// remaining chunks local.
+// remaining chunks local, except that a refused (implausible) answer only
+// leaves its own chunk local.
 func (a *Averager) sendPart(ctx context.Context, sess *session, j int, to peer.AddrInfo, part []float32, sent, recv *atomic.Int64) error {
 	nc := numChunks(len(part), a.cfg.ChunkElems)
 	ctx, cancel := context.WithCancel(ctx)
@@ -429,6 +433,13 @@ func (a *Averager) sendPart(ctx context.Context, sess *session, j int, to peer.A
 				lo := i * a.cfg.ChunkElems
 				hi := min(lo+a.cfg.ChunkElems, len(part))
 				if err := a.exchange(ctx, sess, j, i, to, part[lo:hi], sent, recv); err != nil {
+					if errors.Is(err, errImplausible) {
+						// This chunk keeps our values, but the reducer
+						// still gets the rest of our part: stopping would
+						// make an honest reducer wait ReduceWait for it.
+						once.Do(func() { firstErr = err })
+						continue
+					}
 					once.Do(func() { firstErr = err; cancel() })
 					return
 				}
@@ -501,7 +512,7 @@ func (a *Averager) exchange(ctx context.Context, sess *session, j, i int, to pee
 			own = max(own, Norm(x))
 		}
 		if own > 0 && got > g*own {
-			return fmt.Errorf("%w: mean of chunk %d from %s has norm %.3g, %.3g× ours", ErrMessage, i, to.ID.ShortString(), got, got/own)
+			return fmt.Errorf("%w: %w: mean of chunk %d from %s has norm %.3g, %.3g× ours", ErrMessage, errImplausible, i, to.ID.ShortString(), got, got/own)
 		}
 	}
 	copy(x, *mean)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/memnet"
 )
@@ -375,5 +377,48 @@ func TestNormCheckFloorKeepsSparseChunks(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A member that refuses one answered mean as implausible keeps its own
+// values for that chunk only: it still sends the rest of the reducer's
+// part, so the reducer (honest, refused by mistake) does not wait
+// ReduceWait for it and the other chunks are averaged.
+func TestRefusedAnswerDoesNotStallTheReducer(t *testing.T) {
+	const length = 2000
+	cfg := Config{ChunkElems: 100, Window: 1, Timeout: 10 * time.Second, MaxNormRatio: 10}
+	s := newTestSwarm(t, 2, cfg)
+	vs := [][]float32{make([]float32, length), make([]float32, length)}
+	for j := range length {
+		vs[0][j], vs[1][j] = 1, 3
+	}
+	// Member 1 reduces [1000, 2000). Its first chunk there is 50, so that
+	// chunk's mean (25.5) is 25.5× member 0's values: over the ratio of
+	// 10, member 0 refuses it.
+	for j := 1000; j < 1100; j++ {
+		vs[1][j] = 50
+	}
+	t0 := time.Now()
+	res, errs := s.runAll(context.Background(), s.session("refused-answer", nil), vs)
+	elapsed := time.Since(t0)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+	if !slices.Equal(res[0].Failed, []peer.ID{s.peers[1].ID()}) || len(res[1].Missing) > 0 || len(res[1].Failed) > 0 {
+		t.Fatalf("results %+v and %+v: want member 0 to refuse member 1's answer and nothing else", res[0], res[1])
+	}
+	if rw := s.avg[1].Config().ReduceWait; elapsed >= rw/2 {
+		t.Fatalf("the all-reduce took %v (ReduceWait %v): the reducer waited for the rest of the part", elapsed, rw)
+	}
+	for j := 1000; j < length; j++ {
+		want := float32(2)
+		if j < 1100 {
+			want = 1 // refused: member 0's own
+		}
+		if vs[0][j] != want {
+			t.Fatalf("member 0 element %d: %v, want %v", j, vs[0][j], want)
+		}
 	}
 }

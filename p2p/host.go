@@ -285,7 +285,15 @@ func libp2pOptions(cfg Config, acl *relayACL, gate *gater) ([]libp2p.Option, err
 	opts := []libp2p.Option{
 		libp2p.Identity(key),
 		libp2p.ListenAddrStrings(listen...),
-		libp2p.Transport(tcp.NewTCPTransport),
+		// TCP dials leave from ephemeral ports. With reuseport they leave
+		// from the listening port, so two peers that dial each other at
+		// once (common: both learn of each other from the same DHT answer)
+		// meet as one TCP connection on which both start the security
+		// handshake as its client; both dials fail and libp2p then refuses
+		// the address for its 5 s dial backoff (TestSimultaneousDials).
+		// Hole punching goes over QUIC, whose dials share the listening
+		// UDP socket and tell connections apart by their IDs.
+		libp2p.Transport(tcp.NewTCPTransport, tcp.DisableReuseport()),
 		libp2p.Transport(libp2pquic.NewTransport),
 		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
 		libp2p.DisableMetrics(),

@@ -631,3 +631,44 @@ func TestOptionalServices(t *testing.T) {
 		t.Fatalf("connections to b: %v, want one relayed", conns)
 	}
 }
+
+// TestSimultaneousDials: two peers that call each other at the same
+// instant, with no connection yet, both get through. Over TCP with
+// reuseport both dials would leave from the listening ports, so the two
+// SYNs could meet as one TCP connection on which both ends start the
+// security handshake as its client; both dials fail, and libp2p refuses
+// every dial to the address for its 5 s backoff. (With reuseport on, the
+// first of these pairs failed in every run.)
+func TestSimultaneousDials(t *testing.T) {
+	const pairs = 30
+	for i := range pairs {
+		tr := transports[i%len(transports)]
+		a := newHost(t, tr, Config{})
+		b := newHost(t, tr, Config{})
+		a.SetHandler(echoProto, echo)
+		b.SetHandler(echoProto, echo)
+		ctx := ctxT(t, 10*time.Second)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for j, h := range []*Host{a, b} {
+			to := b.AddrInfo()
+			if j == 1 {
+				to = a.AddrInfo()
+			}
+			wg.Go(func() {
+				<-start
+				_, errs[j] = h.Call(ctx, to, echoProto, []byte("hi"))
+			})
+		}
+		close(start)
+		wg.Wait()
+		for j, err := range errs {
+			if err != nil {
+				t.Fatalf("%s pair %d, host %d: %v", tr, i, j, err)
+			}
+		}
+		a.Close()
+		b.Close()
+	}
+}

@@ -91,9 +91,11 @@ func TestAllReduceLMPeersEqualMeanGradientTraining(t *testing.T) {
 		MinPeers: peers, WaitPeers: 30 * time.Second,
 		Model: "gpt-mini", Seed: 7, Data: data, Vocab: 300, Seq: 16, EvalTokens: 256,
 		Batch: 3, LR: 3e-3, WeightDecay: 0.01, Warmup: 3, ClipNorm: 1, Steps: steps,
-		// The default norm check stays on: embedding gradients of batches
-		// this small are sparse, and a chunk one peer left near zero must
-		// not make the other's look hostile (the check's floor).
+		// No norm check: gradients of batches this small are heavy-tailed
+		// (two honest peers' chunk norms were up to 61× apart), and a
+		// dropped contribution is no longer the mean gradient. The check's
+		// own tests are in package averaging.
+		MaxNormRatio: -1,
 	}
 	// A minute per all-reduce (half of it for a member to contribute): on
 	// a loaded CI machine one peer can lag for 10 s, and a failed
@@ -120,7 +122,7 @@ func TestAllReduceLMPeersEqualMeanGradientTraining(t *testing.T) {
 			!(r.ValPerplexity > 1) || math.IsInf(r.ValPerplexity, 0) || math.Abs(math.Log(r.ValPerplexity)-r.ValLoss) > 1e-9 || !(r.UnigramPerplexity > 1) {
 			t.Fatalf("peer %d: result %+v", i, r)
 		}
-		t.Logf("peer %d: validation perplexity %.1f (first %.1f, unigram %.1f), %d steps, %d rounds", i, r.ValPerplexity, r.FirstPerplexity, r.UnigramPerplexity, r.Steps, r.Rounds)
+		t.Logf("peer %d: validation perplexity %.1f (first %.1f, unigram %.1f), %d steps, %d rounds, %d rejected", i, r.ValPerplexity, r.FirstPerplexity, r.UnigramPerplexity, r.Steps, r.Rounds, r.Rejected)
 	}
 
 	// The reference: one process, the same data, model and optimizer,

@@ -1,6 +1,7 @@
 // Package models is the model registry: the named Fashion-MNIST classifiers
 // that every training mode (local, pipeline, group averaging) and the
-// profiler build, and the GPT language models. A spec is a plain name
+// profiler build, the GPT language models, and the BERT masked language
+// models that local training builds. A spec is a plain name
 // ("mlp") or a name with parameters ("deep-mlp:512x16",
 // "gpt-mini:4096x128"); the same spec and seed give the same weights in
 // every process, which is how peers and pipeline workers agree on a model
@@ -34,10 +35,42 @@ const (
 	ImageClassification Task = iota
 	// LanguageModeling models map [batch, seq] float32 token ids (seq at
 	// most the spec's SEQ, ids in [0, VOCAB)) to [batch, seq, VOCAB]
-	// next-token logits; train them with nn.SequenceCrossEntropy on the
-	// inputs and targets of nn.NextTokenTargets.
+	// logits. Their Objective says what the logits predict: for CausalLM
+	// (GPT) the next token, trained with nn.SequenceCrossEntropy on the
+	// inputs and targets of nn.NextTokenTargets; for MaskedLM (BERT) the
+	// original token at masked positions, trained with
+	// nn.MaskedSequenceCrossEntropy.
 	LanguageModeling
 )
+
+// Objective is what a language model learns to predict. Image classifiers
+// have none (the zero Objective).
+type Objective int
+
+const (
+	// CausalLM models (GPT) predict each position's next token from the
+	// tokens up to it.
+	CausalLM Objective = iota + 1
+	// MaskedLM models (BERT) predict the original tokens of masked
+	// positions from the whole sequence on both sides. They reserve their
+	// last token id, VOCAB−1, as [MASK] (nn.BERTMLMConfig.MaskID).
+	MaskedLM
+)
+
+// String returns "causal-lm", "masked-lm", or "none" for the zero
+// Objective. "masked-lm" is also the task a masked language model's
+// checkpoint records.
+func (o Objective) String() string {
+	switch o {
+	case 0:
+		return "none"
+	case CausalLM:
+		return "causal-lm"
+	case MaskedLM:
+		return "masked-lm"
+	}
+	return fmt.Sprintf("Objective(%d)", int(o))
+}
 
 // String returns "image classification" or "language modeling".
 func (t Task) String() string {
@@ -68,11 +101,14 @@ type Model struct {
 	Help string
 	// Task is the kind of data the model takes.
 	Task Task
+	// Objective is what a language model predicts (zero for an image
+	// classifier).
+	Objective Objective
 }
 
-// Bounds of GPT specs, so that a peer cannot make a worker build an absurd
-// model: gpt-medium with GPT-2's vocabulary (50257) and context (1024) has
-// 355M parameters.
+// Bounds of GPT and BERT MLM specs, so that a peer cannot make a worker
+// build an absurd model: gpt-medium with GPT-2's vocabulary (50257) and
+// context (1024) has 355M parameters.
 const (
 	maxGPTVocab  = 1 << 17
 	maxGPTSeq    = 4096
@@ -83,31 +119,37 @@ const (
 	gptHeadDim = 64
 )
 
-// DefaultSeq is the context length of a GPT spec that gives no SEQ.
+// DefaultSeq is the context length of a language-model spec that gives no
+// SEQ.
 const DefaultSeq = 128
 
 // entry is a registry row: its description and its builder, which gets the
 // text after the ':' of the spec ("" for plain names) and the seeded
 // generator that all of a model's initialisation draws from. Language
-// models also have gpt, which turns the text after the ':' into a
-// configuration; their build is nn.GPT of it.
+// models have instead gpt (causal) or mlm (masked), which turns the text
+// after the ':' into a configuration; their build is nn.GPT or nn.BERTMLM
+// of it.
 type entry struct {
 	Model
 	build func(params string, rng *rand.Rand) (*nn.Sequential, error)
 	gpt   func(params string) (nn.GPTConfig, error)
+	mlm   func(params string) (nn.BERTMLMConfig, error)
 }
 
 // registry is the fixed table of models, in the order List gives them.
 var registry = [...]entry{
-	{Model: Model{"mlp", "mlp", "784-512-256-10 MLP with dropout 0.1 (536k parameters)", ImageClassification}, build: plain(buildMLP)},
-	{Model: Model{"mlp-small", "mlp-small", "784-128-10 MLP without dropout (102k parameters), light for swarms of many peers", ImageClassification}, build: plain(buildMLPSmall)},
-	{Model: Model{"bert-tiny", "bert-tiny", "BERT-style classifier of 7×7 patches: hidden 64, 4 heads, 2 layers (72k parameters)", ImageClassification}, build: plain(buildBERTTiny)},
-	{Model: Model{"deep-mlp", "deep-mlp:WIDTHxDEPTH", fmt.Sprintf("DEPTH equal hidden layers (Linear+ReLU) of WIDTH units, no dropout; width ≤ %d, depth ≤ %d", maxDeepWidth, maxDeepDepth), ImageClassification}, build: buildDeepMLP},
-	{Model: Model{"bert-stack", "bert-stack:LAYERSxHIDDEN", bertStackHelp, ImageClassification}, build: buildBERTStack},
+	{Model: Model{"mlp", "mlp", "784-512-256-10 MLP with dropout 0.1 (536k parameters)", ImageClassification, 0}, build: plain(buildMLP)},
+	{Model: Model{"mlp-small", "mlp-small", "784-128-10 MLP without dropout (102k parameters), light for swarms of many peers", ImageClassification, 0}, build: plain(buildMLPSmall)},
+	{Model: Model{"bert-tiny", "bert-tiny", "BERT-style classifier of 7×7 patches: hidden 64, 4 heads, 2 layers (72k parameters)", ImageClassification, 0}, build: plain(buildBERTTiny)},
+	{Model: Model{"deep-mlp", "deep-mlp:WIDTHxDEPTH", fmt.Sprintf("DEPTH equal hidden layers (Linear+ReLU) of WIDTH units, no dropout; width ≤ %d, depth ≤ %d", maxDeepWidth, maxDeepDepth), ImageClassification, 0}, build: buildDeepMLP},
+	{Model: Model{"bert-stack", "bert-stack:LAYERSxHIDDEN", bertStackHelp, ImageClassification, 0}, build: buildBERTStack},
 	gptEntry("gpt-mini", "GPT language model over VOCAB tokens, context SEQ (default 128): 4 blocks of hidden 128, 4 heads, FFN 512, no dropout (0.79M + 128·(VOCAB+SEQ) parameters); trains in minutes on 2 cores", nn.GPTMini),
 	gptEntry("gpt-small", "GPT-2 small (BERT-base geometry): 12 blocks of hidden 768, 12 heads, dropout 0.1 (85M + 768·(VOCAB+SEQ) parameters)", nn.GPTSmall),
 	gptEntry("gpt-medium", "GPT-2 medium (BERT-large geometry): 24 blocks of hidden 1024, 16 heads, dropout 0.1 (302M + 1024·(VOCAB+SEQ) parameters)", nn.GPTMedium),
-	{Model: Model{"gpt", "gpt:LAYERSxHIDDEN:VOCAB[xSEQ]", fmt.Sprintf("GPT of LAYERS blocks of HIDDEN units (a multiple of %d; HIDDEN/%d heads, FFN 4·HIDDEN, dropout 0.1); at most %d layers, hidden %d, vocab %d, context %d and %.0fM parameters", gptHeadDim, gptHeadDim, maxGPTLayers, maxGPTHidden, maxGPTVocab, maxGPTSeq, maxGPTParams/1e6), LanguageModeling}, gpt: parseCustomGPT},
+	{Model: Model{"gpt", "gpt:LAYERSxHIDDEN:VOCAB[xSEQ]", fmt.Sprintf("GPT of LAYERS blocks of HIDDEN units (a multiple of %d; HIDDEN/%d heads, FFN 4·HIDDEN, dropout 0.1); at most %d layers, hidden %d, vocab %d, context %d and %.0fM parameters", gptHeadDim, gptHeadDim, maxGPTLayers, maxGPTHidden, maxGPTVocab, maxGPTSeq, maxGPTParams/1e6), LanguageModeling, CausalLM}, gpt: parseCustomGPT},
+	mlmEntry("bert-mlm-mini", "BERT masked language model over VOCAB tokens ([MASK] is VOCAB−1; a size without parameters gets the tokenizer's vocabulary + 1), context SEQ (default 128): 4 layers of hidden 128, 4 heads, FFN 512, no dropout (0.81M + 128·(VOCAB+SEQ) parameters); trains in minutes on 2 cores", nn.BERTMLMMini),
+	mlmEntry("bert-mlm-base", "BERT-base masked language model: 12 layers of hidden 768, 12 heads, dropout 0.1 (86M + 768·(VOCAB+SEQ) parameters)", nn.BERTMLMBase),
+	mlmEntry("bert-mlm-large", "BERT-large masked language model: 24 layers of hidden 1024, 16 heads, dropout 0.1 (303M + 1024·(VOCAB+SEQ) parameters)", nn.BERTMLMLarge),
 }
 
 // List returns the registry's models in a fixed order.
@@ -121,17 +163,26 @@ func List() []Model {
 
 // Usage lists the image classifiers' specs, which every image mode takes,
 // for help texts and error messages: "mlp, mlp-small, bert-tiny or
-// deep-mlp:WIDTHxDEPTH". LMUsage lists the language models'.
-func Usage() string { return usage(ImageClassification) }
+// deep-mlp:WIDTHxDEPTH". LMUsage lists the causal language models',
+// MLMUsage the masked ones'.
+func Usage() string {
+	return usage(func(m Model) bool { return m.Task == ImageClassification })
+}
 
-// LMUsage lists the language models' specs: "gpt-mini:VOCAB[xSEQ], …
-// or gpt:LAYERSxHIDDEN:VOCAB[xSEQ]".
-func LMUsage() string { return usage(LanguageModeling) }
+// LMUsage lists the causal language models' (GPT) specs, which every
+// language-model mode takes: "gpt-mini:VOCAB[xSEQ], … or
+// gpt:LAYERSxHIDDEN:VOCAB[xSEQ]".
+func LMUsage() string { return usage(func(m Model) bool { return m.Objective == CausalLM }) }
 
-func usage(task Task) string {
+// MLMUsage lists the masked language models' (BERT) specs, which local
+// training takes: "bert-mlm-mini:VOCAB[xSEQ], … or
+// bert-mlm-large:VOCAB[xSEQ]".
+func MLMUsage() string { return usage(func(m Model) bool { return m.Objective == MaskedLM }) }
+
+func usage(keep func(Model) bool) string {
 	var us []string
 	for _, e := range registry {
-		if e.Task == task {
+		if keep(e.Model) {
 			us = append(us, e.Usage)
 		}
 	}
@@ -142,7 +193,8 @@ func usage(task Task) string {
 }
 
 // Help returns one line per model of task, its usage and what it is, each
-// line starting with indent.
+// line starting with indent. The language models' lines list the causal
+// models, then the masked ones.
 func Help(task Task, indent string) string {
 	width := 0
 	for _, e := range registry {
@@ -186,13 +238,13 @@ func Lookup(spec string) (Model, error) {
 // spec is an error: the image modes (local training, pipeline workers,
 // averaging peers, the profiler) take [batch, InputFeatures] images, and a
 // peer must not make another build a model of another kind. Language
-// models are built with BuildLM.
+// models are built with BuildLM (GPT) and BuildMLM (BERT).
 func Build(spec string, seed uint64) (*nn.Sequential, error) {
 	e, params := lookup(spec)
 	if e == nil {
 		return nil, fmt.Errorf("models: unknown model %q (want %s)", spec, Usage())
 	}
-	if e.gpt != nil {
+	if e.Task == LanguageModeling {
 		return nil, fmt.Errorf("models: %q is a language model; this mode trains the image classifiers %s", spec, Usage())
 	}
 	m, err := e.build(params, rand.New(rand.NewPCG(seed, 0x5eed)))
@@ -202,8 +254,9 @@ func Build(spec string, seed uint64) (*nn.Sequential, error) {
 	return m, nil
 }
 
-// BuildLM returns a freshly initialised language model for spec (see
-// ParseGPT), seeded as Build is.
+// BuildLM returns a freshly initialised causal language model (GPT) for
+// spec (see ParseGPT), seeded as Build is. A masked language model's spec
+// is an error: BuildMLM builds those.
 func BuildLM(spec string, seed uint64) (*nn.Sequential, error) {
 	cfg, err := ParseGPT(spec)
 	if err != nil {
@@ -220,12 +273,16 @@ func BuildGPT(cfg nn.GPTConfig, seed uint64) (*nn.Sequential, error) {
 	return nn.GPT(cfg, rand.New(rand.NewPCG(seed, 0x5eed)))
 }
 
-// ParseGPT returns the configuration of a language-model spec
+// ParseGPT returns the configuration of a causal language-model spec
 // ("gpt-mini:4096x128", "gpt:6x256:8000"), e.g. to learn its vocabulary
 // and context length, or its parameter count (GPTConfig.NumParams), without
-// building it.
+// building it. A masked language model's spec is an error that says so
+// (ParseMLM parses those).
 func ParseGPT(spec string) (nn.GPTConfig, error) {
 	e, params := lookup(spec)
+	if e != nil && e.mlm != nil {
+		return nn.GPTConfig{}, fmt.Errorf("models: %q is a masked language model (BERT), which only local training (skyhive train) trains; this needs a GPT: %s", spec, LMUsage())
+	}
 	if e == nil || e.gpt == nil {
 		return nn.GPTConfig{}, fmt.Errorf("models: %q is not a language model spec (want %s)", spec, LMUsage())
 	}
@@ -240,7 +297,7 @@ func ParseGPT(spec string) (nn.GPTConfig, error) {
 // NAME:VOCAB[xSEQ].
 func gptEntry(name, help string, size func(vocab, seq int) nn.GPTConfig) entry {
 	return entry{
-		Model: Model{Name: name, Usage: name + ":VOCAB[xSEQ]", Help: help, Task: LanguageModeling},
+		Model: Model{Name: name, Usage: name + ":VOCAB[xSEQ]", Help: help, Task: LanguageModeling, Objective: CausalLM},
 		gpt: func(params string) (nn.GPTConfig, error) {
 			vocab, seq, err := parseVocabSeq(params)
 			if err != nil {

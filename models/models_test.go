@@ -15,7 +15,7 @@ import (
 
 // example is a buildable spec for each registry entry; heavy reports the
 // entries too large to build in a unit test (their configuration is checked
-// with ParseGPT instead).
+// with ParseGPT or ParseMLM instead).
 func example(m Model) (spec string, heavy bool) {
 	switch m.Name {
 	case "deep-mlp":
@@ -26,8 +26,10 @@ func example(m Model) (spec string, heavy bool) {
 		return "gpt-mini:50x16", false
 	case "gpt":
 		return "gpt:2x64:50x16", false
-	case "gpt-small", "gpt-medium":
+	case "gpt-small", "gpt-medium", "bert-mlm-base", "bert-mlm-large":
 		return m.Name + ":50x16", true
+	case "bert-mlm-mini":
+		return "bert-mlm-mini:50x16", false
 	}
 	return m.Usage, false
 }
@@ -64,24 +66,44 @@ func TestEveryListedModelBuilds(t *testing.T) {
 		if m.Name == "" || m.Help == "" || !strings.HasPrefix(m.Usage, m.Name) {
 			t.Errorf("incomplete entry %+v", m)
 		}
-		usage, other := Usage(), LMUsage()
-		if m.Task == LanguageModeling {
-			usage, other = other, usage
+		// Each model is listed with its task and objective only.
+		lists := map[string]string{"image": Usage(), "causal": LMUsage(), "masked": MLMUsage()}
+		own := map[Objective]string{0: "image", CausalLM: "causal", MaskedLM: "masked"}[m.Objective]
+		if (m.Task == LanguageModeling) != (m.Objective != 0) || own == "" {
+			t.Errorf("%s: task %v with objective %v", m.Usage, m.Task, m.Objective)
 		}
-		if !strings.Contains(usage, m.Usage) || !strings.Contains(Help(m.Task, "  "), m.Usage) {
-			t.Errorf("%s missing from its task's usage or help", m.Usage)
+		for kind, list := range lists {
+			listed := strings.HasPrefix(list, m.Usage+",") || strings.HasPrefix(list, m.Usage+" or ") ||
+				strings.Contains(list, " "+m.Usage+",") || strings.Contains(list, " "+m.Usage+" or ") ||
+				strings.HasSuffix(list, " "+m.Usage) || list == m.Usage
+			if listed != (kind == own) {
+				t.Errorf("%s listed in the %s usage %q: %v", m.Usage, kind, list, listed)
+			}
 		}
-		if strings.Contains(other, m.Usage+",") || strings.HasSuffix(other, " "+m.Usage) || strings.Contains(Help(1-m.Task, "  "), m.Usage+" ") {
-			t.Errorf("%s listed among the other task's models", m.Usage)
+		if !strings.Contains(Help(m.Task, "  "), m.Usage) || strings.Contains(Help(1-m.Task, "  "), m.Usage+" ") {
+			t.Errorf("%s missing from its task's help or listed in the other's", m.Usage)
 		}
 		spec, heavy := example(m)
 		if got, err := Lookup(spec); err != nil || got != m {
 			t.Errorf("Lookup(%q) = %+v, %v", spec, got, err)
 		}
+		if ObjectiveOf(spec) != m.Objective || ObjectiveOf(m.Name) != m.Objective {
+			t.Errorf("ObjectiveOf(%q) = %v, want %v", spec, ObjectiveOf(spec), m.Objective)
+		}
 		if m.Task == LanguageModeling {
-			cfg, err := ParseGPT(spec)
-			if err != nil || cfg.Vocab != 50 || cfg.Seq != 16 {
-				t.Errorf("ParseGPT(%q) = %+v, %v", spec, cfg, err)
+			parse, build, other := func(s string) (float64, int, int, error) {
+				c, err := ParseGPT(s)
+				return c.NumParams(), c.Vocab, c.Seq, err
+			}, BuildLM, BuildMLM
+			if m.Objective == MaskedLM {
+				parse, build, other = func(s string) (float64, int, int, error) {
+					c, err := ParseMLM(s)
+					return c.NumParams(), c.Vocab, c.Seq, err
+				}, BuildMLM, BuildLM
+			}
+			n, vocab, seq, err := parse(spec)
+			if err != nil || vocab != 50 || seq != 16 {
+				t.Errorf("parsing %q: vocab %d, seq %d, %v", spec, vocab, seq, err)
 			}
 			if heavy {
 				continue
@@ -89,7 +111,10 @@ func TestEveryListedModelBuilds(t *testing.T) {
 			if _, err := Build(spec, 1); err == nil || !strings.Contains(err.Error(), "is a language model") {
 				t.Errorf("Build(%q) (the image modes' builder): %v", spec, err)
 			}
-			model, err := BuildLM(spec, 1)
+			if _, err := other(spec, 1); err == nil {
+				t.Errorf("%s built by the other objective's builder", spec)
+			}
+			model, err := build(spec, 1)
 			if err != nil {
 				t.Fatalf("%s: %v", spec, err)
 			}
@@ -98,8 +123,8 @@ func TestEveryListedModelBuilds(t *testing.T) {
 			if !slices.Equal(c.OutShape, []int{2, 16, 50}) || !slices.Equal(y.Shape, c.OutShape) {
 				t.Errorf("%s: output shape %v, cost says %v, want [2 16 50]", spec, y.Shape, c.OutShape)
 			}
-			if float64(numParams(model)) != cfg.NumParams() {
-				t.Errorf("%s: %d parameters, config says %v", spec, numParams(model), cfg.NumParams())
+			if float64(numParams(model)) != n {
+				t.Errorf("%s: %d parameters, config says %v", spec, numParams(model), n)
 			}
 			continue
 		}
@@ -108,6 +133,9 @@ func TestEveryListedModelBuilds(t *testing.T) {
 		}
 		if _, err := BuildLM(spec, 1); err == nil {
 			t.Errorf("BuildLM accepted image model %s", spec)
+		}
+		if _, err := ParseMLM(spec); err == nil {
+			t.Errorf("ParseMLM accepted image model %s", spec)
 		}
 		model, err := Build(spec, 1)
 		if err != nil {
@@ -152,8 +180,11 @@ func TestSameSeedSameWeights(t *testing.T) {
 			continue
 		}
 		build := Build
-		if m.Task == LanguageModeling {
+		switch m.Objective {
+		case CausalLM:
 			build = BuildLM
+		case MaskedLM:
+			build = BuildMLM
 		}
 		a, _ := build(spec, 5)
 		b, _ := build(spec, 5)
@@ -311,14 +342,95 @@ func TestGPTSpecs(t *testing.T) {
 	}
 }
 
+// TestMLMSpecs checks the geometry of the BERT masked-language-model
+// specs, their bounds, and that the other objective's parsers refuse them
+// with an error that says what they are.
+func TestMLMSpecs(t *testing.T) {
+	for spec, want := range map[string]nn.BERTMLMConfig{
+		"bert-mlm-mini:1025":        {Vocab: 1025, Seq: DefaultSeq, Hidden: 128, Heads: 4, Layers: 4, FFN: 512},
+		"bert-mlm-mini:1025x64":     {Vocab: 1025, Seq: 64, Hidden: 128, Heads: 4, Layers: 4, FFN: 512},
+		"bert-mlm-base:30522x512":   {Vocab: 30522, Seq: 512, Hidden: 768, Heads: 12, Layers: 12, FFN: 3072, Dropout: 0.1},
+		"bert-mlm-large:30522x512":  {Vocab: 30522, Seq: 512, Hidden: 1024, Heads: 16, Layers: 24, FFN: 4096, Dropout: 0.1},
+		"bert-mlm-large:50258x1024": {Vocab: 50258, Seq: 1024, Hidden: 1024, Heads: 16, Layers: 24, FFN: 4096, Dropout: 0.1},
+		"bert-mlm-mini:131072x4096": {Vocab: 131072, Seq: 4096, Hidden: 128, Heads: 4, Layers: 4, FFN: 512},
+		"bert-mlm-base:2x1":         {Vocab: 2, Seq: 1, Hidden: 768, Heads: 12, Layers: 12, FFN: 3072, Dropout: 0.1},
+		"bert-mlm-large:30522x128":  {Vocab: 30522, Seq: 128, Hidden: 1024, Heads: 16, Layers: 24, FFN: 4096, Dropout: 0.1},
+		"bert-mlm-mini:300x16":      {Vocab: 300, Seq: 16, Hidden: 128, Heads: 4, Layers: 4, FFN: 512},
+		"bert-mlm-base:50258x128":   {Vocab: 50258, Seq: 128, Hidden: 768, Heads: 12, Layers: 12, FFN: 3072, Dropout: 0.1},
+		"bert-mlm-mini:65536x1024":  {Vocab: 65536, Seq: 1024, Hidden: 128, Heads: 4, Layers: 4, FFN: 512},
+	} {
+		cfg, err := ParseMLM(spec)
+		if err != nil || cfg != want {
+			t.Errorf("ParseMLM(%q) = %+v, %v; want %+v", spec, cfg, err, want)
+		}
+		if m, err := Lookup(spec); err != nil || m.Task != LanguageModeling || m.Objective != MaskedLM {
+			t.Errorf("Lookup(%q) = %+v, %v", spec, m, err)
+		}
+		if _, err := ParseGPT(spec); err == nil || !strings.Contains(err.Error(), "masked language model (BERT)") {
+			t.Errorf("ParseGPT(%q): %v", spec, err)
+		}
+		if _, err := BuildLM(spec, 1); err == nil {
+			t.Errorf("BuildLM(%q) built a BERT", spec)
+		}
+	}
+	m, err := BuildMLM("bert-mlm-mini:64x32", 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 810112 + 128*(64+32); numParams(m) != want {
+		t.Errorf("bert-mlm-mini:64x32 has %d parameters, want %d", numParams(m), want)
+	}
+	// The [MASK] id is the last of the spec's vocabulary.
+	if cfg, _ := ParseMLM("bert-mlm-mini:1025x64"); cfg.MaskID() != 1024 {
+		t.Errorf("[MASK] of bert-mlm-mini:1025x64 is %d, want 1024", cfg.MaskID())
+	}
+	for _, bad := range []string{
+		"bert-mlm-mini", "bert-mlm-mini:", "bert-mlm-mini:1", "bert-mlm-mini:0x16", "bert-mlm-mini:64x0",
+		"bert-mlm-mini:131073", "bert-mlm-mini:64x4097", "bert-mlm-mini:64x16x2", "bert-mlm-mini:x16", "bert-mlm-mini:-5",
+		"bert-mlm-large:131072x4096", "bert-mlm-large:100000x2048", // over 400M parameters
+		"bert-mlm", "bert-mlm-huge:64", "bert-large:64", "bert-base:64",
+	} {
+		if _, err := ParseMLM(bad); err == nil {
+			t.Errorf("ParseMLM accepted %q", bad)
+		}
+		if _, err := BuildMLM(bad, 1); err == nil {
+			t.Errorf("BuildMLM accepted %q", bad)
+		}
+	}
+	if _, err := ParseMLM("gpt-mini:64"); err == nil || !strings.Contains(err.Error(), "bert-mlm-mini:VOCAB[xSEQ]") {
+		t.Errorf("ParseMLM(gpt-mini:64): %v", err)
+	}
+	if ObjectiveOf("mlp") != 0 || ObjectiveOf("nothing") != 0 || ObjectiveOf("gpt") != CausalLM || ObjectiveOf("bert-mlm-large") != MaskedLM {
+		t.Error("ObjectiveOf")
+	}
+	if Objective(0).String() != "none" || CausalLM.String() != "causal-lm" || MaskedLM.String() != "masked-lm" {
+		t.Error("Objective names")
+	}
+	// The names profile and alloc give encoder stacks stay theirs.
+	for _, m := range List() {
+		if m.Name == "bert-large" || m.Name == "bert-base" {
+			t.Errorf("the registry takes %s, which names an encoder stack in package alloc", m.Name)
+		}
+	}
+}
+
 // FuzzParseGPT feeds arbitrary specs to the spec parsers: they never panic,
 // and what they accept is within the bounds and spelled back the same way.
 func FuzzParseGPT(f *testing.F) {
-	for _, s := range []string{"gpt-mini:256", "gpt-mini:4096x64", "gpt:6x256:8000x32", "gpt:4x100:256", "mlp", "deep-mlp:3x4", "gpt-small:1x", ""} {
+	for _, s := range []string{"gpt-mini:256", "gpt-mini:4096x64", "gpt:6x256:8000x32", "gpt:4x100:256", "mlp", "deep-mlp:3x4", "gpt-small:1x", "", "bert-mlm-mini:1025x64", "bert-mlm-large:9x"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, spec string) {
 		m, lerr := Lookup(spec)
+		if mcfg, err := ParseMLM(spec); err == nil {
+			if lerr != nil || m.Objective != MaskedLM || mcfg.Validate() != nil || mcfg.NumParams() > maxGPTParams || mcfg.Vocab > maxGPTVocab || mcfg.Seq > maxGPTSeq {
+				t.Fatalf("%q accepted as %+v (%+v, %v)", spec, mcfg, m, lerr)
+			}
+			again := fmt.Sprintf("%s:%dx%d", m.Name, mcfg.Vocab, mcfg.Seq)
+			if back, err := ParseMLM(again); err != nil || back != mcfg {
+				t.Fatalf("%q gives %+v, but %q gives %+v, %v", spec, mcfg, again, back, err)
+			}
+		}
 		cfg, err := ParseGPT(spec)
 		if err != nil {
 			return

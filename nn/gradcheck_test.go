@@ -3,6 +3,7 @@ package nn
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/skyhive/skyhive/tensor"
@@ -379,5 +380,98 @@ func checkCrossEntropy(t *testing.T, logits *tensor.Tensor, targets []int, loss 
 		if math.Abs(num-float64(d.Data[i])) > 2e-3+2e-2*math.Abs(num) {
 			t.Errorf("dlogits[%d] = %v, numeric %v", i, d.Data[i], num)
 		}
+	}
+}
+
+// The BERT masked language model end to end, tied and untied, with
+// dropout replayed: every parameter's gradient, the tied table's being the
+// sum of the embedding's and the head's.
+func TestGradBERTMLM(t *testing.T) {
+	for _, untied := range []bool{false, true} {
+		cfg := BERTMLMConfig{Vocab: 9, Seq: 6, Hidden: 8, Heads: 2, Layers: 2, FFN: 12, Dropout: 0.2, Untied: untied}
+		m, err := BERTMLM(cfg, newRNG(27))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := newRNG(28)
+		var drops []*Dropout
+		for _, l := range m.Layers() {
+			switch mod := l.Module.(type) {
+			case *Dropout:
+				drops = append(drops, mod)
+			case *EncoderLayer:
+				drops = append(drops, mod.Drop1, mod.Drop2)
+				// BERT's eps of 1e-12 leaves float32 finite differences
+				// too little room; the formula is the same.
+				mod.LN1.Eps, mod.LN2.Eps = 1e-5, 1e-5
+			case *LayerNorm:
+				mod.Eps = 1e-5
+			}
+		}
+		for _, p := range m.Params() {
+			fillNormal(p.Value.Data, rng, 0.3)
+		}
+		ids := tensor.FromSlice([]float32{1, 4, 7, 0, 8, 2, 3, 8, 5, 6}, 2, 5)
+		gradCheck(t, m, Ctx{Train: true}, ids, gcOpts{noInput: true, reset: resetDropout(drops...), maxPerTensor: 8})
+	}
+}
+
+// The ignore-label loss is the mean over the counted positions only: equal
+// to the plain sequence loss of those positions, with a zero gradient at
+// the ignored ones whatever their logits, and a gradient that matches
+// finite differences.
+func TestGradMaskedSequenceCrossEntropy(t *testing.T) {
+	rng := newRNG(29)
+	logits := randTensor(rng, 2, 2, 4, 5)
+	targets := []int{IgnoreLabel, 4, IgnoreLabel, 2, 0, IgnoreLabel, IgnoreLabel, 3}
+	loss, d, n := MaskedSequenceCrossEntropy(logits, targets)
+	if n != 4 || !slices.Equal(d.Shape, logits.Shape) {
+		t.Fatalf("n %d, gradient shape %v", n, d.Shape)
+	}
+	// The same as SequenceCrossEntropy over the counted rows alone.
+	rows := []int{1, 3, 4, 7}
+	picked := tensor.New(1, len(rows), 5)
+	var labels []int
+	for k, i := range rows {
+		copy(picked.Data[k*5:(k+1)*5], logits.Data[i*5:(i+1)*5])
+		labels = append(labels, targets[i])
+	}
+	ref, _ := SequenceCrossEntropy(picked, labels)
+	if math.Abs(float64(loss-ref)) > 1e-6 {
+		t.Fatalf("loss %v, the counted positions' mean %v", loss, ref)
+	}
+	// Ignored positions contribute nothing: changing their logits leaves
+	// the loss, and their gradient is zero.
+	for i, tg := range targets {
+		if tg != IgnoreLabel {
+			continue
+		}
+		for j := 0; j < 5; j++ {
+			if d.Data[i*5+j] != 0 {
+				t.Fatalf("gradient at ignored position %d is %v", i, d.Data[i*5:(i+1)*5])
+			}
+			logits.Data[i*5+j] += 7
+		}
+	}
+	if again, _, _ := MaskedSequenceCrossEntropy(logits, targets); again != loss {
+		t.Fatalf("changing ignored logits changed the loss: %v → %v", loss, again)
+	}
+	// Finite differences over every logit, ignored ones included.
+	for i := range logits.Data {
+		old := logits.Data[i]
+		logits.Data[i] = old + 1e-2
+		lp, _, _ := MaskedSequenceCrossEntropy(logits, targets)
+		logits.Data[i] = old - 1e-2
+		lm, _, _ := MaskedSequenceCrossEntropy(logits, targets)
+		logits.Data[i] = old
+		num := float64(lp-lm) / 2e-2
+		if math.Abs(num-float64(d.Data[i])) > 2e-3+2e-2*math.Abs(num) {
+			t.Errorf("dlogits[%d] = %v, numeric %v", i, d.Data[i], num)
+		}
+	}
+	// Nothing to predict: no loss, no gradient.
+	none := []int{IgnoreLabel, IgnoreLabel, IgnoreLabel, IgnoreLabel, IgnoreLabel, IgnoreLabel, IgnoreLabel, IgnoreLabel}
+	if l, g, k := MaskedSequenceCrossEntropy(logits, none); l != 0 || k != 0 || slices.ContainsFunc(g.Data, func(v float32) bool { return v != 0 }) {
+		t.Errorf("all ignored: loss %v, n %d", l, k)
 	}
 }

@@ -71,6 +71,47 @@ func SequenceCrossEntropy(logits *tensor.Tensor, targets []int) (float32, *tenso
 	return loss, d.Reshape(b, s, v)
 }
 
+// IgnoreLabel is the target of a position that MaskedSequenceCrossEntropy
+// leaves out: in masked language modelling, every position that was not
+// chosen for prediction (package text's masking writes the same value).
+const IgnoreLabel = -1
+
+// MaskedSequenceCrossEntropy is the masked language model's loss: the mean
+// of −log softmax(logits) at the target over the positions whose target is
+// not IgnoreLabel, for logits [batch, seq, vocab] and targets of length
+// batch·seq (row-major). It returns the loss, its gradient with respect to
+// logits (zero at every ignored position) and the number n of positions
+// counted. With n = 0 the loss is 0 and the gradient zero. Targets other
+// than IgnoreLabel must be in [0, vocab). Only the counted rows go through
+// the softmax, so the cost grows with n, not with batch·seq.
+func MaskedSequenceCrossEntropy(logits *tensor.Tensor, targets []int) (loss float32, d *tensor.Tensor, n int) {
+	if len(logits.Shape) != 3 || logits.Shape[0]*logits.Shape[1] != len(targets) || logits.Len() != len(targets)*logits.Shape[2] {
+		panic(fmt.Sprintf("nn: MaskedSequenceCrossEntropy: logits %v for %d targets", logits.Shape, len(targets)))
+	}
+	v := logits.Shape[2]
+	var rows []int
+	var labels []int
+	for i, t := range targets {
+		if t != IgnoreLabel {
+			rows = append(rows, i)
+			labels = append(labels, t)
+		}
+	}
+	d = tensor.New(logits.Shape...)
+	if len(rows) == 0 {
+		return 0, d, 0
+	}
+	picked := tensor.New(len(rows), v)
+	for k, i := range rows {
+		copy(picked.Data[k*v:(k+1)*v], logits.Data[i*v:(i+1)*v])
+	}
+	loss, dp := SoftmaxCrossEntropy(picked, labels)
+	for k, i := range rows {
+		copy(d.Data[i*v:(i+1)*v], dp.Data[k*v:(k+1)*v])
+	}
+	return loss, d, len(rows)
+}
+
 // NextTokenTargets splits windows of seq+1 token ids ([batch, seq+1],
 // float32 as Embedding takes them) into a language model's inputs (the
 // first seq tokens of each window, [batch, seq]) and targets (the last seq

@@ -14,13 +14,16 @@ import (
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/text"
 )
 
-// LMConfig configures a language-model training run (RunLM).
+// LMConfig configures a language-model training run (RunLM, or RunMLM for
+// a masked language model).
 type LMConfig struct {
 	// Model is a language-model spec of package models. A GPT size without
-	// parameters ("gpt-mini") gets the tokenizer's vocabulary and Seq.
+	// parameters ("gpt-mini") gets the tokenizer's vocabulary and Seq; a
+	// BERT size ("bert-mlm-mini") the vocabulary + 1, for [MASK].
 	Model string
 	// Vocab is the BPE vocabulary size trained on a text corpus (at least
 	// 256); a token corpus brings its own (Corpus.Vocab).
@@ -33,7 +36,7 @@ type LMConfig struct {
 	WeightDecay float64 // AdamW decoupled weight decay
 	Warmup      int64   // linear warm-up steps
 	ClipNorm    float64 // global gradient-norm clip; 0 disables
-	Seed        uint64  // seeds the initialisation, the split, the batches and the sample
+	Seed        uint64  // seeds the initialisation, the split, the batches, the masks and the sample
 	// Steps stops training after this many steps in total; Duration after
 	// this much training time in total (a resumed run counts the time
 	// before it). At least one must be set; the learning rate decays along
@@ -46,7 +49,8 @@ type LMConfig struct {
 	// EvalTokens bounds the validation tokens evaluated (0: all).
 	EvalTokens int
 	// Prompt starts the generated sample; SampleTokens is its length in
-	// tokens (0: no sample), drawn with Temperature (0: greedy).
+	// tokens (0: no sample), drawn with Temperature (0: greedy). RunMLM,
+	// which does not generate, does not use them.
 	Prompt       string
 	SampleTokens int
 	Temperature  float64
@@ -148,141 +152,28 @@ var bigramKs = [...]float64{0.01, 0.03, 0.1, 0.3, 1}
 // cfg.Prompt. A text corpus is tokenized with a byte-level BPE of cfg.Vocab
 // tokens trained on it (or the checkpoint's, when resuming). Progress goes
 // to out. When ctx is cancelled it saves a checkpoint (if configured) and
-// returns ctx's error.
+// returns ctx's error. A masked language model (BERT) trains with RunMLM.
 func RunLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (LMResult, error) {
-	if err := cfg.Validate(); err != nil {
-		return LMResult{}, err
-	}
-	if cfg.ValFraction == 0 {
-		cfg.ValFraction = 0.1
-	}
-	if !IsLanguageModel(cfg.Model) {
-		return LMResult{}, fmt.Errorf("model %q is not a language model (want %s, e.g. gpt-mini)", cfg.Model, models.LMUsage())
-	}
 	res := LMResult{Data: corpus.Name, BatchSize: cfg.BatchSize}
-
-	// A resumed run takes the tokenizer, the model and the optimizer state
-	// from the checkpoint; a new one trains the tokenizer.
-	var ck *LM
-	var ckState *lmState
-	if cfg.Resume {
-		var err error
-		ck, ckState, err = loadLM(cfg.Checkpoint)
-		switch {
-		case err == nil:
-			if ck.Data != corpus.Name {
-				return res, fmt.Errorf("checkpoint %s was trained on %s, not %s", cfg.Checkpoint, ck.Data, corpus.Name)
-			}
-			res.Resumed = true
-		case !errors.Is(err, os.ErrNotExist):
-			return res, err
-		}
-	}
-
-	t0 := time.Now()
-	var tok *text.Tokenizer
-	var ids []int32
-	vocab := corpus.Vocab
-	switch {
-	case corpus.Text != nil:
-		if len(corpus.Text) == 0 {
-			return res, fmt.Errorf("corpus %s: %w: there is no text to train on", corpus.Name, text.ErrEmpty)
-		}
-		res.CorpusBytes = len(corpus.Text)
-		if ck != nil {
-			if tok = ck.Tokenizer; tok == nil {
-				return res, fmt.Errorf("checkpoint %s holds no tokenizer for text data", cfg.Checkpoint)
-			}
-		} else {
-			if cfg.Vocab < 256 {
-				return res, fmt.Errorf("BPE vocabulary size %d: it must be at least 256 (the byte tokens) plus the merges, e.g. 1024", cfg.Vocab)
-			}
-			fmt.Fprintf(out, "training a BPE tokenizer of %d tokens on %d bytes of %s\n", cfg.Vocab, len(corpus.Text), corpus.Name)
-			var err error
-			if tok, err = text.TrainBPE(corpus.Text, cfg.Vocab); err != nil {
-				return res, err
-			}
-		}
-		ids = tok.Encode(corpus.Text)
-		vocab = tok.VocabSize()
-	case len(corpus.Tokens) > 0:
-		ids = corpus.Tokens
-		if vocab <= 0 {
-			return res, errors.New("a token corpus needs its vocabulary size")
-		}
-		for i, id := range ids {
-			if id < 0 || int(id) >= vocab {
-				return res, fmt.Errorf("token id %d at position %d is outside the vocabulary of %d: give the vocabulary of the tokenizer that wrote the tokens", id, i, vocab)
-			}
-		}
-	default:
-		return res, fmt.Errorf("corpus %s: %w: no text or tokens to train on", corpus.Name, text.ErrEmpty)
-	}
-	res.TokenizeSeconds = time.Since(t0).Seconds()
-
-	spec, gcfg, err := lmSpec(cfg.Model, vocab, cfg.Seq)
+	p, err := prepareLM(cfg, corpus, causalLM(), out)
 	if err != nil {
 		return res, err
 	}
-	if ck != nil && ck.Spec != spec {
-		return res, fmt.Errorf("checkpoint %s holds model %q, not %q", cfg.Checkpoint, ck.Spec, spec)
-	}
-	res.Model, res.Vocab, res.Seq = spec, gcfg.Vocab, gcfg.Seq
-	trainIDs, valIDs, err := text.Split(ids, cfg.ValFraction, cfg.Seed)
-	if err != nil {
-		return res, fmt.Errorf("%w: read more text (--corpus-bytes)", err)
-	}
-	res.TrainTokens, res.ValTokens = len(trainIDs), len(valIDs)
-	if need := gcfg.Seq + 1; len(trainIDs) < need || len(valIDs) < need {
-		return res, fmt.Errorf("the corpus gives %d training and %d validation tokens, but each needs at least context + 1 = %d: %w; read more text (--corpus-bytes) or use a shorter context (--seq)",
-			len(trainIDs), len(valIDs), need, text.ErrEmpty)
-	}
-	fmt.Fprintf(out, "%s: %d tokens (%d train, %d validation), vocabulary %d, tokenized in %.1fs\n",
-		corpus.Name, len(ids), len(trainIDs), len(valIDs), vocab, res.TokenizeSeconds)
-
-	var model *nn.Sequential
-	if ck != nil {
-		model = ck.Model
-	} else if model, err = models.BuildLM(spec, cfg.Seed); err != nil {
-		return res, err
-	}
-	params := model.Params()
-	res.Params = nn.NumParams(params)
-	opt := optim.NewAdamW(params, optim.AdamWConfig{LR: cfg.LR, WeightDecay: cfg.WeightDecay, NoDecay: optim.NoDecayVectors})
-	sampler, err := text.NewSampler(trainIDs, cfg.BatchSize, gcfg.Seq, cfg.Seed)
+	cfg, run := p.cfg, p.run
+	res.Model, res.Params, res.CorpusBytes, res.Vocab, res.Seq = run.spec, p.params, p.corpusBytes, p.modelVocab, run.seq
+	res.TrainTokens, res.ValTokens, res.TokenizeSeconds, res.Resumed = len(p.train), len(p.val), p.tokenizeSeconds, p.resumed
+	gcfg, err := models.ParseGPT(run.spec)
 	if err != nil {
 		return res, err
 	}
-	run := &lmRun{cfg: cfg, spec: spec, gpt: gcfg, data: corpus.Name, tok: tok, model: model, opt: opt}
-	if ck != nil {
-		if err := ckState.restore(run); err != nil {
-			return res, fmt.Errorf("checkpoint %s: %w", cfg.Checkpoint, err)
-		}
-		for range run.step {
-			sampler.Next() // the batches trained before the checkpoint
-		}
-		fmt.Fprintf(out, "resumed from %s at step %d (%.0fs trained)\n", cfg.Checkpoint, run.step, run.before.Seconds())
-	}
-	fmt.Fprintf(out, "training %s (%d parameters) for %s, batch %d × %d tokens\n", spec, res.Params, cfg.limits(), cfg.BatchSize, gcfg.Seq)
-
-	if err := run.train(ctx, sampler, out); err != nil {
+	if err := p.trainAndSave(ctx, out); err != nil {
 		return res, err
 	}
-	res.Steps, res.TrainLoss = run.step, run.lastLoss
-	res.TokensTrained = run.step * int64(cfg.BatchSize*gcfg.Seq)
-	res.Seconds = run.trained().Seconds()
-	if s := run.elapsed.Seconds(); s > 0 {
-		res.TokensPerSecond = float64((run.step-run.startStep)*int64(cfg.BatchSize*gcfg.Seq)) / s
-	}
-	if cfg.Checkpoint != "" {
-		if err := run.save(); err != nil {
-			return res, err
-		}
-		res.Checkpoint = cfg.Checkpoint
-	}
+	res.Steps, res.TrainLoss, res.TokensTrained, res.Seconds, res.TokensPerSecond = run.step, run.lastLoss, run.tokensTrained(), run.trained().Seconds(), run.tokensPerSecond()
+	res.Checkpoint = cfg.Checkpoint
 
 	t1 := time.Now()
-	evalIDs := valIDs
+	evalIDs := p.val
 	if cfg.EvalTokens > 0 && len(evalIDs) > cfg.EvalTokens+1 {
 		evalIDs = evalIDs[:cfg.EvalTokens+1]
 	}
@@ -291,12 +182,13 @@ func RunLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (LMR
 	rows := (len(evalIDs) - 1) / gcfg.Seq
 	evalIDs = evalIDs[:rows*gcfg.Seq+1]
 	res.EvalTokens = len(evalIDs) - 1
+	model := run.model
 	if res.ValLoss, err = EvaluateLM(ctx, model, evalIDs, gcfg.Seq, cfg.BatchSize); err != nil {
 		return res, err
 	}
 	res.ValPerplexity = math.Exp(res.ValLoss)
 	for _, k := range bigramKs {
-		ref, err := text.TrainBigram(trainIDs, vocab, k)
+		ref, err := text.TrainBigram(p.train, p.vocab, k)
 		if err != nil {
 			return res, err
 		}
@@ -308,12 +200,13 @@ func RunLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (LMR
 			res.BigramPerplexity, res.BigramK = pp, k
 		}
 	}
-	res.UnigramPerplexity = unigramPerplexity(trainIDs, evalIDs[1:], vocab)
+	res.UnigramPerplexity = unigramPerplexity(p.train, evalIDs[1:], p.vocab)
 	res.Ratio = res.ValPerplexity / res.BigramPerplexity
 	res.EvalSeconds = time.Since(t1).Seconds()
 	fmt.Fprintf(out, "validation perplexity %.2f (loss %.4f) on %d tokens; bigram %.2f (k=%g), unigram %.2f; ratio to the bigram %.3f\n",
 		res.ValPerplexity, res.ValLoss, res.EvalTokens, res.BigramPerplexity, res.BigramK, res.UnigramPerplexity, res.Ratio)
 
+	tok := run.tok
 	if cfg.SampleTokens > 0 && tok == nil {
 		fmt.Fprintln(out, "no sample: token data comes without its tokenizer, so the prompt cannot be encoded")
 	}
@@ -333,6 +226,224 @@ func RunLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (LMR
 		res.Prompt, res.Sample = cfg.Prompt, string(b)
 	}
 	return res, nil
+}
+
+// lmKind is what differs between the objectives in the training that
+// RunLM (causal) and RunMLM (masked) share: prepareLM, lmRun.train and the
+// checkpoint.
+type lmKind struct {
+	objective models.Objective
+	// wrong explains that a model of another objective (0 for an image
+	// classifier or an unknown name) is not for this trainer.
+	wrong func(model string, objective models.Objective) error
+	// spec completes a model spec for data of vocab token ids (lmSpec,
+	// mlmSpec) and returns the full spec, the model's vocabulary and its
+	// context.
+	spec func(model string, vocab, seq int) (string, int, int, error)
+	// build initialises the model of a full spec.
+	build func(spec string, seed uint64) (*nn.Sequential, error)
+	// load reads a checkpoint of this objective.
+	load func(path string) (*lmCheckpoint, error)
+	// setup gives run, whose spec, model and data are set, the objective's
+	// inputs, loss, task and configuration metadata, for data of vocab
+	// token ids.
+	setup func(run *lmRun, vocab int) error
+}
+
+// causalLM returns the kind of RunLM: GPT on next-token cross entropy.
+func causalLM() lmKind {
+	return lmKind{
+		objective: models.CausalLM,
+		wrong: func(model string, o models.Objective) error {
+			if o == models.MaskedLM {
+				return fmt.Errorf("model %q is a masked language model: train it with RunMLM (want %s, e.g. gpt-mini)", model, models.LMUsage())
+			}
+			return fmt.Errorf("model %q is not a language model (want %s, e.g. gpt-mini)", model, models.LMUsage())
+		},
+		spec: func(model string, vocab, seq int) (string, int, int, error) {
+			spec, g, err := lmSpec(model, vocab, seq)
+			return spec, g.Vocab, g.Seq, err
+		},
+		build: models.BuildLM,
+		load: func(path string) (*lmCheckpoint, error) {
+			lm, st, err := loadLM(path)
+			if err != nil {
+				return nil, err
+			}
+			return &lmCheckpoint{spec: lm.Spec, data: lm.Data, tok: lm.Tokenizer, model: lm.Model, state: st}, nil
+		},
+		setup: func(run *lmRun, _ int) error {
+			g, err := models.ParseGPT(run.spec)
+			if err != nil {
+				return err
+			}
+			gj, err := json.Marshal(gptJSON{g.Vocab, g.Seq, g.Hidden, g.Heads, g.Layers, g.FFN, g.Dropout})
+			if err != nil {
+				return err
+			}
+			run.task, run.meta = models.LanguageModeling.String(), map[string]string{metaGPT: string(gj)}
+			run.inputs = func(b text.Batch, _ int64) (*tensor.Tensor, []int, error) { return b.X, b.Labels(), nil }
+			run.loss = nn.SequenceCrossEntropy
+			return nil
+		},
+	}
+}
+
+// lmCheckpoint is what RunLM and RunMLM resume from.
+type lmCheckpoint struct {
+	spec, data string
+	tok        *text.Tokenizer // nil for token data
+	model      *nn.Sequential
+	state      *lmState
+}
+
+// lmPrep is a run ready to train, as prepareLM leaves it.
+type lmPrep struct {
+	cfg             LMConfig // with its defaults
+	run             *lmRun
+	sampler         *text.Sampler
+	vocab           int // of the data: the tokenizer's, or the token corpus's
+	modelVocab      int // of the model (a masked one's has [MASK] too)
+	train, val      []int32
+	corpusBytes     int
+	tokenizeSeconds float64
+	resumed         bool
+	params          int64
+}
+
+// prepareLM does what RunLM and RunMLM share before training: it checks
+// cfg, reads the checkpoint to resume from, tokenizes the corpus (with the
+// checkpoint's tokenizer, or a BPE trained on it), completes the model
+// spec, splits the tokens, builds (or restores) the model and its AdamW,
+// and replays the batch sampler to the checkpoint's step.
+func prepareLM(cfg LMConfig, corpus Corpus, kind lmKind, out io.Writer) (*lmPrep, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ValFraction == 0 {
+		cfg.ValFraction = 0.1
+	}
+	if o := models.ObjectiveOf(cfg.Model); o != kind.objective {
+		return nil, kind.wrong(cfg.Model, o)
+	}
+	p := &lmPrep{cfg: cfg}
+
+	// A resumed run takes the tokenizer, the model and the optimizer state
+	// from the checkpoint; a new one trains the tokenizer.
+	var ck *lmCheckpoint
+	if cfg.Resume {
+		var err error
+		ck, err = kind.load(cfg.Checkpoint)
+		switch {
+		case err == nil:
+			if ck.data != corpus.Name {
+				return nil, fmt.Errorf("checkpoint %s was trained on %s, not %s", cfg.Checkpoint, ck.data, corpus.Name)
+			}
+			p.resumed = true
+		case !errors.Is(err, os.ErrNotExist):
+			return nil, err
+		}
+	}
+
+	t0 := time.Now()
+	var tok *text.Tokenizer
+	var ids []int32
+	vocab := corpus.Vocab
+	switch {
+	case corpus.Text != nil:
+		if len(corpus.Text) == 0 {
+			return nil, fmt.Errorf("corpus %s: %w: there is no text to train on", corpus.Name, text.ErrEmpty)
+		}
+		p.corpusBytes = len(corpus.Text)
+		if ck != nil {
+			if tok = ck.tok; tok == nil {
+				return nil, fmt.Errorf("checkpoint %s holds no tokenizer for text data", cfg.Checkpoint)
+			}
+		} else {
+			if cfg.Vocab < 256 {
+				return nil, fmt.Errorf("BPE vocabulary size %d: it must be at least 256 (the byte tokens) plus the merges, e.g. 1024", cfg.Vocab)
+			}
+			fmt.Fprintf(out, "training a BPE tokenizer of %d tokens on %d bytes of %s\n", cfg.Vocab, len(corpus.Text), corpus.Name)
+			var err error
+			if tok, err = text.TrainBPE(corpus.Text, cfg.Vocab); err != nil {
+				return nil, err
+			}
+		}
+		ids = tok.Encode(corpus.Text)
+		vocab = tok.VocabSize()
+	case len(corpus.Tokens) > 0:
+		ids = corpus.Tokens
+		if vocab <= 0 {
+			return nil, errors.New("a token corpus needs its vocabulary size")
+		}
+		for i, id := range ids {
+			if id < 0 || int(id) >= vocab {
+				return nil, fmt.Errorf("token id %d at position %d is outside the vocabulary of %d: give the vocabulary of the tokenizer that wrote the tokens", id, i, vocab)
+			}
+		}
+	default:
+		return nil, fmt.Errorf("corpus %s: %w: no text or tokens to train on", corpus.Name, text.ErrEmpty)
+	}
+	p.tokenizeSeconds = time.Since(t0).Seconds()
+	p.vocab = vocab
+
+	spec, modelVocab, seq, err := kind.spec(cfg.Model, vocab, cfg.Seq)
+	if err != nil {
+		return nil, err
+	}
+	if ck != nil && ck.spec != spec {
+		return nil, fmt.Errorf("checkpoint %s holds model %q, not %q", cfg.Checkpoint, ck.spec, spec)
+	}
+	p.modelVocab = modelVocab
+	if p.train, p.val, err = text.Split(ids, cfg.ValFraction, cfg.Seed); err != nil {
+		return nil, fmt.Errorf("%w: read more text (--corpus-bytes)", err)
+	}
+	if need := seq + 1; len(p.train) < need || len(p.val) < need {
+		return nil, fmt.Errorf("the corpus gives %d training and %d validation tokens, but each needs at least context + 1 = %d: %w; read more text (--corpus-bytes) or use a shorter context (--seq)",
+			len(p.train), len(p.val), need, text.ErrEmpty)
+	}
+	fmt.Fprintf(out, "%s: %d tokens (%d train, %d validation), vocabulary %d, tokenized in %.1fs\n",
+		corpus.Name, len(ids), len(p.train), len(p.val), vocab, p.tokenizeSeconds)
+
+	var model *nn.Sequential
+	if ck != nil {
+		model = ck.model
+	} else if model, err = kind.build(spec, cfg.Seed); err != nil {
+		return nil, err
+	}
+	params := model.Params()
+	p.params = nn.NumParams(params)
+	opt := optim.NewAdamW(params, optim.AdamWConfig{LR: cfg.LR, WeightDecay: cfg.WeightDecay, NoDecay: optim.NoDecayVectors})
+	if p.sampler, err = text.NewSampler(p.train, cfg.BatchSize, seq, cfg.Seed); err != nil {
+		return nil, err
+	}
+	p.run = &lmRun{cfg: cfg, spec: spec, seq: seq, data: corpus.Name, tok: tok, model: model, opt: opt}
+	if err := kind.setup(p.run, vocab); err != nil {
+		return nil, err
+	}
+	if ck != nil {
+		if err := ck.state.restore(p.run); err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", cfg.Checkpoint, err)
+		}
+		for range p.run.step {
+			p.sampler.Next() // the batches trained before the checkpoint
+		}
+		fmt.Fprintf(out, "resumed from %s at step %d (%.0fs trained)\n", cfg.Checkpoint, p.run.step, p.run.before.Seconds())
+	}
+	fmt.Fprintf(out, "training %s (%d parameters) for %s, batch %d × %d tokens\n", spec, p.params, cfg.limits(), cfg.BatchSize, seq)
+	return p, nil
+}
+
+// trainAndSave trains the prepared run to its limits and writes the final
+// checkpoint, if configured.
+func (p *lmPrep) trainAndSave(ctx context.Context, out io.Writer) error {
+	if err := p.run.train(ctx, p.sampler, out); err != nil {
+		return err
+	}
+	if p.cfg.Checkpoint != "" {
+		return p.run.save()
+	}
+	return nil
 }
 
 // limits describes how long the run trains.
@@ -372,15 +483,23 @@ func lmSpec(model string, vocab, seq int) (string, nn.GPTConfig, error) {
 	return spec, gcfg, nil
 }
 
-// lmRun is the training state of RunLM.
+// lmRun is the training state of RunLM and RunMLM.
 type lmRun struct {
 	cfg   LMConfig
 	spec  string
-	gpt   nn.GPTConfig
+	seq   int // the model's context, the windows' length
 	data  string
 	tok   *text.Tokenizer
 	model *nn.Sequential
 	opt   *optim.AdamW
+	// task and meta are the checkpoint's skyhive.task and the objective's
+	// own metadata (its model configuration).
+	task string
+	meta map[string]string
+	// inputs turns the windows sampled for a step into the model's input
+	// and targets; loss scores the logits against the targets.
+	inputs func(b text.Batch, step int64) (*tensor.Tensor, []int, error)
+	loss   func(logits *tensor.Tensor, targets []int) (float32, *tensor.Tensor)
 
 	step      int64         // steps done
 	startStep int64         // steps done before this run (resumed)
@@ -391,6 +510,18 @@ type lmRun struct {
 
 // trained is the training time of all runs.
 func (r *lmRun) trained() time.Duration { return r.before + r.elapsed }
+
+// tokensTrained counts the tokens of the windows of every step, resumed
+// ones included.
+func (r *lmRun) tokensTrained() int64 { return r.step * int64(r.cfg.BatchSize*r.seq) }
+
+// tokensPerSecond is this run's training throughput (0 before a step).
+func (r *lmRun) tokensPerSecond() float64 {
+	if s := r.elapsed.Seconds(); s > 0 {
+		return float64((r.step-r.startStep)*int64(r.cfg.BatchSize*r.seq)) / s
+	}
+	return 0
+}
 
 // progress is the fraction of the run done: the larger of the steps' and
 // the time's, so the run ends at the first limit reached.
@@ -420,7 +551,7 @@ func (r *lmRun) lr() float64 {
 // train runs steps until the run's limits, reporting every tenth of it.
 func (r *lmRun) train(ctx context.Context, sampler *text.Sampler, out io.Writer) error {
 	params := r.model.Params()
-	tokens := int64(r.cfg.BatchSize * r.gpt.Seq)
+	tokens := int64(r.cfg.BatchSize * r.seq)
 	r.startStep = r.step
 	start := time.Now()
 	tenth := func() int { return int(math.Floor(r.progress()*10 + 1e-9)) }
@@ -432,11 +563,14 @@ func (r *lmRun) train(ctx context.Context, sampler *text.Sampler, out io.Writer)
 		if err := ctx.Err(); err != nil {
 			return r.interrupted(err)
 		}
-		b := sampler.Next()
+		x, targets, err := r.inputs(sampler.Next(), r.step)
+		if err != nil {
+			return fmt.Errorf("step %d: %w", r.step+1, err)
+		}
 		r.opt.SetLR(r.lr())
 		r.opt.ZeroGrad()
-		logits, st := r.model.Forward(nn.Ctx{Train: true}, b.X)
-		loss, dlogits := nn.SequenceCrossEntropy(logits, b.Labels())
+		logits, st := r.model.Forward(nn.Ctx{Train: true}, x)
+		loss, dlogits := r.loss(logits, targets)
 		if math.IsNaN(float64(loss)) || math.IsInf(float64(loss), 0) {
 			return fmt.Errorf("step %d: loss is %v (try a lower learning rate, --lr)", r.step+1, loss)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -20,9 +21,10 @@ import (
 
 // Metadata keys of a language-model checkpoint, besides metaModel (the
 // full spec, "gpt-mini:1024x128"), metaSeed and metaStep (the optimizer's
-// step); docs/checkpoint.md lists them.
+// step); docs/checkpoint.md lists them. A masked language model's have
+// metaBERT and metaMasking (mlmfile.go) instead of metaGPT.
 const (
-	metaTask      = "skyhive.task"      // "language modeling"
+	metaTask      = "skyhive.task"      // "language modeling", or "masked-lm"
 	metaGPT       = "skyhive.gpt"       // GPT configuration, JSON (gptJSON)
 	metaTokenizer = "skyhive.tokenizer" // BPE tokenizer, JSON (text.Tokenizer); absent for token data
 	metaData      = "skyhive.data"      // the data it trained on ("gcide", "text:PATH")
@@ -70,22 +72,16 @@ func (r *lmRun) save() error {
 	for name, t := range st.Tensors {
 		tensors["optim/"+name] = t
 	}
-	g := r.gpt
-	gj, err := json.Marshal(gptJSON{g.Vocab, g.Seq, g.Hidden, g.Heads, g.Layers, g.FFN, g.Dropout})
-	if err != nil {
-		return err
-	}
 	meta := map[string]string{
 		metaModel:   r.spec,
-		metaTask:    models.LanguageModeling.String(),
-		metaGPT:     string(gj),
 		metaData:    r.data,
 		metaSeed:    strconv.FormatUint(r.cfg.Seed, 10),
 		metaLMStep:  strconv.FormatInt(r.step, 10),
 		metaStep:    strconv.FormatInt(st.Step, 10),
 		metaSeconds: strconv.FormatFloat(r.trained().Seconds(), 'f', 3, 64),
 	}
-	if err := describeMeta(meta, r.model, models.LanguageModeling.String(), nil); err != nil {
+	maps.Copy(meta, r.meta)
+	if err := describeMeta(meta, r.model, r.task, nil); err != nil {
 		return err
 	}
 	if r.tok != nil {
@@ -110,15 +106,9 @@ func LoadLM(path string) (*LM, error) {
 }
 
 func loadLM(path string) (*LM, *lmState, error) {
-	f, err := checkpoint.Load(path)
+	f, err := readLM(path, models.LanguageModeling.String())
 	if err != nil {
 		return nil, nil, err
-	}
-	if !f.Verified {
-		return nil, nil, fmt.Errorf("checkpoint %s has no valid skyhive checksum; refusing to load it", path)
-	}
-	if f.Meta[metaTask] != models.LanguageModeling.String() {
-		return nil, nil, fmt.Errorf("checkpoint %s does not hold a language model (model %q)", path, f.Meta[metaModel])
 	}
 	lm := &LM{Spec: f.Meta[metaModel], Data: f.Meta[metaData]}
 	if lm.Config, err = models.ParseGPT(lm.Spec); err != nil {
@@ -132,31 +122,79 @@ func loadLM(path string) (*LM, *lmState, error) {
 	if (g != gptJSON{c.Vocab, c.Seq, c.Hidden, c.Heads, c.Layers, c.FFN, c.Dropout}) {
 		return nil, nil, fmt.Errorf("checkpoint %s: %s %s does not match the model spec %s", path, metaGPT, f.Meta[metaGPT], lm.Spec)
 	}
+	var st *lmState
+	lm.Tokenizer, lm.Model, st, err = readLMBody(path, f, c.Vocab, func(seed uint64) (*nn.Sequential, error) { return models.BuildLM(lm.Spec, seed) })
+	if err != nil {
+		return nil, nil, err
+	}
+	lm.Steps = st.step
+	return lm, st, nil
+}
+
+// readLM loads a language-model checkpoint, refusing a file without a
+// valid Skyhive checksum or of another task than task (a causal
+// language model's "language modeling", a masked one's "masked-lm").
+func readLM(path, task string) (*checkpoint.File, error) {
+	f, err := checkpoint.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	if !f.Verified {
+		return nil, fmt.Errorf("checkpoint %s has no valid skyhive checksum; refusing to load it", path)
+	}
+	if got := f.Meta[metaTask]; got != task {
+		return nil, fmt.Errorf("checkpoint %s holds %s (model %q), not %s: give another --checkpoint", path, taskName(got), f.Meta[metaModel], taskName(task))
+	}
+	return f, nil
+}
+
+// taskName says what a checkpoint's skyhive.task holds.
+func taskName(task string) string {
+	switch task {
+	case models.LanguageModeling.String():
+		return "a causal language model"
+	case models.MaskedLM.String():
+		return "a masked language model"
+	case models.ImageClassification.String():
+		return "an image classifier"
+	}
+	return fmt.Sprintf("no language model (task %q)", task)
+}
+
+// readLMBody reads what every language-model checkpoint holds besides its
+// model configuration: the tokenizer, which may have at most maxTokens
+// tokens, the training position, and the weights, put into the model that
+// build makes from the recorded seed.
+func readLMBody(path string, f *checkpoint.File, maxTokens int, build func(seed uint64) (*nn.Sequential, error)) (*text.Tokenizer, *nn.Sequential, *lmState, error) {
+	var tok *text.Tokenizer
 	if tj, ok := f.Meta[metaTokenizer]; ok {
-		if lm.Tokenizer, err = text.ParseTokenizer([]byte(tj)); err != nil {
-			return nil, nil, fmt.Errorf("checkpoint %s: %w", path, err)
+		var err error
+		if tok, err = text.ParseTokenizer([]byte(tj)); err != nil {
+			return nil, nil, nil, fmt.Errorf("checkpoint %s: %w", path, err)
 		}
-		if lm.Tokenizer.VocabSize() > c.Vocab {
-			return nil, nil, fmt.Errorf("checkpoint %s: tokenizer of %d tokens for a model of %d", path, lm.Tokenizer.VocabSize(), c.Vocab)
+		if tok.VocabSize() > maxTokens {
+			return nil, nil, nil, fmt.Errorf("checkpoint %s: tokenizer of %d tokens for a model of %d", path, tok.VocabSize(), maxTokens)
 		}
 	}
 	st := &lmState{}
-	if lm.Steps, err = strconv.ParseInt(f.Meta[metaLMStep], 10, 64); err == nil {
+	step, err := strconv.ParseInt(f.Meta[metaLMStep], 10, 64)
+	if err == nil {
 		if st.optim.Step, err = strconv.ParseInt(f.Meta[metaStep], 10, 64); err == nil {
 			st.seconds, err = strconv.ParseFloat(f.Meta[metaSeconds], 64)
 		}
 	}
-	if err != nil || lm.Steps < 0 || st.optim.Step < 0 || !(st.seconds >= 0) || math.IsInf(st.seconds, 0) {
-		return nil, nil, fmt.Errorf("checkpoint %s: bad position metadata: %v", path, err)
+	if err != nil || step < 0 || st.optim.Step < 0 || !(st.seconds >= 0) || math.IsInf(st.seconds, 0) {
+		return nil, nil, nil, fmt.Errorf("checkpoint %s: bad position metadata: %v", path, err)
 	}
-	st.step = lm.Steps
+	st.step = step
 	seed, err := strconv.ParseUint(f.Meta[metaSeed], 10, 64)
 	if err != nil {
-		return nil, nil, fmt.Errorf("checkpoint %s: bad %s metadata: %w", path, metaSeed, err)
+		return nil, nil, nil, fmt.Errorf("checkpoint %s: bad %s metadata: %w", path, metaSeed, err)
 	}
 	// The seed only matters to dropout, whose draws restart.
-	if lm.Model, err = models.BuildLM(lm.Spec, seed); err != nil {
-		return nil, nil, err
+	model, err := build(seed)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	weights := map[string]*tensor.Tensor{}
 	st.optim.Tensors = map[string]*tensor.Tensor{}
@@ -167,10 +205,10 @@ func loadLM(path string) (*LM, *lmState, error) {
 			st.optim.Tensors[n] = t
 		}
 	}
-	if err := nn.ImportParams(lm.Model.Params(), weights); err != nil {
-		return nil, nil, fmt.Errorf("checkpoint %s: %w", path, err)
+	if err := nn.ImportParams(model.Params(), weights); err != nil {
+		return nil, nil, nil, fmt.Errorf("checkpoint %s: %w", path, err)
 	}
-	return lm, st, nil
+	return tok, model, st, nil
 }
 
 // restore puts the checkpoint's optimizer state and training position

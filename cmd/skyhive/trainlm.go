@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/train"
 )
@@ -28,6 +29,11 @@ const (
 	lmWarmup      = 100
 	lmClip        = 1
 	lmPrompt      = "The act of"
+	// mlmLR is a masked language model's peak learning rate without --lr:
+	// BERT's post-LN encoder falls back to the unigram and stays there at
+	// 1.5e-3 and above on small runs (train.TestRunMLMBeatsUnigram), so it
+	// trains at a third of GPT's rate.
+	mlmLR = 1e-3
 )
 
 // lmFlags are the options only language models have.
@@ -65,18 +71,31 @@ func (l *lmFlags) register(fl *pflag.FlagSet) {
 func checkImageFlags(fl *pflag.FlagSet, model string) error {
 	for _, name := range lmOnly {
 		if fl.Changed(name) {
-			return fmt.Errorf("--%s is for language models; %s is an image classifier (language models: %s)", name, model, "gpt-mini, gpt-small, gpt-medium or gpt:LAYERSxHIDDEN:VOCAB")
+			return fmt.Errorf("--%s is for language models; %s is an image classifier (language models: %s)", name, model, "gpt-mini, gpt-small, gpt-medium or gpt:LAYERSxHIDDEN:VOCAB; masked: bert-mlm-mini, bert-mlm-base or bert-mlm-large")
 		}
 	}
 	return nil
 }
 
-// runLM trains a language model on text data in this process.
+// generationOnly names the flags of GPT's sample, which a masked language
+// model refuses.
+var generationOnly = []string{"prompt", "sample-tokens", "temperature"}
+
+// runLM trains a language model on text data in this process: a GPT with
+// train.RunLM, a masked language model (BERT) with train.RunMLM.
 func (f *trainFlags) runLM(cmd *cobra.Command, dataset string) error {
 	fl := cmd.Flags()
 	for _, name := range []string{"epochs", "limit", "data-dir"} {
 		if fl.Changed(name) {
 			return fmt.Errorf("--%s is for image models; a language model trains for --duration or --steps on --data %s", name, dataset)
+		}
+	}
+	masked := models.ObjectiveOf(f.cfg.Model) == models.MaskedLM
+	if masked {
+		for _, name := range generationOnly {
+			if fl.Changed(name) {
+				return fmt.Errorf("--%s is for a GPT's generated sample; %s is a masked language model, which shows fill-mask predictions on validation text instead", name, f.cfg.Model)
+			}
 		}
 	}
 	l := f.lm
@@ -86,6 +105,9 @@ func (f *trainFlags) runLM(cmd *cobra.Command, dataset string) error {
 		Steps: l.steps, Duration: l.duration, EvalTokens: l.evalTokens,
 		Prompt: l.prompt, SampleTokens: l.sampleTokens, Temperature: l.temperature,
 		Checkpoint: f.cfg.Checkpoint, Resume: f.cfg.Resume,
+	}
+	if masked {
+		cfg.LR = mlmLR
 	}
 	if fl.Changed("batch") {
 		cfg.BatchSize = f.cfg.BatchSize
@@ -127,17 +149,35 @@ func (f *trainFlags) runLM(cmd *cobra.Command, dataset string) error {
 	defer closeStats()
 	cfg.Stats = stats
 	fmt.Fprintf(out, "training %s on %s, GEMM backend %s\n", cfg.Model, dataset, tensor.Backend())
-	res, err := train.RunLM(cmd.Context(), cfg, corpus, out)
-	if err != nil {
+	failed := func(err error) error {
 		if cfg.Checkpoint != "" && cmd.Context().Err() != nil {
 			return fmt.Errorf("%w (continue with --resume)", err)
 		}
 		return err
 	}
-	if f.out.json {
-		return printJSON(cmd.OutOrStdout(), res)
-	}
 	w := cmd.OutOrStdout()
+	if masked {
+		res, err := train.RunMLM(cmd.Context(), cfg, corpus, out)
+		if err != nil {
+			return failed(err)
+		}
+		if f.out.json {
+			return printJSON(w, res)
+		}
+		fmt.Fprintf(w, "validation masked-token perplexity %.2f, unigram %.2f: ratio %.3f, accuracy %.1f%% after %d steps in %.1fs (%s, %d parameters)\n",
+			res.ValPerplexity, res.UnigramPerplexity, res.Ratio, 100*res.ValAccuracy, res.Steps, res.Seconds, res.Model, res.Params)
+		for _, m := range res.FillMask {
+			fmt.Fprintf(w, "fill-mask: %s → %q (was %q)\n", m.Text, m.Prediction, m.Answer)
+		}
+		return nil
+	}
+	res, err := train.RunLM(cmd.Context(), cfg, corpus, out)
+	if err != nil {
+		return failed(err)
+	}
+	if f.out.json {
+		return printJSON(w, res)
+	}
 	fmt.Fprintf(w, "validation perplexity %.2f, bigram %.2f: ratio %.3f (target ≤ 0.6) after %d steps in %.1fs (%s, %d parameters)\n",
 		res.ValPerplexity, res.BigramPerplexity, res.Ratio, res.Steps, res.Seconds, res.Model, res.Params)
 	if res.Sample != "" {

@@ -118,13 +118,18 @@ type skyStrategyResult struct {
 
 // skyPoint is one grid point.
 type skyPoint struct {
-	Name      string              `json:"name"` // WORKERSxLAYERS
-	Workers   int                 `json:"workers"`
-	Layers    int                 `json:"layers"`
-	Model     string              `json:"model"`
-	Slowdowns []float64           `json:"slowdowns"` // U[1,6] factors, before Base
-	Seconds   float64             `json:"seconds"`   // wall time of the point
-	Results   []skyStrategyResult `json:"results"`
+	Name      string    `json:"name"` // WORKERSxLAYERS
+	Workers   int       `json:"workers"`
+	Layers    int       `json:"layers"`
+	Model     string    `json:"model"`
+	Slowdowns []float64 `json:"slowdowns"` // U[1,6] factors, before Base
+	Seconds   float64   `json:"seconds"`   // wall time of the point
+	// Calibration holds the iteration times of the even plan that
+	// calibrated the speeds: even's prediction should match them, so a
+	// gap between them and even's later measurements is drift, not a
+	// model error.
+	Calibration []float64           `json:"calibration_times"`
+	Results     []skyStrategyResult `json:"results"`
 }
 
 // skyExtrapolation is alloc's prediction at the paper's scale.
@@ -278,6 +283,7 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 		}
 		if i > 0 {
 			calib = append(calib, st)
+			pt.Calibration = append(pt.Calibration, st.Seconds)
 		}
 	}
 	if err := s.Recalibrate(calib); err != nil {
@@ -288,6 +294,9 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 		return nil, nil, alloc.Link{}, err
 	}
 	for _, pc := range cmp {
+		if pc.Strategy == "even" && pc.Err == nil {
+			o.Logf("sky-computing %s: even's calibration iterations %s s; even now predicted %.3f s", name, fmtFactors(pt.Calibration), pc.Prediction.Iteration)
+		}
 		if pc.Err != nil {
 			o.Logf("sky-computing %s: %s cannot plan: %v", name, pc.Strategy, pc.Err)
 			continue

@@ -9,7 +9,12 @@
 //     Moshpit-style groups formed through the DHT every wall-clock round
 //     (no ranks; peers may join and leave);
 //   - all-reduce SGD: every step, gradients (or models) averaged with all;
-//   - local SGD: models averaged with all every Period steps.
+//   - local SGD: models averaged with all every Period steps;
+//   - DiLoCo: InnerSteps steps of the wrapped optimizer alone, then the
+//     pseudo-gradients are averaged with all and an outer Nesterov step is
+//     taken (diloco.go);
+//   - WA-DiLoCo: DiLoCo whose outer steps average in WAGMA's butterfly
+//     groups, with a synchronous global outer step every Tau outer steps.
 //
 // It also serves its model and optimizer state to peers that join late
 // (Join downloads it from several donors and cross-checks them), and
@@ -51,15 +56,25 @@ const (
 	// Local is local SGD: peers step alone and average their models with
 	// all others every Period steps.
 	Local Algo = "local"
+	// DiLoCo is DiLoCo: InnerSteps steps of the wrapped optimizer alone,
+	// then the pseudo-gradients θ_start − θ are averaged with every peer
+	// and an outer SGD step with Nesterov momentum moves θ_start (see
+	// diloco.go). The round counter counts outer steps.
+	DiLoCo Algo = "diloco"
+	// WADiLoCo is wait-avoiding DiLoCo: outer steps average the
+	// pseudo-gradients in WAGMA's changing butterfly groups (in the
+	// background, applied at the next Step), and every Tau outer steps a
+	// synchronous global outer step over all peers bounds staleness.
+	WADiLoCo Algo = "wa-diloco"
 )
 
 // ParseAlgo returns the algorithm named s.
 func ParseAlgo(s string) (Algo, error) {
 	switch a := Algo(s); a {
-	case WAGMA, AllReduce, Local:
+	case WAGMA, AllReduce, Local, DiLoCo, WADiLoCo:
 		return a, nil
 	}
-	return "", fmt.Errorf("unknown averaging algorithm %q (want wagma, allreduce or local)", s)
+	return "", fmt.Errorf("unknown averaging algorithm %q (want wagma, allreduce, local, diloco or wa-diloco)", s)
 }
 
 // Defaults of Config.
@@ -132,6 +147,18 @@ type Config struct {
 	// ProgressEvery is how often progress is published and read
 	// (RoundInterval, or 2 s).
 	ProgressEvery time.Duration
+
+	// InnerSteps is DiLoCo's H: steps of the wrapped optimizer between
+	// outer steps (0: DefaultInnerSteps; negative is refused). DiLoCo and
+	// WA-DiLoCo only, as are the two fields below.
+	InnerSteps int
+	// OuterLR is the outer learning rate η (0: DefaultOuterLR; negative,
+	// NaN or infinite is refused).
+	OuterLR float64
+	// OuterMomentum is the outer Nesterov momentum μ in [0, 1) (0:
+	// DefaultOuterMomentum; NoMomentum: plain outer SGD; anything else
+	// outside [0, 1) is refused).
+	OuterMomentum float64
 }
 
 // StepInfo describes one finished local step, for progress reporting.
@@ -168,6 +195,12 @@ type Stats struct {
 	// rejected by the averager (norm check or robust aggregation), summed
 	// over collectives.
 	Rejected int `json:"rejected,omitempty"`
+	// OuterSteps counts DiLoCo outer steps applied (global and group);
+	// their bytes are in BytesSent and BytesReceived.
+	OuterSteps int `json:"outer_steps,omitempty"`
+	// OuterDropped counts WA-DiLoCo group outer steps whose result came
+	// after a global outer step had superseded it, and was dropped.
+	OuterDropped int `json:"outer_dropped,omitempty"`
 }
 
 // Optimizer wraps an optim.Optimizer and averages its parameters with other
@@ -208,6 +241,8 @@ type Optimizer struct {
 	stats     Stats
 	progress  progressTracker
 	serving   map[peer.ID]*download
+
+	dl *outer // DiLoCo and WA-DiLoCo only
 }
 
 // New returns an optimizer over avg's transport that steps inner; it
@@ -282,7 +317,13 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 	if n == 0 || n > avg.Config().MaxElements {
 		return nil, fmt.Errorf("averaging: model of %d parameters", n)
 	}
-	layout := NewLayout(params, inner.State())
+	var dl *outer
+	if cfg.Algo == DiLoCo || cfg.Algo == WADiLoCo {
+		if dl, err = newOuter(&cfg, params, n); err != nil {
+			return nil, err
+		}
+	}
+	layout := NewLayout(params, dl.withState(inner.State()))
 	if cfg.Model == "" {
 		cfg.Model = fmt.Sprintf("%d-params-%x", n, layout.Hash)
 	}
@@ -293,7 +334,7 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 		inflight: make(chan struct{}, cfg.MaxInflight), flat: make([]float32, n), lastGlobal: -1,
 		joined: map[string]int{}, dead: map[peer.ID]bool{}, seen: map[peer.ID]bool{}, misses: map[peer.ID]int{},
 		published: make([]float32, n), delta: make([]float32, n),
-		serving: map[peer.ID]*download{},
+		serving: map[peer.ID]*download{}, dl: dl,
 	}
 	nn.FlatValues(params, o.published)
 	o.stats.Rank = cfg.Rank
@@ -411,6 +452,9 @@ func (o *Optimizer) Step(ctx context.Context, samples int) error {
 	o.mu.Unlock()
 	if closed {
 		return ErrClosed
+	}
+	if o.dl != nil {
+		return o.stepOuter(ctx, samples, round)
 	}
 	if o.cfg.Algo == AllReduce && !o.cfg.AverageModels {
 		nn.FlatGrads(o.params, o.flat)

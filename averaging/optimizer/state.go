@@ -91,7 +91,7 @@ func (l Layout) optimState(s State) optim.State {
 func (o *Optimizer) exportLocked() State {
 	v := make([]float32, 0, o.layout.Total)
 	v = append(v, o.snapshotLocked()...)
-	st := o.inner.State()
+	st := o.dl.withState(o.inner.State())
 	for _, name := range o.layout.Buffers {
 		v = append(v, st.Tensors[name].Data...)
 	}
@@ -118,9 +118,11 @@ func (o *Optimizer) LoadState(s State) error {
 	if o.started {
 		return errors.New("averaging: load state before the first Step")
 	}
-	if err := o.inner.LoadState(o.layout.optimState(s)); err != nil {
+	st, outer := splitOuterState(o.layout.optimState(s))
+	if err := o.inner.LoadState(st); err != nil {
 		return fmt.Errorf("averaging: %w", err)
 	}
+	o.dl.load(outer)
 	nn.SetFlatValues(o.params, s.Vector[:o.n])
 	copy(o.published, s.Vector[:o.n])
 	clear(o.delta)

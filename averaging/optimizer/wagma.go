@@ -62,7 +62,9 @@ func (o *Optimizer) activate(ctx context.Context, ms []averaging.Member, a activ
 }
 
 // startGroup joins WAGMA's group round in the background unless this peer
-// already has; active says whether this peer is the activator.
+// already has; active says whether this peer is the activator. With
+// WA-DiLoCo the group averages pseudo-gradients and takes an outer step
+// (outerGroupLocked) instead of averaging models.
 func (o *Optimizer) startGroup(round int, active bool) {
 	ranks, index, err := averaging.ButterflyGroup(o.cfg.Rank, len(o.cfg.Roster), o.cfg.GroupSize, round)
 	if err != nil {
@@ -95,7 +97,13 @@ func (o *Optimizer) startGroup(round int, active bool) {
 	} else {
 		o.stats.GroupPassive++
 	}
-	snap := o.snapshotLocked()
+	var average func(context.Context, averaging.Session)
+	if o.dl != nil {
+		average = o.outerGroupLocked()
+	} else {
+		snap := o.snapshotLocked()
+		average = func(ctx context.Context, s averaging.Session) { o.averageInto(ctx, s, snap) }
+	}
 	ctx := o.bgCtx
 	o.goLocked(func() {
 		defer func() { <-o.inflight }()
@@ -109,7 +117,7 @@ func (o *Optimizer) startGroup(round int, active bool) {
 			}()
 			defer func() { <-done }()
 		}
-		o.averageInto(ctx, averaging.Session{ID: id, Members: ms}, snap)
+		average(ctx, averaging.Session{ID: id, Members: ms})
 	})
 }
 

@@ -57,13 +57,19 @@ type Config struct {
 	Tau           int
 	Period        int
 	RoundInterval time.Duration
+	// InnerSteps, OuterLR and OuterMomentum configure DiLoCo and
+	// WA-DiLoCo's outer optimization (see optimizer.Config; 0 takes
+	// optimizer's defaults).
+	InnerSteps    int
+	OuterLR       float64
+	OuterMomentum float64
 	// Codec compresses averaging traffic; Timeout bounds one all-reduce
 	// (RoundInterval with DHT matchmaking, else 20 s).
 	Codec   wire.Codec
 	Timeout time.Duration
 	// Aggregation, MaxNormRatio and MinAgree harden averaging in open
 	// swarms (see averaging.Config and optimizer.DownloadConfig): the
-	// aggregation rule (mean by default), the contribution norm check (10×
+	// aggregation rule (mean by default), the contribution norm check (100×
 	// the median by default) and how many donors of a joiner's state must
 	// agree (1 by default).
 	Aggregation  averaging.Aggregation
@@ -398,6 +404,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		Algo: cfg.Algo, GroupSize: cfg.GroupSize, Tau: cfg.Tau, Period: cfg.Period,
 		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: node, RoundInterval: cfg.RoundInterval,
 		Model: sig, TargetBatchSize: cfg.TargetBatchSize,
+		InnerSteps: cfg.InnerSteps, OuterLR: cfg.OuterLR, OuterMomentum: cfg.OuterMomentum,
 	}
 	mm := averaging.NewMatchmaker(node, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})
 	others, founder, err := waitForPeers(ctx, cfg, mm, node, h.ID(), sig)

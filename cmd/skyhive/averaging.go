@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -166,12 +167,13 @@ func newPeerCmd() *cobra.Command {
 	c := &f.cfg
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
 	fl.StringVar(&c.RunID, "run-id", "skyhive", "run name in DHT keys; every peer of a run must use the same")
-	fl.StringVar(&f.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce or local")
+	fl.StringVar(&f.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (diloco whose outer steps average in WAGMA's groups, all peers every --tau)")
 	fl.StringVar(&f.match, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
 	fl.IntVar(&c.GroupSize, "group-size", 0, "group size (0: 3 with dht matchmaking, round(sqrt(peers)) with ranks)")
 	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds")
 	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
 	fl.DurationVar(&c.RoundInterval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
+	registerOuterFlags(fl, &c.InnerSteps, &c.OuterLR, &c.OuterMomentum)
 	fl.StringVar(&f.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.StringVar(&f.aggr, "aggregation", "mean", "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
 	fl.Float64Var(&c.MaxNormRatio, "max-norm-ratio", averaging.DefaultMaxNormRatio, "drop a contribution whose norm is over this multiple of the group's median (negative: keep every finite one)")
@@ -219,6 +221,12 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 	}
 	if c.Algo, err = optimizer.ParseAlgo(f.algo); err != nil {
 		return fmt.Errorf("--algo: %w", err)
+	}
+	if c.InnerSteps < 1 || !(c.OuterLR > 0) || math.IsInf(c.OuterLR, 0) {
+		return fmt.Errorf("--inner-steps must be at least 1 and --outer-lr positive (got %d and %v)", c.InnerSteps, c.OuterLR)
+	}
+	if c.OuterMomentum == 0 {
+		c.OuterMomentum = optimizer.NoMomentum // the flag's 0 is no momentum; the optimizer's 0 is its default
 	}
 	if f.match != "" {
 		if c.Matchmaking, err = averaging.ParseMatchmaking(f.match); err != nil {
@@ -358,16 +366,19 @@ type averagingFlags struct {
 	codec    string
 	match    string
 	interval time.Duration
-	runID    string
-	dir      string
-	small    bool // retired --small
-	data     dataFlags
-	lm       averagingLMFlags
-	out      outputFlags
+	// DiLoCo's outer optimization, passed on to the peers.
+	innerSteps             int
+	outerLR, outerMomentum float64
+	runID                  string
+	dir                    string
+	small                  bool // retired --small
+	data                   dataFlags
+	lm                     averagingLMFlags
+	out                    outputFlags
 }
 
 func (a *averagingFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce or local")
+	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (diloco whose outer steps average in WAGMA's groups, all peers every --tau)")
 	fl.IntVar(&a.peers, "peers", 4, "peer processes (skyhive peer) to start on this machine")
 	fl.StringVar(&a.model, "model", "mlp-small", "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores), or a language model: "+models.LMUsage()+", e.g. gpt-mini")
 	fl.Uint64Var(&a.seed, "seed", 1, "seed of the initial weights, the slowdowns and the batch order")
@@ -384,6 +395,7 @@ func (a *averagingFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&a.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.StringVar(&a.match, "matchmaking", "", "dht (default for wagma) or ranks (default for allreduce and local)")
 	fl.DurationVar(&a.interval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
+	registerOuterFlags(fl, &a.innerSteps, &a.outerLR, &a.outerMomentum)
 	fl.StringVar(&a.runID, "run-id", "skyhive", "run name in DHT keys")
 	fl.StringVar(&a.dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
 	a.data.register(fl)
@@ -479,6 +491,8 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 	}
 	args = append(args, "--codec", a.codec, "--round-interval", a.interval.String(), "--run-id", a.runID,
 		"--group-size", strconv.Itoa(a.group), "--tau", strconv.Itoa(a.tau), "--period", strconv.Itoa(a.period),
+		"--inner-steps", strconv.Itoa(a.innerSteps), "--outer-lr", strconv.FormatFloat(a.outerLR, 'g', -1, 64),
+		"--outer-momentum", strconv.FormatFloat(a.outerMomentum, 'g', -1, 64),
 		"--stats-every", "5s")
 	if duration > 0 {
 		args = append(args, "--eval-every", (duration / 4).String())
@@ -568,4 +582,12 @@ func newDemoAveragingCmd() *cobra.Command {
 	}
 	a.register(cmd.Flags())
 	return cmd
+}
+
+// registerOuterFlags registers DiLoCo's outer optimization flags, the
+// same in skyhive peer and in the commands that launch peers.
+func registerOuterFlags(fl *pflag.FlagSet, innerSteps *int, outerLR, outerMomentum *float64) {
+	fl.IntVar(innerSteps, "inner-steps", optimizer.DefaultInnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
+	fl.Float64Var(outerLR, "outer-lr", optimizer.DefaultOuterLR, "diloco and wa-diloco: outer learning rate")
+	fl.Float64Var(outerMomentum, "outer-momentum", optimizer.DefaultOuterMomentum, fmt.Sprintf("diloco and wa-diloco: outer Nesterov momentum in [0, 1) (0 or %d: none)", optimizer.NoMomentum))
 }

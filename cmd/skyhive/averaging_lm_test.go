@@ -24,21 +24,7 @@ func TestTrainAveragingLanguageModel(t *testing.T) {
 	if _, err := os.Stat(text.DefaultGCIDEPath); err != nil {
 		data = "text:" + writeText(t)
 	}
-	logs := t.TempDir()
-	var stdout syncBuffer
-	p := startCLI(t, &stdout, "train", "averaging", "--model", "gpt-mini", "--data", data, "--corpus-bytes", "65536",
-		"--vocab", "300", "--seq", "16", "--batch", "8", "--eval-tokens", "2000", "--warmup", "5",
-		"--algo", "allreduce", "--peers", "2", "--steps", "60", "--slowdown-max", "1", "--logs", logs, "--json")
-	if err := p.wait(t, 90*time.Second); err != nil {
-		t.Fatalf("%v\nstderr:\n%s", err, tail(p.stderr.String()))
-	}
-	var res peer.Launched
-	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil {
-		t.Fatalf("stdout is not the JSON result: %v\n%s", err, stdout.String())
-	}
-	if len(res.Peers) != 2 {
-		t.Fatalf("%d peer results: %+v\nstderr:\n%s", len(res.Peers), res, tail(p.stderr.String()))
-	}
+	res := trainAveragingLM(t, data, "--algo", "allreduce")
 	for i, r := range res.Peers {
 		if r.Steps != 60 || r.Model != fmt.Sprintf("gpt-mini:%dx16", r.Vocab) || r.Vocab < 257 || r.Vocab > 300 || r.Algo != "allreduce" || r.EvalTokens == 0 || r.Failures != 0 {
 			t.Fatalf("peer %d: %+v", i, r)
@@ -86,4 +72,49 @@ func TestAveragingLanguageModelBadFlags(t *testing.T) {
 			t.Errorf("%v: error %v, want one mentioning %q", c.args, err, c.want)
 		}
 	}
+}
+
+// DiLoCo from the command line: two peer processes take 10 AdamW steps
+// alone between outer steps on their averaged pseudo-gradients; after the
+// last outer step both hold the same model, and it beats the unigram.
+func TestTrainAveragingDiLoCo(t *testing.T) {
+	data := "gcide"
+	if _, err := os.Stat(text.DefaultGCIDEPath); err != nil {
+		data = "text:" + writeText(t)
+	}
+	res := trainAveragingLM(t, data, "--algo", "diloco", "--inner-steps", "10", "--outer-lr", "0.7", "--outer-momentum", "0.5")
+	for i, r := range res.Peers {
+		if r.Steps != 60 || r.Algo != "diloco" || r.Failures != 0 || r.Rounds != 6 {
+			t.Fatalf("peer %d: %+v", i, r)
+		}
+		if !(r.ValPerplexity > 1) || !(r.ValPerplexity < r.UnigramPerplexity) {
+			t.Fatalf("peer %d: validation perplexity %v, unigram %v", i, r.ValPerplexity, r.UnigramPerplexity)
+		}
+		t.Logf("peer %d: validation perplexity %.2f, unigram %.2f, %d steps, %d outer steps, %d bytes sent, %.1fs", i, r.ValPerplexity, r.UnigramPerplexity, r.Steps, r.Rounds, r.BytesSent, r.Seconds)
+	}
+	if a, b := res.Peers[0].ValLoss, res.Peers[1].ValLoss; math.Abs(a-b) > 1e-3*a {
+		t.Errorf("the replicas' validation losses differ after the last outer step: %v and %v", a, b)
+	}
+}
+
+// trainAveragingLM runs `skyhive train averaging` with two peers training
+// gpt-mini for 60 steps on data, with the extra arguments, and returns its
+// JSON result.
+func trainAveragingLM(t *testing.T, data string, args ...string) peer.Launched {
+	t.Helper()
+	var stdout syncBuffer
+	p := startCLI(t, &stdout, append([]string{"train", "averaging", "--model", "gpt-mini", "--data", data, "--corpus-bytes", "65536",
+		"--vocab", "300", "--seq", "16", "--batch", "8", "--eval-tokens", "2000", "--warmup", "5",
+		"--peers", "2", "--steps", "60", "--slowdown-max", "1", "--logs", t.TempDir(), "--json"}, args...)...)
+	if err := p.wait(t, 90*time.Second); err != nil {
+		t.Fatalf("%v\nstderr:\n%s", err, tail(p.stderr.String()))
+	}
+	var res peer.Launched
+	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil {
+		t.Fatalf("stdout is not the JSON result: %v\n%s", err, stdout.String())
+	}
+	if len(res.Peers) != 2 {
+		t.Fatalf("%d peer results: %+v\nstderr:\n%s", len(res.Peers), res, tail(p.stderr.String()))
+	}
+	return res
 }

@@ -1,0 +1,355 @@
+// DiLoCo and wait-avoiding DiLoCo: inner steps alone, outer steps on
+// averaged pseudo-gradients.
+//
+// Every replica keeps θ_start (the anchor), the model at the end of the
+// last outer step, and the outer momentum v. After H = InnerSteps steps of
+// the wrapped optimizer, its pseudo-gradient Δ = θ_start − θ is averaged
+// (through the Averager, so its codec compresses Δ, not the weights) and
+// the outer step is, with η = OuterLR and μ = OuterMomentum,
+//
+//	v ← μ·v + Δ̄
+//	θ_start ← θ_start − η·(Δ̄ + μ·v)      (Nesterov, as PyTorch's SGD)
+//	θ ← θ_start
+//
+// v starts at zero, so the first outer step's v is Δ̄. With μ = 0 it is
+// θ_start ← θ_start − η·Δ̄. The wrapped optimizer keeps its own state
+// across outer steps. The round counter counts outer steps.
+//
+// WA-DiLoCo replaces the all-peer average of the outer steps that are not
+// multiples of Tau by an average within that round's butterfly group; see
+// outerGroupLocked for what is applied and when.
+
+package optimizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"strings"
+
+	"github.com/skyhive/skyhive/averaging"
+	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
+	"github.com/skyhive/skyhive/tensor"
+)
+
+// Defaults of the DiLoCo fields of Config. The outer learning rate and
+// momentum are the DiLoCo paper's; H is smaller than its 500 so that small
+// swarms and short runs still take outer steps often.
+const (
+	DefaultInnerSteps    = 100
+	DefaultOuterLR       = 0.7
+	DefaultOuterMomentum = 0.9
+)
+
+// NoMomentum as Config.OuterMomentum makes the outer step plain SGD
+// (μ = 0); 0 there means DefaultOuterMomentum.
+const NoMomentum = -1
+
+// ErrConfig wraps the errors New returns for a configuration it refuses.
+var ErrConfig = errors.New("averaging: bad configuration")
+
+// Names of the outer buffers in the state served to joiners (Layout):
+// a prefix no parameter-derived optimizer buffer name carries.
+const (
+	outerPrefix    = "diloco/"
+	outerAnchor    = outerPrefix + "anchor"
+	outerMomentum  = outerPrefix + "momentum"
+	outerBase      = outerPrefix + "base" // WA-DiLoCo only
+	waStateVectors = 3                    // Δ, anchor − base, v
+)
+
+// outer is the state of DiLoCo's outer optimization.
+type outer struct {
+	h      int
+	lr, mu float32
+	wa     bool
+
+	// Step's goroutine only.
+	local int       // inner steps since the last outer step
+	pg    []float32 // a synchronous outer step's vector; Δ̄ first after it
+
+	// Under Optimizer.mu.
+	anchor []float32 // θ_start
+	mom    []float32 // v
+	// base is WA-DiLoCo's anchor after the last global outer step: every
+	// peer's is the same, so anchor − base is small and compresses well.
+	base  []float32
+	epoch int // global outer steps applied (WA-DiLoCo)
+	// group is closed when this peer's last group outer step ends; nil
+	// while none runs. WA-DiLoCo runs them one after the other.
+	group chan struct{}
+}
+
+// newOuter checks and completes cfg's DiLoCo fields and returns the outer
+// state, anchored at the parameters' current values.
+func newOuter(cfg *Config, params []*nn.Param, n int) (*outer, error) {
+	switch {
+	case cfg.InnerSteps < 0:
+		return nil, fmt.Errorf("%w: %d inner steps, want at least 1 (0: %d)", ErrConfig, cfg.InnerSteps, DefaultInnerSteps)
+	case cfg.InnerSteps == 0:
+		cfg.InnerSteps = DefaultInnerSteps
+	}
+	switch lr := cfg.OuterLR; {
+	case math.IsNaN(lr) || math.IsInf(lr, 0) || lr < 0:
+		return nil, fmt.Errorf("%w: outer learning rate %v, want a finite value above 0 (0: %v)", ErrConfig, lr, DefaultOuterLR)
+	case lr == 0:
+		cfg.OuterLR = DefaultOuterLR
+	}
+	mu := cfg.OuterMomentum
+	switch {
+	case mu == NoMomentum:
+		mu = 0
+	case mu == 0:
+		mu = DefaultOuterMomentum
+		cfg.OuterMomentum = mu
+	case math.IsNaN(mu) || mu < 0 || mu >= 1:
+		return nil, fmt.Errorf("%w: outer momentum %v, want [0, 1) or NoMomentum (%d)", ErrConfig, mu, NoMomentum)
+	}
+	d := &outer{
+		h: cfg.InnerSteps, lr: float32(cfg.OuterLR), mu: float32(mu), wa: cfg.Algo == WADiLoCo,
+		anchor: make([]float32, n), mom: make([]float32, n),
+	}
+	nn.FlatValues(params, d.anchor)
+	if d.wa {
+		d.base = append([]float32(nil), d.anchor...)
+		d.pg = make([]float32, waStateVectors*n)
+	} else {
+		d.pg = make([]float32, n)
+	}
+	return d, nil
+}
+
+// withState returns st with the outer buffers added (views, not copies);
+// st itself for a nil d.
+func (d *outer) withState(st optim.State) optim.State {
+	if d == nil {
+		return st
+	}
+	out := optim.State{Step: st.Step, Tensors: maps.Clone(st.Tensors)}
+	if out.Tensors == nil {
+		out.Tensors = map[string]*tensor.Tensor{}
+	}
+	out.Tensors[outerAnchor] = tensor.FromSlice(d.anchor, len(d.anchor))
+	out.Tensors[outerMomentum] = tensor.FromSlice(d.mom, len(d.mom))
+	if d.wa {
+		out.Tensors[outerBase] = tensor.FromSlice(d.base, len(d.base))
+	}
+	return out
+}
+
+// splitOuterState separates the outer buffers from the wrapped
+// optimizer's.
+func splitOuterState(st optim.State) (optim.State, map[string]*tensor.Tensor) {
+	outerTs := map[string]*tensor.Tensor{}
+	for name, t := range st.Tensors {
+		if strings.HasPrefix(name, outerPrefix) {
+			outerTs[name] = t
+			delete(st.Tensors, name)
+		}
+	}
+	return st, outerTs
+}
+
+// load installs outer buffers of a loaded state (the layout checked their
+// sizes); Optimizer.mu must be held.
+func (d *outer) load(ts map[string]*tensor.Tensor) {
+	if d == nil {
+		return
+	}
+	copy(d.anchor, ts[outerAnchor].Data)
+	copy(d.mom, ts[outerMomentum].Data)
+	if d.wa {
+		copy(d.base, ts[outerBase].Data)
+	}
+	d.local = 0
+}
+
+// stepOuter is Step for DiLoCo and WA-DiLoCo: one inner step, then, after
+// H of them, the outer step (synchronous with all peers, or, for
+// WA-DiLoCo outside multiples of Tau, this round's group in the
+// background). round is the outer step counter before this Step.
+func (o *Optimizer) stepOuter(ctx context.Context, samples, round int) error {
+	d := o.dl
+	o.mu.Lock()
+	o.inner.Step()
+	o.applyDeltaLocked()
+	nn.FlatValues(o.params, o.published)
+	o.stats.Steps++
+	o.stats.Samples += int64(samples)
+	o.progress.add(int64(samples))
+	o.mu.Unlock()
+	d.local++
+	next := round + 1
+	if d.wa {
+		// Another peer started global outer step k beyond this peer's
+		// next one: this peer is a whole outer step behind, so it joins k
+		// now with the progress made so far (as a WAGMA peer jumps to an
+		// announced global round). For k = next it finishes its H inner
+		// steps first; the others wait for it in the all-reduce.
+		if k := int(o.global.Load()); k > o.lastGlobal && k > next {
+			return o.globalOuter(ctx, k)
+		}
+	}
+	if d.local < d.h {
+		return nil
+	}
+	if !d.wa || next%o.cfg.Tau == 0 {
+		return o.globalOuter(ctx, next)
+	}
+	d.local = 0
+	o.mu.Lock()
+	o.round, o.stats.Round = next, next
+	o.mu.Unlock()
+	o.startGroup(next, true)
+	return nil
+}
+
+// globalOuter takes outer step target synchronously with every live peer.
+// DiLoCo averages the pseudo-gradients only: its anchors and momenta agree
+// by construction. WA-DiLoCo's differ after group steps, so it averages
+// the vector [Δ, anchor − base, v] and takes the step from the mean anchor
+// and momentum: afterwards every peer holds the same model and state. If
+// ctx ends during the average nothing is applied; the progress stays in
+// the model and enters the next outer step's pseudo-gradient.
+func (o *Optimizer) globalOuter(ctx context.Context, target int) error {
+	d := o.dl
+	if d.wa {
+		// Let this peer's group outer steps finish first, so that the
+		// global step supersedes nothing of ours in flight.
+		o.mu.Lock()
+		running := d.group
+		o.mu.Unlock()
+		if running != nil {
+			select {
+			case <-running:
+			case <-ctx.Done():
+				return fmt.Errorf("averaging: outer step %d: %w", target, ctx.Err())
+			}
+		}
+		o.activateAll(ctx, target)
+	}
+	n := o.n
+	o.mu.Lock()
+	for j := range n {
+		d.pg[j] = d.anchor[j] - (o.published[j] + o.delta[j])
+	}
+	if d.wa {
+		for j := range n {
+			d.pg[n+j] = d.anchor[j] - d.base[j]
+		}
+		copy(d.pg[2*n:], d.mom)
+	}
+	o.mu.Unlock()
+	err := o.syncAverage(ctx, fmt.Sprintf("%s/g/%d", o.cfg.RunID, target), d.pg)
+	d.local, o.lastGlobal = 0, target
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.round, o.stats.Round = target, target
+	if err != nil {
+		return fmt.Errorf("averaging: outer step %d: %w", target, err)
+	}
+	if d.wa {
+		for j := range n {
+			d.anchor[j] = d.base[j] + d.pg[n+j]
+		}
+		copy(d.mom, d.pg[2*n:])
+		d.epoch++ // group results still in flight are superseded
+	}
+	o.outerUpdateLocked(d.pg[:n])
+	if d.wa {
+		copy(d.base, d.anchor)
+	}
+	nn.SetFlatValues(o.params, d.anchor)
+	copy(o.published, d.anchor)
+	clear(o.delta)
+	return nil
+}
+
+// outerUpdateLocked takes the outer Nesterov step with the averaged
+// pseudo-gradient g on the anchor; Optimizer.mu must be held.
+func (o *Optimizer) outerUpdateLocked(g []float32) {
+	d := o.dl
+	lr, mu := d.lr, d.mu
+	a, v := d.anchor, d.mom
+	for j, gj := range g {
+		if mu != 0 {
+			v[j] = mu*v[j] + gj
+			gj += mu * v[j]
+		}
+		a[j] -= lr * gj
+	}
+	o.stats.OuterSteps++
+}
+
+// outerGroupLocked prepares WA-DiLoCo's group outer step (Optimizer.mu
+// held) and returns the work startGroup runs in the background.
+//
+// Group outer steps of one peer run one after the other: the work first
+// waits for the previous one to end (its result applied), so that no
+// progress is counted in two pseudo-gradients. Then it takes this peer's
+// pseudo-gradient Δ = θ_start − θ, θ being the model with pending
+// corrections: for the activator, the model after its H inner steps; for a
+// member that joins on receipt of the activation, whatever progress it has
+// made (possibly less). The group averages Δ. When the average Δ̄_G
+// arrives, the outer step is applied at once to θ_start and the momentum
+// (under the lock, so a state served to a joiner is consistent), and the
+// model's correction θ_start' − θ_snapshot is left pending, to be added at
+// the next Step: progress made meanwhile is kept and counts towards the
+// next pseudo-gradient, as WAGMA keeps it. With η = 1 and μ = 0 the
+// correction is Δ − Δ̄_G, exactly WAGMA's.
+//
+// A result that arrives after a global outer step (which averages every
+// peer's state and resets the model) is dropped (Stats.OuterDropped): it
+// was computed from the state the global step replaced, and the progress
+// in its Δ was part of the global step's. If the group's all-reduce fails
+// entirely without this peer stopping, Δ is left as this peer's own and the
+// outer step is taken alone.
+func (o *Optimizer) outerGroupLocked() func(context.Context, averaging.Session) {
+	d := o.dl
+	prev := d.group
+	done := make(chan struct{})
+	d.group = done
+	return func(ctx context.Context, s averaging.Session) {
+		defer func() {
+			o.mu.Lock()
+			if d.group == done {
+				d.group = nil
+			}
+			o.mu.Unlock()
+			close(done)
+		}()
+		if prev != nil {
+			select {
+			case <-prev:
+			case <-ctx.Done():
+				return
+			}
+		}
+		o.mu.Lock()
+		snap := o.snapshotLocked()
+		pg := make([]float32, o.n)
+		for j := range pg {
+			pg[j] = d.anchor[j] - snap[j]
+		}
+		epoch := d.epoch
+		o.mu.Unlock()
+		res, err := o.avg.AllReduce(ctx, s, pg)
+		o.note(ctx, s.Members, res, err)
+		if err != nil && ctx.Err() != nil {
+			return
+		}
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if d.epoch != epoch {
+			o.stats.OuterDropped++
+			return
+		}
+		o.outerUpdateLocked(pg)
+		for j := range snap {
+			o.delta[j] += d.anchor[j] - snap[j]
+		}
+	}
+}

@@ -72,9 +72,15 @@ type skyConfig struct {
 
 // skyDefaults is the grid of the full run (about 12 minutes on 2 quiet
 // cores) or of --quick (about a minute).
-// skyCalibrationIters is how many iterations of the even plan calibrate
-// the workers' speeds before the strategies plan.
-const skyCalibrationIters = 3
+// skyWarmup iterations of the even plan run before skyCalibrationIters
+// more calibrate the cost model and the workers' speeds
+// (Session.Recalibrate); the strategies then plan. The first iterations
+// of fresh worker processes are up to 1.7× slower (heaps and buffers
+// growing).
+const (
+	skyWarmup           = 2
+	skyCalibrationIters = 5
+)
 
 func skyDefaults(quick bool) skyConfig {
 	c := skyConfig{
@@ -270,18 +276,18 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 		return nil, nil, alloc.Link{}, err
 	}
 	batches := pipeline.NewBatches(loader)
-	// Calibrate in place: the session starts on the even plan; one warm-up
-	// iteration, then the stage speeds of skyCalibrationIters more set the
-	// workers' planning speeds (Session.Recalibrate). Every strategy then
-	// plans, and is predicted, from the same calibrated speeds.
+	// Calibrate in place: the session starts on the even plan; skyWarmup
+	// iterations, then the stage times of skyCalibrationIters more
+	// calibrate (Session.Recalibrate). Every strategy then plans, and is
+	// predicted, from the same calibration.
 	var calib []pipeline.IterStats
-	for i := range 1 + skyCalibrationIters {
+	for i := range skyWarmup + skyCalibrationIters {
 		b, _ := batches.Next()
 		st, err := s.Step(ctx, b)
 		if err != nil {
 			return nil, nil, alloc.Link{}, fmt.Errorf("calibration iteration: %w", err)
 		}
-		if i > 0 {
+		if i >= skyWarmup {
 			calib = append(calib, st)
 			pt.Calibration = append(pt.Calibration, st.Seconds)
 		}
@@ -312,6 +318,9 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 			// against busy time shows whether the slowdowns hold.
 			if seen[strategy]++; seen[strategy] == cfg.Rounds && o.Log != nil {
 				st.WriteTable(o.Log)
+				if i := slices.IndexFunc(cmp, func(pc pipeline.PlanComparison) bool { return pc.Strategy == strategy }); i >= 0 {
+					o.Logf("  predicted stage compute (ms): %s", fmtMillis(cmp[i].Prediction.StageCompute))
+				}
 			}
 		}})
 	if err != nil {
@@ -334,6 +343,15 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 		o.Logf("sky-computing %s: done in %.0f s; even/skyhive %.2f measured, %.2f predicted", name, pt.Seconds, r.SpeedupOnEven, r.PredictedSpeedup)
 	}
 	return pt, ref, pr.Cluster.Intra, nil
+}
+
+// fmtMillis formats seconds as milliseconds for a log line.
+func fmtMillis(v []float64) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = fmt.Sprintf("%.1f", 1e3*x)
+	}
+	return strings.Join(parts, " ")
 }
 
 // skySummarize turns measured plan comparisons into results.

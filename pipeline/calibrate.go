@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -204,48 +205,183 @@ func (s *Session) measureLinks(ctx context.Context) error {
 	return nil
 }
 
-// Recalibrate corrects the workers' planning speeds with what iterations
-// of the current plan measured: each stage's worker gets the median of its
-// stage's measured speed (StageTiming.Speed, in the cost model's units),
-// and the workers without a stage are scaled by the median ratio of
-// measured to planned speed. A profile times the model alone on each
-// worker; inside a running pipeline, with its neighbours computing and
-// sending, the same layers can take longer (20–35% for 16 emulated
-// devices sharing two cores), and predictions made from the profile alone
-// are then too short. Iterations of another plan are refused.
+// Recalibrate corrects the cost model and the workers' planning speeds
+// with what iterations of the current plan measured. A profile times the
+// model alone on one worker, inside one whole-model pass; inside a running
+// pipeline the same layers take longer (20–35% for 16 emulated devices
+// sharing two cores), and every op of a stage pays a busy time of its own
+// (decoding its input, encoding its output) that matters most on stages of
+// a few light layers. So two factors are calibrated apart, from each
+// stage's median busy time (StageTiming.CPU, which the emulated slowdown
+// does not touch) and median compute time less the optimizer step:
+//
+//   - the layers' costs: the busy time every op pays (opBusy, fitted over
+//     the stages) and a correction of every layer's profiled time (its
+//     stage's busy time less the ops' share, over the profiled time);
+//   - the workers' factors: a stage's compute time less the wake-up
+//     overheads, over its busy time, is its worker's time per busy second,
+//     whatever layers it holds.
+//
+// Workers without a stage are scaled by the median change of the others.
+// Iterations of another plan are refused.
 func (s *Session) Recalibrate(iters []IterStats) error {
+	if s.cm == nil {
+		return errors.New("pipeline: recalibrate: no profile")
+	}
 	S := len(s.stages)
-	med := make([][]float64, S)
+	cpu, comp := make([][]float64, S), make([][]float64, S)
 	for _, st := range iters {
 		if st.Gen != s.gen || len(st.Stages) != S {
 			return fmt.Errorf("pipeline: recalibrate: iteration %d is not of the current plan", st.Iter)
 		}
 		for k, t := range st.Stages {
-			if t.Speed > 0 && !math.IsInf(t.Speed, 0) {
-				med[k] = append(med[k], t.Speed)
+			c := t.Compute - t.Step
+			if c > 0 && t.CPU > 0 && !math.IsInf(c+t.CPU, 0) {
+				cpu[k], comp[k] = append(cpu[k], t.CPU), append(comp[k], c)
 			}
 		}
 	}
-	var ratios []float64
-	staged := map[int]bool{}
+	sizes := s.microSizes(s.cfg.Batch)
+	var obs []stageObs
+	var stageOf []int
 	for k, a := range s.stages {
-		old := s.c.worker(a.worker).speed(s.c)
-		if len(med[k]) == 0 || !(old > 0) {
+		if len(cpu[k]) == 0 {
 			continue
 		}
-		sp := stats.Median(med[k])
-		ratios = append(ratios, sp/old)
+		o := stageObs{Ops: float64(len(Ops(s.cfg.Schedule, k, S, len(sizes)))), CPU: stats.Median(cpu[k]), Compute: stats.Median(comp[k])}
+		for _, n := range sizes {
+			f, b := s.cm.profileTimes(n)
+			for l := a.first; l < a.last; l++ {
+				o.Profiled += f[l] + b[l]
+			}
+		}
+		obs = append(obs, o)
+		stageOf = append(stageOf, k)
+	}
+	fit, err := fitStages(obs, s.cm.opOverhead)
+	if err != nil {
+		return fmt.Errorf("pipeline: recalibrate: %w", err)
+	}
+	scale := make([]float64, len(s.base.Layers))
+	for l := range scale {
+		scale[l] = fit.Scale
+	}
+	var ratios []float64
+	staged := map[int]bool{}
+	for i, k := range stageOf {
+		a := s.stages[k]
+		for l := a.first; l < a.last; l++ {
+			scale[l] = fit.Stages[i]
+		}
+		sp := s.cm.modelFLOPs / (fit.Factors[i] * s.cm.refTotal)
+		if old := s.c.worker(a.worker).speed(s.c); old > 0 {
+			ratios = append(ratios, sp/old)
+		}
 		s.c.setSpeed(a.worker, sp)
 		staged[a.worker] = true
 	}
-	if len(ratios) == 0 {
-		return errors.New("pipeline: recalibrate: no stage speed measured")
-	}
-	r := stats.Median(ratios)
-	for _, w := range s.c.Workers() {
-		if !staged[w.Index] && w.Speed > 0 {
-			s.c.setSpeed(w.Index, w.Speed*r)
+	s.cm.scale, s.cm.opBusy = scale, fit.OpBusy
+	s.amodel = s.cm.allocModel(s.base, s.cfg.Batch, s.cfg.Schedule.Micro(s.cfg.Micro))
+	if len(ratios) > 0 {
+		r := stats.Median(ratios)
+		for _, w := range s.c.Workers() {
+			if !staged[w.Index] && w.Speed > 0 {
+				s.c.setSpeed(w.Index, w.Speed*r)
+			}
 		}
 	}
+	fmt.Fprintf(s.cfg.Log, "recalibrated: %.3f ms busy per op, layers ×%.2f of their profile (median), worker factors %s\n",
+		1e3*fit.OpBusy, fit.Scale, fmtFloats(fit.Factors))
 	return nil
+}
+
+// stageObs is what iterations measured of one stage, per iteration: its
+// ops, the profiled busy time of its layers (reference seconds), and the
+// medians of its busy and compute (forward+backward) times.
+type stageObs struct {
+	Ops, Profiled, CPU, Compute float64
+}
+
+// stageFit is the cost model fitted to stage observations.
+type stageFit struct {
+	// OpBusy is the busy time every op pays beyond its layers'.
+	OpBusy float64
+	// Scale is the common correction of the profiled layer times (the
+	// weighted fit's slope); Stages[i] the one of stage i's layers.
+	Scale  float64
+	Stages []float64
+	// Factors[i] is stage i's worker's emulated seconds per busy second.
+	Factors []float64
+}
+
+// fitStages splits the stages' busy times into a busy time per op, common
+// to all stages, and per-stage corrections of the profiled layer times,
+// and derives each stage's device factor from its compute and busy times.
+// The per-op time comes from a least-squares fit of CPU = a·Profiled +
+// OpBusy·Ops weighted by relative error (so stages of light layers, where
+// it shows, count as much as heavy ones), bounded to [0, the smallest
+// stage's busy time per op]. overhead is the wake-up delay every op's end
+// pays (costModel.opOverhead), not part of the device's factor.
+func fitStages(obs []stageObs, overhead float64) (stageFit, error) {
+	if len(obs) == 0 {
+		return stageFit{}, errors.New("no stage measured")
+	}
+	hi := math.Inf(1)
+	var spp, spo, soo, scp, sco float64
+	for _, o := range obs {
+		if !(o.Ops > 0) || !(o.CPU > 0) || !(o.Profiled >= 0) || !(o.Compute > 0) {
+			return stageFit{}, fmt.Errorf("bad stage measurement %+v", o)
+		}
+		hi = min(hi, o.CPU/o.Ops)
+		w := 1 / (o.CPU * o.CPU)
+		spp += w * o.Profiled * o.Profiled
+		spo += w * o.Profiled * o.Ops
+		soo += w * o.Ops * o.Ops
+		scp += w * o.CPU * o.Profiled
+		sco += w * o.CPU * o.Ops
+	}
+	fit := stageFit{}
+	if det := spp*soo - spo*spo; len(obs) >= 2 && det > 1e-12*spp*soo {
+		fit.OpBusy = (spp*sco - spo*scp) / det
+	}
+	fit.OpBusy = min(max(fit.OpBusy, 0), hi)
+	// With OpBusy fixed, the slope is the weighted fit of what is left.
+	var num float64
+	for _, o := range obs {
+		w := 1 / (o.CPU * o.CPU)
+		num += w * (o.CPU - fit.OpBusy*o.Ops) * o.Profiled
+	}
+	if spp > 0 {
+		fit.Scale = num / spp
+	}
+	if !(fit.Scale > 0) {
+		fit.Scale = 1
+	}
+	for _, o := range obs {
+		sc := fit.Scale
+		if o.Profiled > 0 {
+			sc = (o.CPU - fit.OpBusy*o.Ops) / o.Profiled
+		}
+		// A stage whose busy time is nearly all per-op time says little
+		// about its layers: keep its correction within 4× of the fit's.
+		fit.Stages = append(fit.Stages, min(max(sc, fit.Scale/4), 4*fit.Scale))
+		f := (o.Compute - overhead*o.Ops) / o.CPU
+		if !(f >= 1) {
+			f = max(o.Compute/o.CPU, 1)
+		}
+		fit.Factors = append(fit.Factors, f)
+	}
+	return fit, nil
+}
+
+// fmtFloats formats factors for a log line.
+func fmtFloats(v []float64) string {
+	var b strings.Builder
+	for i, x := range v {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%.2f", x)
+	}
+	return b.String()
 }

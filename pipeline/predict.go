@@ -32,6 +32,14 @@ type costModel struct {
 	// inFloats is the input floats per example (ModelInfo.InputLen); 0
 	// means an image of InputFeatures.
 	inFloats int
+	// scale corrects each layer's profiled busy time with what a running
+	// pipeline measured (Session.Recalibrate); nil means 1 everywhere.
+	scale []float64
+	// opBusy is the busy time every op of a stage pays whatever its
+	// layers (decoding its input, encoding its output, waking up), in
+	// reference seconds: the profile, which times layers inside one
+	// whole-model pass, does not see it. Recalibrate measures it.
+	opBusy float64
 }
 
 // inputFloats is the number of input floats of one example.
@@ -53,9 +61,24 @@ func (cm *costModel) sizes() []int {
 }
 
 // layerTimes returns per-layer forward and backward reference busy seconds
-// for a micro-batch of n examples: measured at n, or scaled linearly from
-// the nearest calibrated size.
+// for a micro-batch of n examples, as profiled (profileTimes) times the
+// layers' corrections.
 func (cm *costModel) layerTimes(n int) (fwd, bwd []float64) {
+	fwd, bwd = cm.profileTimes(n)
+	if cm.scale == nil {
+		return fwd, bwd
+	}
+	f, b := make([]float64, len(fwd)), make([]float64, len(bwd))
+	for i := range f {
+		f[i], b[i] = fwd[i]*cm.scale[i], bwd[i]*cm.scale[i]
+	}
+	return f, b
+}
+
+// profileTimes returns per-layer forward and backward reference busy
+// seconds for a micro-batch of n examples as the profile measured them: at
+// n, or scaled linearly from the nearest calibrated size.
+func (cm *costModel) profileTimes(n int) (fwd, bwd []float64) {
 	if f, ok := cm.fwd[n]; ok {
 		return f, cm.bwd[n]
 	}
@@ -120,12 +143,16 @@ type Prediction struct {
 	Overhead float64 `json:"overhead"`
 	// Compute is the busiest stage's compute time (forward+backward).
 	Compute float64 `json:"compute"`
+	// StageCompute is every stage's compute time (forward+backward), to
+	// compare with StageTiming.Compute less its optimizer step.
+	StageCompute []float64 `json:"stage_compute,omitempty"`
 }
 
 // simulate replays one iteration of schedule sched with the micro-batch
 // sizes on the stages: every stage runs its ops (Ops) in order, an op
 // starts when its input has arrived and the stage is free and lasts φ
-// times its reference busy time; a result is sent when the op ends, each
+// times its reference busy time (its layers' and opBusy), plus
+// opOverhead; a result is sent when the op ends, each
 // direction of each link carrying one message at a time (latency plus
 // size/bandwidth). A stage answers when its ops are done and its last
 // message is acknowledged (a round trip). Dispatch sends stage 0 the
@@ -187,7 +214,7 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 				for _, v := range c[st.first:st.last] {
 					d += v
 				}
-				d = d*st.factor + cm.opOverhead
+				d = (d+cm.opBusy)*st.factor + cm.opOverhead
 				end := ready + d
 				clock[k], busy[k] = end, busy[k]+d
 				next[k]++
@@ -248,7 +275,7 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 		commit = max(commit, 2*st.coord.Latency+st.factor*cm.optimPerParam*float64(p)+cm.opOverhead)
 	}
 	total := collect + commit
-	return Prediction{Iteration: total, Pipeline: pipeEnd - start, Overhead: total - (pipeEnd - start), Compute: compute}
+	return Prediction{Iteration: total, Pipeline: pipeEnd - start, Overhead: total - (pipeEnd - start), Compute: compute, StageCompute: busy}
 }
 
 // String summarises the prediction in milliseconds.

@@ -121,6 +121,8 @@ type StageTiming struct {
 	// CPU is the busy time of the forward and backward passes (wall time
 	// less waits for a core, see opClock), without the emulated slowdown.
 	CPU float64 `json:"cpu"`
+	// Step is the optimizer step's time, part of Compute and Wall.
+	Step float64 `json:"step"`
 	// Speed is the measured FLOP/s of the stage's forward+backward.
 	Speed float64 `json:"speed"`
 }

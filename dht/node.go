@@ -41,6 +41,8 @@ import (
 	pstore "github.com/libp2p/go-libp2p/p2p/host/peerstore"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/p2p"
 )
@@ -134,6 +136,10 @@ type Config struct {
 	// routing-table peers were last heard from. Nil means the wall clock.
 	// RPCTimeout is a context deadline and stays on the wall clock.
 	Clock clock.Clock
+	// Metrics, if set, receives the node's Prometheus collector (records,
+	// routing table, lookups and their hops, requests, stores refused;
+	// see docs/observability.md), unregistered by Close. Nil: no metrics.
+	Metrics prometheus.Registerer
 }
 
 func (c *Config) setDefaults() error {
@@ -238,6 +244,7 @@ type Node struct {
 	cache  *storage // nil if disabled
 	own    *storage // nil if republishing is disabled
 	closed bool
+	m      *nodeMetrics // nil without Config.Metrics
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -287,6 +294,12 @@ func New(t p2p.Transport, cfg Config) (*Node, error) {
 	if cfg.RepublishInterval > 0 {
 		n.own = newStorage(cfg.MaxRecords)
 	}
+	if cfg.Metrics != nil {
+		if n.m, err = newNodeMetrics(n, cfg.Metrics); err != nil {
+			rt.Close()
+			return nil, err
+		}
+	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if !cfg.ClientMode {
 		t.SetHandler(ProtocolID, n.handle)
@@ -320,6 +333,9 @@ func (n *Node) Close() error {
 	}
 	n.closed = true
 	n.mu.Unlock()
+	if n.m != nil {
+		n.m.reg.Unregister(n.m)
+	}
 	n.cancel()
 	n.wg.Wait()
 	return n.rt.Close()
@@ -486,6 +502,17 @@ func (n *Node) putLocal(es []*entry, cached bool, from, ip string) int {
 	return ok
 }
 
+// putRemote stores a copy of e, sent by peer from (at address group ip),
+// in the node's storage, or says why not.
+func (n *Node) putRemote(e *entry, from, ip string) error {
+	now := n.clk.Now().UnixNano()
+	cp := *e
+	cp.from, cp.ip = from, ip
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.store.put(&cp, now)
+}
+
 // localItems returns the freshest items this node holds for key, from
 // storage and cache.
 func (n *Node) localItems(key string) []*entry {
@@ -545,6 +572,9 @@ func (n *Node) GetStats(ctx context.Context, key string) (map[string]Item, Stats
 	if firstHop > 0 {
 		st.Hops = firstHop
 	}
+	if n.m != nil && firstHop > 0 {
+		n.m.hop(msgFindValue, firstHop)
+	}
 	merged := merge(now.UnixNano(), append(found, local)...)
 	if len(merged) == 0 {
 		if err != nil && !errors.Is(err, ErrNoPeers) {
@@ -580,6 +610,9 @@ func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, e
 		n.addPeerSeen(peer.AddrInfo{ID: from, Addrs: req.Addrs}, false, observed)
 	}
 	resp := &response{Type: req.Type}
+	if n.m != nil {
+		n.m.request(req.Type)
+	}
 	switch req.Type {
 	case msgPing:
 	case msgFindNode:
@@ -600,18 +633,25 @@ func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, e
 		}
 		resp.Accepted = make([]bool, len(req.Entries))
 		for i, e := range req.Entries {
-			if n.check(e, now, MaxClockSkew) != nil || validateWith(e, &n.sigs) != nil {
-				continue
+			err := n.check(e, now, MaxClockSkew)
+			if err == nil {
+				err = validateWith(e, &n.sigs)
 			}
 			// Only records for keys this node is a replica of are
 			// stored. Copies pushed for caching are refused: a reader
 			// stops at the first answers it gets, so a pushed copy
 			// could hide a key's dictionary or a declaration's owner;
 			// the cache holds only what the node's own lookups found.
-			if req.Cache || !n.amongClosest(e.Key) {
-				continue
+			if err == nil && (req.Cache || !n.amongClosest(e.Key)) {
+				err = errNotReplica
 			}
-			resp.Accepted[i] = n.putLocal([]*entry{e}, false, string(from), ip) == 1
+			if err == nil {
+				err = n.putRemote(e, string(from), ip)
+			}
+			resp.Accepted[i] = err == nil
+			if n.m != nil {
+				n.m.stored(err)
+			}
 		}
 	}
 	return encodeResponse(resp)

@@ -120,8 +120,17 @@ func (l *lookup) stats() Stats {
 // Alpha peers at a time. visit sees every answer and may end the lookup
 // early by returning true. The returned lookup holds the peers that
 // answered.
-func (n *Node) iterate(ctx context.Context, target kb.ID, req []byte, want msgType, visit func(*candidate, *response) bool) (*lookup, error) {
+func (n *Node) iterate(ctx context.Context, target kb.ID, req []byte, want msgType, visit func(*candidate, *response) bool) (_ *lookup, err error) {
 	l := newLookup(target, n.self, n.cfg.BucketSize, n.cfg.Alpha, n.cfg.MaxQueries)
+	if n.m != nil {
+		t0 := time.Now()
+		defer func() {
+			n.m.lookup(want, t0, l.queries, err)
+			if want != msgFindValue {
+				n.m.hop(want, l.stats().Hops)
+			}
+		}()
+	}
 	if n.isClosed() {
 		return l, ErrClosed
 	}

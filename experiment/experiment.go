@@ -54,6 +54,7 @@ func All() []Experiment {
 		moeConvergence(),
 		averagingConvergence(),
 		skyComputing(),
+		geoDataParallel(),
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	libp2pquic "github.com/libp2p/go-libp2p/p2p/transport/quic"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	ma "github.com/multiformats/go-multiaddr"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Security selects the handshake used on TCP connections. QUIC always uses
@@ -138,6 +139,12 @@ type Config struct {
 
 	// Logger receives handler panics and other events; nil discards them.
 	Logger *slog.Logger
+
+	// Metrics, if set, receives the host's Prometheus collector
+	// (connections, streams, and per protocol the RPC bytes, durations and
+	// errors; see docs/observability.md), unregistered by Close. Nil: no
+	// metrics, and no cost.
+	Metrics prometheus.Registerer
 }
 
 func (c Config) withDefaults() Config {
@@ -199,6 +206,8 @@ type Host struct {
 	// anyBlocked is set by the first Block: until then no connection
 	// looks a peer up in blocked.
 	anyBlocked atomic.Bool
+
+	m *hostMetrics // nil without Config.Metrics
 }
 
 var _ Transport = (*Host)(nil)
@@ -252,6 +261,12 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	hctx, cancel := context.WithCancel(context.Background())
 	h := &Host{h: lh, cfg: cfg, log: cfg.Logger, ctx: hctx, cancel: cancel, reachSub: sub, admitted: map[peer.ID]*admitState{}}
 	gate.h = h
+	if cfg.Metrics != nil {
+		if h.m, err = newHostMetrics(h, cfg.Metrics); err != nil {
+			h.Close()
+			return nil, err
+		}
+	}
 	if a := cfg.Admission; a != nil {
 		if err := a.checkToken(lh.ID(), h.now()); err != nil {
 			h.Close()
@@ -411,6 +426,9 @@ func (h *Host) Close() error {
 	}
 	h.closed = true
 	h.mu.Unlock()
+	if h.m != nil {
+		h.m.reg.Unregister(h.m)
+	}
 	h.cancel()
 	h.renewing.Wait()
 	h.reachSub.Close()

@@ -86,8 +86,15 @@ func (h *Host) serveCall(s network.Stream, proto protocol.ID, hd Handler) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(h.ctx, h.cfg.HandlerTimeout)
+	var t0 time.Time
+	if h.m != nil {
+		t0 = time.Now()
+	}
 	resp, err := h.runHandler(ctx, from, proto, func(ctx context.Context) ([]byte, error) { return hd(ctx, from, req) })
 	cancel()
+	if h.m != nil {
+		h.m.served(proto, t0, int64(len(req)), int64(len(resp)), err)
+	}
 	if err != nil {
 		replyError(s, wr, err.Error())
 		return
@@ -190,6 +197,16 @@ func readN(r io.Reader, n int) ([]byte, error) {
 // response over Config.MaxMessageBytes fails with ErrTooLarge (or, when the
 // remote limit is smaller, a *RemoteError saying so).
 func (h *Host) Call(ctx context.Context, to peer.AddrInfo, proto protocol.ID, req []byte) ([]byte, error) {
+	if h.m == nil {
+		return h.call(ctx, to, proto, req)
+	}
+	t0 := time.Now()
+	resp, err := h.call(ctx, to, proto, req)
+	h.m.called(proto, t0, int64(len(req)), int64(len(resp)), err)
+	return resp, err
+}
+
+func (h *Host) call(ctx context.Context, to peer.AddrInfo, proto protocol.ID, req []byte) ([]byte, error) {
 	if len(req) > h.cfg.MaxMessageBytes {
 		return nil, fmt.Errorf("p2p: call %s: request of %d bytes over %d: %w", proto, len(req), h.cfg.MaxMessageBytes, ErrTooLarge)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -40,6 +41,7 @@ type ChunkWriter struct {
 	chunk int
 	buf   []byte // frame under construction: header room, then data
 	err   error  // sticky
+	n     int64  // payload bytes accepted
 }
 
 // NewChunkWriter returns a writer framing onto w in chunks of chunkBytes
@@ -82,6 +84,7 @@ func (c *ChunkWriter) Write(p []byte) (int, error) {
 			c.flush(nil)
 		}
 	}
+	c.n += int64(total)
 	return total, c.err
 }
 
@@ -257,10 +260,17 @@ func (h *Host) serveStream(s network.Stream, proto protocol.ID, sh StreamHandler
 	cr.Peer, cr.Proto = from, proto
 	cw := NewChunkWriter(&idleWriter{s: s, timeout: h.cfg.IdleTimeout}, h.cfg.ChunkBytes)
 	ctx, cancel := context.WithTimeout(h.ctx, h.cfg.HandlerTimeout)
+	var t0 time.Time
+	if h.m != nil {
+		t0 = time.Now()
+	}
 	_, err := h.runHandler(ctx, from, proto, func(ctx context.Context) ([]byte, error) {
 		return nil, sh(ctx, from, cr, cw)
 	})
 	cancel()
+	if h.m != nil {
+		h.m.served(proto, t0, cr.total, cw.n, err)
+	}
 	if err != nil {
 		if cw.Abort(err.Error()) != nil {
 			s.Reset()
@@ -295,6 +305,18 @@ func (h *Host) serveStream(s network.Stream, proto protocol.ID, sh StreamHandler
 // CallStream if recv did not look); an error returned by send or recv is
 // returned, wrapped.
 func (h *Host) CallStream(ctx context.Context, to peer.AddrInfo, proto protocol.ID, send func(w io.Writer) error, recv func(r io.Reader) error) error {
+	if h.m == nil {
+		return h.callStream(ctx, to, proto, send, recv, nil)
+	}
+	t0 := time.Now()
+	var n byteTally
+	err := h.callStream(ctx, to, proto, send, recv, &n)
+	h.m.called(proto, t0, n.sent, n.recv, err)
+	return err
+}
+
+// callStream is CallStream; n, if set, receives the payload bytes.
+func (h *Host) callStream(ctx context.Context, to peer.AddrInfo, proto protocol.ID, send func(w io.Writer) error, recv func(r io.Reader) error, n *byteTally) error {
 	s, release, err := h.openStream(ctx, to, proto)
 	if err != nil {
 		return err
@@ -303,6 +325,10 @@ func (h *Host) CallStream(ctx context.Context, to peer.AddrInfo, proto protocol.
 	cr := NewChunkReader(s, h.cfg.MaxStreamBytes)
 	cr.Peer, cr.Proto = to.ID, proto
 	cw := NewChunkWriter(s, h.cfg.ChunkBytes)
+	if n != nil {
+		// Every return below follows the send goroutine's end.
+		defer func() { n.sent, n.recv = cw.n, cr.total }()
+	}
 
 	sendDone := make(chan error, 1)
 	go func() { sendDone <- sendSide(s, cw, send) }()

@@ -15,6 +15,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	ma "github.com/multiformats/go-multiaddr"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
@@ -57,6 +58,12 @@ type CoordinatorConfig struct {
 	// memnet, emulate links with memnet.WithLink instead.
 	Network *netem.Network
 	Region  string
+	// Metrics, if set, receives the coordinator's Prometheus collector
+	// (per-stage compute, communication and idle time, re-plans, workers,
+	// and the skyhive_train_* family; see docs/observability.md),
+	// unregistered by Close. Nil: no metrics. The coordinator's own host
+	// reports through Host.Metrics.
+	Metrics prometheus.Registerer
 }
 
 // WorkerInfo describes a registered worker.
@@ -95,7 +102,8 @@ type Coordinator struct {
 	routes router
 
 	maxWorkers int
-	maxMsg     int // bound of a control message (a reply over ProtoControl)
+	maxMsg     int           // bound of a control message (a reply over ProtoControl)
+	m          *coordMetrics // nil without CoordinatorConfig.Metrics
 
 	mu      sync.Mutex
 	workers []*WorkerInfo
@@ -149,6 +157,13 @@ func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, e
 		}
 		c.routes = &emulation{n: cfg.Network}
 	}
+	if cfg.Metrics != nil {
+		var err error
+		if c.m, err = newCoordMetrics(c, cfg.Metrics); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	c.tr.SetHandler(ProtoPing, func(context.Context, peer.ID, []byte) ([]byte, error) { return nil, nil })
 	c.tr.SetHandler(ProtoRegister, c.onRegister)
 	return c, nil
@@ -180,6 +195,10 @@ func (c *Coordinator) Transport() p2p.Transport { return c.tr }
 // emulated links. A given Transport stays open.
 func (c *Coordinator) Close() error {
 	var err error
+	if c.m != nil {
+		c.m.close()
+		c.m = nil
+	}
 	if c.own != nil {
 		err = c.own.Close()
 	}

@@ -233,6 +233,9 @@ func (w *Worker) onIter(ctx context.Context, b []byte) ([]byte, error) {
 		cancel(nil)
 	}()
 	resp, err := w.runIter(ictx, st, box, req, x, y)
+	if w.m != nil {
+		w.m.iteration(st.req.Stage, resp, err)
+	}
 	box.done(req.Iter)
 	if err != nil {
 		nn.ZeroGrad(st.params)

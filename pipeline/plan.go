@@ -290,5 +290,8 @@ func (s *Session) apply(ctx context.Context, plan alloc.Plan, snap Snapshot) err
 			return &stageError{worker: stages[k].worker, err: fmt.Errorf("pipeline: setting up stage %d: %w", k, err)}
 		}
 	}
+	if s.c.m != nil {
+		s.c.m.plan(s.gen, len(stages))
+	}
 	return nil
 }

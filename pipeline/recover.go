@@ -87,6 +87,9 @@ func (s *Session) replan(ctx context.Context, reason string, force bool) (change
 		fmt.Fprintf(s.cfg.Log, "%s re-planned at iteration %d (%s)\n", time.Now().Format("15:04:05.000"), s.iter, reason)
 		err = s.apply(ctx, plan, snap)
 		if err == nil {
+			if s.c.m != nil {
+				s.c.m.replanned(force)
+			}
 			return true, nil
 		}
 		var se *stageError

@@ -75,6 +75,9 @@ func (s *Session) step(ctx context.Context, x, y *tensor.Tensor, n int) (IterSta
 		}
 		if err == nil {
 			st.Event = event
+			if s.c.m != nil {
+				s.c.m.iteration(st, n)
+			}
 			if s.iter%s.cfg.CheckpointEvery == 0 {
 				if err := s.checkpoint(ctx); err != nil {
 					fmt.Fprintf(s.cfg.Log, "checkpoint failed: %v\n", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/swarm"
@@ -62,6 +63,11 @@ type WorkerConfig struct {
 	// host (not an injected Transport), now and whenever AutoNAT's verdict
 	// changes, until the worker closes.
 	Reach func(p2p.Reach)
+	// Metrics, if set, receives the worker's Prometheus collector (its
+	// iterations' compute, communication and idle time; see
+	// docs/observability.md), unregistered by Close. Nil: no metrics. The
+	// worker's own host reports through Host.Metrics.
+	Metrics prometheus.Registerer
 }
 
 // Worker serves one pipeline stage: it holds a contiguous block of a
@@ -76,7 +82,8 @@ type Worker struct {
 	coord peer.AddrInfo
 	dial  actDialer // how the executor reaches its neighbours
 
-	dev *swarm.Device // emulated device: slowdown and pause gate
+	dev *swarm.Device  // emulated device: slowdown and pause gate
+	m   *workerMetrics // nil without WorkerConfig.Metrics
 
 	// controls are the calls only the coordinator may make, by protocol;
 	// filled in NewWorker, read-only afterwards.
@@ -162,6 +169,12 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 		}
 	}
 	w.dial = transportDialer(w.tr)
+	if cfg.Metrics != nil {
+		if w.m, err = newWorkerMetrics(cfg.Metrics); err != nil {
+			w.Close()
+			return nil, err
+		}
+	}
 	if w.cfg.Name == "" {
 		w.cfg.Name = w.tr.ID().ShortString()
 	}
@@ -253,6 +266,9 @@ func (w *Worker) throttle(ctx context.Context, wall, busy time.Duration) {
 // connections. A given Transport stays open.
 func (w *Worker) Close() error {
 	w.stopOnce.Do(func() { close(w.stop) })
+	if w.m != nil {
+		w.m.reg.Unregister(w.m)
+	}
 	w.mu.Lock()
 	if w.cancelIter != nil {
 		w.cancelIter(errStopped)

@@ -10,6 +10,8 @@ packages=(
   coinor-cbc             # independent MILP solver the allocator's exact solver is checked against
   iproute2               # network namespaces for the realistic link emulation (root only)
   dict-gcide             # English text (GCIDE dictionary) for the language models (package text)
+  prometheus             # promtool checks the /metrics exposition in the observability tests
+  chromium               # headless browser the dashboard test drives
 )
 
 missing=()

@@ -421,11 +421,16 @@ func roleArgs(rps []runPeer, secret string) map[string][]string {
 			a = []string{"peer", "--dht", strings.Join(seeds, ","), "--json", "--quiet"}
 		case RoleCoordinator:
 			a = []string{"train", "pipeline", "--join-wait", strconv.Itoa(workers), "--json"}
+			if len(seeds) > 0 {
+				// Only to publish its status record (skyhive status, dashboard).
+				a = append(a, "--dht", strings.Join(seeds, ","))
+			}
 		case RoleWorker:
 			a = []string{"worker", "--join", coord, "--name", p.Name}
-			if p.Region != "" {
-				a = append(a, "--region", p.Region)
-			}
+		}
+		if p.Region != "" && p.Role != RoleCoordinator {
+			// Workers plan by region; the others show it in their status records.
+			a = append(a, "--region", p.Region)
 		}
 		a = append(a, "--listen", fmt.Sprintf("/ip4/%s/tcp/%d", rp.ip, rp.port), "--identity", rp.key)
 		if p.NAT {

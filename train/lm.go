@@ -11,6 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
@@ -61,6 +64,10 @@ type LMConfig struct {
 	Resume     bool
 	// Stats, if set, receives a JSON line (LMStats) every tenth of the run.
 	Stats io.Writer `json:"-"`
+	// Metrics, if set, receives the skyhive_train_* metrics (steps,
+	// sequences, loss, the final validation loss) while the run runs.
+	// Nil: no metrics.
+	Metrics prometheus.Registerer `json:"-"`
 }
 
 // minLRFraction is where the cosine schedule ends, as a fraction of the
@@ -160,6 +167,10 @@ func RunLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (LMR
 		return res, err
 	}
 	cfg, run := p.cfg, p.run
+	if run.tm, err = metrics.NewTraining(cfg.Metrics); err != nil {
+		return res, err
+	}
+	defer run.tm.Close()
 	res.Model, res.Params, res.CorpusBytes, res.Vocab, res.Seq = run.spec, p.params, p.corpusBytes, p.modelVocab, run.seq
 	res.TrainTokens, res.ValTokens, res.TokenizeSeconds, res.Resumed = len(p.train), len(p.val), p.tokenizeSeconds, p.resumed
 	gcfg, err := models.ParseGPT(run.spec)
@@ -187,6 +198,7 @@ func RunLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (LMR
 		return res, err
 	}
 	res.ValPerplexity = math.Exp(res.ValLoss)
+	run.tm.Eval(res.ValLoss, math.NaN())
 	for _, k := range bigramKs {
 		ref, err := text.TrainBigram(p.train, p.vocab, k)
 		if err != nil {
@@ -506,6 +518,7 @@ type lmRun struct {
 	before    time.Duration // training time before this run (resumed)
 	elapsed   time.Duration // training time of this run
 	lastLoss  float64       // mean loss of the last report interval
+	tm        *metrics.Training
 }
 
 // trained is the training time of all runs.
@@ -579,6 +592,7 @@ func (r *lmRun) train(ctx context.Context, sampler *text.Sampler, out io.Writer)
 			optim.ClipGradNorm(params, r.cfg.ClipNorm)
 		}
 		r.opt.Step()
+		r.tm.Step(r.cfg.BatchSize, float64(loss))
 		r.step++
 		r.elapsed = time.Since(start)
 		lossSum += float64(loss)

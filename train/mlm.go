@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/tensor"
@@ -116,6 +117,10 @@ func RunMLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (ML
 		return res, err
 	}
 	cfg, run := p.cfg, p.run
+	if run.tm, err = metrics.NewTraining(cfg.Metrics); err != nil {
+		return res, err
+	}
+	defer run.tm.Close()
 	mcfg, err := models.ParseMLM(run.spec)
 	if err != nil {
 		return res, err
@@ -140,6 +145,7 @@ func RunMLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (ML
 	}
 	res.EvalTokens, res.MaskedTokens = ev.Windows*run.seq, len(ev.Targets)
 	res.ValLoss, res.ValPerplexity, res.ValAccuracy = ev.Loss, math.Exp(ev.Loss), ev.Accuracy
+	run.tm.Eval(ev.Loss, ev.Accuracy)
 	res.UnigramPerplexity = unigramPerplexity(p.train, ev.Targets, p.vocab)
 	res.Ratio = res.ValPerplexity / res.UnigramPerplexity
 	res.EvalSeconds = time.Since(t1).Seconds()

@@ -16,8 +16,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/skyhive/skyhive/checkpoint"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
@@ -45,6 +48,10 @@ type Config struct {
 	// Input, if set, says how the features were made from raw images; the
 	// checkpoint stores it so that readers can feed the model.
 	Input *data.Preprocessing `json:"-"`
+	// Metrics, if set, receives the skyhive_train_* metrics (steps,
+	// examples, loss, test loss and accuracy after every epoch) while Run
+	// runs. Nil: no metrics.
+	Metrics prometheus.Registerer `json:"-"`
 }
 
 // Validate reports the first invalid field.
@@ -102,6 +109,11 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Dataset, out i
 	steps := int64(loader.Len())
 	sched := optim.Schedule{Peak: cfg.LR, Min: cfg.LR / 100, Warmup: cfg.Warmup, Total: steps * int64(cfg.Epochs), Decay: optim.Cosine}
 	res := Result{Params: nn.NumParams(params)}
+	tm, err := metrics.NewTraining(cfg.Metrics)
+	if err != nil {
+		return res, err
+	}
+	defer tm.Close()
 
 	pos := position{}
 	if cfg.Resume {
@@ -139,6 +151,7 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Dataset, out i
 				optim.ClipGradNorm(params, cfg.ClipNorm)
 			}
 			opt.Step()
+			tm.Step(b.Len(), float64(loss))
 			lossSum += float64(loss)
 			nb++
 			seen += int64(b.Len())
@@ -146,6 +159,7 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Dataset, out i
 		}
 		pos = position{}
 		testLoss, testAcc := Evaluate(model, testSet, 1000)
+		tm.Eval(testLoss, testAcc)
 		st := EpochStats{Epoch: epoch + 1, TrainLoss: lossSum / float64(max(nb, 1)), TestLoss: testLoss, TestAcc: testAcc, Seconds: time.Since(t0).Seconds()}
 		res.Epochs = append(res.Epochs, st)
 		fmt.Fprintf(out, "epoch %d: train loss %.4f, test loss %.4f, test accuracy %.2f%% (%.1fs)\n", st.Epoch, st.TrainLoss, st.TestLoss, 100*st.TestAcc, st.Seconds)

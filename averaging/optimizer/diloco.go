@@ -184,12 +184,15 @@ func (o *Optimizer) stepOuter(ctx context.Context, samples, round int) error {
 	d.local++
 	next := round + 1
 	if d.wa {
-		// Another peer started global outer step k beyond this peer's
-		// next one: this peer is a whole outer step behind, so it joins k
-		// now with the progress made so far (as a WAGMA peer jumps to an
-		// announced global round). For k = next it finishes its H inner
-		// steps first; the others wait for it in the all-reduce.
-		if k := int(o.global.Load()); k > o.lastGlobal && k > next {
+		// Another peer started global outer step k: the first arrival
+		// triggers it, and this peer joins now with the progress made
+		// so far, as a WAGMA peer jumps to an announced global round,
+		// instead of making the others wait for its remaining inner
+		// steps. With τ = 1 every outer step is global and this peer
+		// finishes its H inner steps first (k = next), so that WA-DiLoCo
+		// is then DiLoCo; it still jumps if it is a whole outer step
+		// behind (k > next).
+		if k := int(o.global.Load()); k > o.lastGlobal && (k > next || (k == next && o.cfg.Tau > 1)) {
 			return o.globalOuter(ctx, k)
 		}
 	}

@@ -80,6 +80,9 @@ func (o *Optimizer) matchRound(ctx context.Context, r, stepRound int) GroupInfo 
 	if len(f.Session.Members) < 2 {
 		return info
 	}
-	info.Result, info.Err = o.averageInto(ctx, f.Session, o.Snapshot())
+	o.mu.Lock()
+	snap, r0 := o.snapshotLocked(), o.round
+	o.mu.Unlock()
+	info.Result, info.Err = o.averageInto(ctx, f.Session, snap, r0)
 	return info
 }

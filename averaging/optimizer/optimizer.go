@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/dht"
@@ -159,6 +160,11 @@ type Config struct {
 	// DefaultOuterMomentum; NoMomentum: plain outer SGD; anything else
 	// outside [0, 1) is refused).
 	OuterMomentum float64
+
+	// Metrics, if set, receives the optimizer's Prometheus collector
+	// (rounds, group sizes, bytes, stragglers dropped, staleness; see
+	// docs/observability.md), unregistered by Close. Nil: no metrics.
+	Metrics prometheus.Registerer
 }
 
 // StepInfo describes one finished local step, for progress reporting.
@@ -243,6 +249,8 @@ type Optimizer struct {
 	serving   map[peer.ID]*download
 
 	dl *outer // DiLoCo and WA-DiLoCo only
+
+	m *optimizerMetrics // nil without Config.Metrics
 }
 
 // New returns an optimizer over avg's transport that steps inner; it
@@ -345,6 +353,12 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 			GroupSize: cfg.GroupSize, Dims: cfg.GridDims, Model: cfg.Model,
 		})
 	}
+	if cfg.Metrics != nil {
+		if o.m, err = newOptimizerMetrics(o, cfg.Metrics); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
 	avg.Transport().SetHandler(ActivateProtocol, o.handleActivate)
 	avg.Transport().SetHandler(StateProtocol, o.handleState)
 	return o, nil
@@ -402,6 +416,9 @@ func (o *Optimizer) Close() error {
 	o.mu.Lock()
 	o.closed = true
 	o.mu.Unlock()
+	if o.m != nil {
+		o.m.reg.Unregister(o.m)
+	}
 	o.cancelBG()
 	o.bg.Wait()
 	return nil
@@ -533,6 +550,9 @@ func (o *Optimizer) applyDeltaLocked() {
 // note records the outcome of a collective, giving up on members that
 // failed or did not contribute (MatchRanks).
 func (o *Optimizer) note(ctx context.Context, members []averaging.Member, res averaging.Result, err error) {
+	if o.m != nil {
+		o.m.collective(ctx, len(members), res)
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.stats.BytesSent += res.Sent
@@ -595,10 +615,11 @@ func (o *Optimizer) syncAverage(ctx context.Context, id string, vec []float32) e
 	return ctx.Err()
 }
 
-// averageInto all-reduces snap with the session and leaves the difference
-// between the group's mean and snap as a correction for the next Step, so
-// that local progress made meanwhile is kept.
-func (o *Optimizer) averageInto(ctx context.Context, s averaging.Session, snap []float32) (averaging.Result, error) {
+// averageInto all-reduces snap, the model of round snapRound, with the
+// session and leaves the difference between the group's mean and snap as
+// a correction for the next Step, so that local progress made meanwhile is
+// kept.
+func (o *Optimizer) averageInto(ctx context.Context, s averaging.Session, snap []float32, snapRound int) (averaging.Result, error) {
 	avg := slices.Clone(snap)
 	res, err := o.avg.AllReduce(ctx, s, avg)
 	o.note(ctx, s.Members, res, err)
@@ -608,6 +629,9 @@ func (o *Optimizer) averageInto(ctx context.Context, s averaging.Session, snap [
 	tensor.Axpy(-1, snap, avg)
 	o.mu.Lock()
 	tensor.Axpy(1, avg, o.delta)
+	if o.m != nil {
+		o.m.staleness.Observe(float64(o.round - snapRound))
+	}
 	o.mu.Unlock()
 	return res, err
 }

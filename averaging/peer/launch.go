@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/swarm"
@@ -35,6 +37,10 @@ type LaunchConfig struct {
 	Duration time.Duration
 	// Log receives notices (nil: none).
 	Log io.Writer
+	// Metrics, if set, receives the Prometheus collectors of the
+	// launcher's DHT node and host (each peer process has its own
+	// `--metrics`). Nil: no metrics.
+	Metrics prometheus.Registerer
 }
 
 // StatsFile is where Launch has peer i write its stats.
@@ -69,12 +75,12 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Launched, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return out, err
 	}
-	h, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}})
+	h, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, Metrics: cfg.Metrics})
 	if err != nil {
 		return out, err
 	}
 	defer h.Close()
-	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID())})
+	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), Metrics: cfg.Metrics})
 	if err != nil {
 		return out, err
 	}

@@ -17,11 +17,13 @@ import (
 	"time"
 
 	libp2ppeer "github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/swarm"
@@ -153,6 +155,14 @@ type Config struct {
 	StatsEvery time.Duration
 	// Log receives one-line notices (nil: none).
 	Log io.Writer
+	// Status, if set, runs while the peer is in the swarm, from joining
+	// the DHT until it leaves (`skyhive peer` publishes the peer's status
+	// record with it).
+	Status StatusFunc
+	// Metrics, if set, receives the Prometheus collectors of the peer's
+	// DHT node, averaging optimizer and training loop (the host's come
+	// from Host.Metrics). Nil: no metrics.
+	Metrics prometheus.Registerer
 }
 
 // Result is the outcome of a peer's run.
@@ -195,6 +205,18 @@ type Result struct {
 	ValPerplexity     float64 `json:"val_perplexity,omitempty"`
 	FirstPerplexity   float64 `json:"first_perplexity,omitempty"`
 	UnigramPerplexity float64 `json:"unigram_perplexity,omitempty"`
+	// ComputeSeconds is the time this peer's emulated device was busy
+	// with the steps it completed: the forward and backward passes, the
+	// slowdown's sleep (Config.Slowdown) and the wrapped optimizer's local
+	// update; not the waiting for, or the work of, averaging. TrainSeconds
+	// is the wall time from the start of the first step to the end of the
+	// last completed one, less EvalSeconds, the evaluations in between:
+	// ComputeSeconds / TrainSeconds is the fraction of its training time
+	// the peer computed. TrainStartUnix is when the first step started.
+	ComputeSeconds float64 `json:"compute_seconds"`
+	TrainSeconds   float64 `json:"train_seconds"`
+	EvalSeconds    float64 `json:"eval_seconds"`
+	TrainStartUnix float64 `json:"train_start_unix,omitempty"`
 	// Curve lists the evaluations.
 	Curve []Eval `json:"curve,omitempty"`
 }
@@ -382,7 +404,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		defer func() { stop(); <-watched }()
 	}
 	res.Peer = h.ID().String()
-	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), MaxBytes: cfg.DHTMaxBytes})
+	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), MaxBytes: cfg.DHTMaxBytes, Metrics: cfg.Metrics})
 	if err != nil {
 		return res, err
 	}
@@ -397,6 +419,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, fmt.Errorf("%w at %s within %v: %v (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)",
 			ErrDHT, addrList(cfg.DHT), cfg.JoinTimeout, err)
 	}
+	live := &liveState{}
+	defer startStatus(ctx, cfg, h, node, live)()
 
 	avg := averaging.New(h, averaging.Config{Codec: cfg.Codec, Timeout: cfg.Timeout, Aggregation: cfg.Aggregation, MaxNormRatio: cfg.MaxNormRatio})
 	defer avg.Close()
@@ -405,6 +429,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: node, RoundInterval: cfg.RoundInterval,
 		Model: sig, TargetBatchSize: cfg.TargetBatchSize,
 		InnerSteps: cfg.InnerSteps, OuterLR: cfg.OuterLR, OuterMomentum: cfg.OuterMomentum,
+		Metrics: cfg.Metrics,
 	}
 	mm := averaging.NewMatchmaker(node, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})
 	others, founder, err := waitForPeers(ctx, cfg, mm, node, h.ID(), sig)
@@ -414,11 +439,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.Matchmaking == averaging.MatchRanks {
 		ocfg.Roster, ocfg.Rank = roster(others, h.AddrInfo())
 	}
-	opt, err := optimizer.New(avg, su.inner, ocfg)
+	inner := &timedOptimizer{Optimizer: su.inner}
+	opt, err := optimizer.New(avg, inner, ocfg)
 	if err != nil {
 		return res, err
 	}
 	defer opt.Close()
+	live.setOptimizer(opt)
 
 	// Start from the checkpoint, or from the swarm's state if it has made
 	// progress, or from the shared initial weights.
@@ -453,7 +480,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return res, err
 		}
 	}
-	t := &trainer{cfg: cfg, model: model, opt: opt, task: su.task, dev: dev, start: start, res: &res}
+	t := &trainer{cfg: cfg, model: model, opt: opt, task: su.task, dev: dev, start: start, res: &res, inner: inner, live: live}
+	if t.tm, err = metrics.NewTraining(cfg.Metrics); err != nil {
+		return res, err
+	}
+	defer t.tm.Close()
 	// The first and the last evaluation run to the end even when ctx
 	// ends: the last one comes after the stop.
 	evalCtx := context.WithoutCancel(ctx)

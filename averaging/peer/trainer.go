@@ -13,10 +13,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/progress"
 	"github.com/skyhive/skyhive/swarm"
 )
@@ -30,6 +33,20 @@ type trainer struct {
 	dev   *swarm.Device
 	start time.Time
 	res   *Result
+	// inner is the wrapped optimizer's step timer (nil: its time is not
+	// counted as compute).
+	inner *timedOptimizer
+	// live receives the loss and evaluations for Config.Status (nil: none).
+	live *liveState
+	// tm receives the steps and evaluations for Config.Metrics (nil: none).
+	tm *metrics.Training
+
+	// The loop's compute accounting (its goroutine only; fill copies it
+	// into the result): the start of the first step, the end of the last
+	// completed one, the compute of the completed steps and the time spent
+	// evaluating between the two.
+	firstStep, lastStep time.Time
+	compute, evalTime   time.Duration
 
 	mu       sync.Mutex // guards res.Curve against the stats writer
 	lastStat time.Time
@@ -55,12 +72,16 @@ func (t *trainer) loop(ctx context.Context) error {
 	t.lastStat, t.lastCkpt = time.Now(), time.Now()
 	steps := 0
 	var ema float64
+	var pendingEval time.Duration // evaluation time since the last step
 	for t.cfg.Steps <= 0 || steps < t.cfg.Steps {
 		if ctx.Err() != nil {
 			return nil
 		}
 		t.task.next()
 		t0 := time.Now()
+		if t.firstStep.IsZero() {
+			t.firstStep = t0
+		}
 		t.opt.ZeroGrad()
 		loss, examples, err := t.task.grad(t.model)
 		if err != nil {
@@ -69,6 +90,11 @@ func (t *trainer) loop(ctx context.Context) error {
 		if err := t.dev.Throttle(ctx, time.Since(t0)); err != nil {
 			return nil
 		}
+		// The emulated device is busy from the forward pass to the end of
+		// the throttle, and again in the wrapped optimizer's step inside
+		// Step; Step's waiting and averaging are not compute.
+		busy := time.Since(t0)
+		innerBefore := t.inner.busy()
 		t.opt.Inner().SetLR(learningRate(t.cfg, steps, time.Since(t.start)))
 		ts := time.Now()
 		if err := t.opt.Step(ctx, examples); err != nil {
@@ -77,9 +103,15 @@ func (t *trainer) loop(ctx context.Context) error {
 			}
 			return err
 		}
-		t.res.MaxStepSeconds = max(t.res.MaxStepSeconds, time.Since(ts).Seconds())
+		t.lastStep = time.Now()
+		t.compute += busy + t.inner.busy() - innerBefore
+		t.evalTime += pendingEval
+		pendingEval = 0
+		t.res.MaxStepSeconds = max(t.res.MaxStepSeconds, t.lastStep.Sub(ts).Seconds())
 		steps++
+		t.tm.Step(examples, loss)
 		ema = 0.98*ema + 0.02*loss
+		t.live.setLoss(ema / (1 - math.Pow(0.98, float64(steps)))) // without the average's bias towards 0
 		now := time.Now()
 		if bar != nil && now.Sub(lastBar) >= time.Second {
 			lastBar = now
@@ -93,7 +125,13 @@ func (t *trainer) loop(ctx context.Context) error {
 		}
 		if t.cfg.EvalEvery > 0 && now.Sub(lastEval) >= t.cfg.EvalEvery {
 			lastEval = now
-			if err := t.evaluate(ctx); err != nil {
+			e0 := time.Now()
+			err := t.evaluate(ctx)
+			// Evaluations are the measurement, not the training: their
+			// time between the first and the last step is left out of
+			// TrainSeconds (counted once a step follows).
+			pendingEval += time.Since(e0)
+			if err != nil {
 				if ctx.Err() != nil {
 					return nil // stopped: Run evaluates once more
 				}
@@ -149,6 +187,12 @@ func (t *trainer) evaluate(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.res.Curve = append(t.res.Curve, e)
+	t.live.setEval(e)
+	if t.cfg.lm() {
+		t.tm.Eval(e.Loss, math.NaN())
+	} else {
+		t.tm.Eval(e.Loss, e.Accuracy)
+	}
 	if len(t.res.Curve) == 1 {
 		t.res.FirstAccuracy, t.res.FirstPerplexity = e.Accuracy, e.Perplexity
 	}
@@ -160,6 +204,12 @@ func (t *trainer) fill() {
 	s := t.opt.Stats()
 	p := t.opt.Progress()
 	r := t.res
+	r.ComputeSeconds = t.compute.Seconds()
+	r.EvalSeconds = t.evalTime.Seconds()
+	if !t.lastStep.IsZero() {
+		r.TrainStartUnix = float64(t.firstStep.UnixNano()) / 1e9
+		r.TrainSeconds = (t.lastStep.Sub(t.firstStep) - t.evalTime).Seconds()
+	}
 	r.Steps, r.Rounds, r.Samples = s.Steps, s.Round, s.Samples
 	r.BytesSent, r.BytesReceived = s.BytesSent, s.BytesReceived
 	r.Groups, r.Failures, r.Rejected = s.Groups+s.GlobalSyncs, s.Failures, s.Rejected
@@ -215,4 +265,26 @@ func rss() int64 {
 	}
 	pages, _ := strconv.ParseInt(f[1], 10, 64)
 	return pages * int64(os.Getpagesize())
+}
+
+// timedOptimizer counts the time the wrapped optimizer spends in Step:
+// the local update is compute, whichever averaging algorithm calls it.
+type timedOptimizer struct {
+	optim.Optimizer
+	nanos atomic.Int64
+}
+
+// Step runs the wrapped Step and adds its duration.
+func (o *timedOptimizer) Step() {
+	t0 := time.Now()
+	o.Optimizer.Step()
+	o.nanos.Add(int64(time.Since(t0)))
+}
+
+// busy is the time spent in Step so far (0 for a nil o).
+func (o *timedOptimizer) busy() time.Duration {
+	if o == nil {
+		return 0
+	}
+	return time.Duration(o.nanos.Load())
 }

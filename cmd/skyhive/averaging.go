@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,8 @@ import (
 	"github.com/skyhive/skyhive/averaging/peer"
 	"github.com/skyhive/skyhive/averaging/sim"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/train"
@@ -39,6 +42,9 @@ type peerFlags struct {
 	asJSON bool
 	quiet  bool
 	lm     averagingLMFlags
+	status statusFlags
+
+	metrics metricsFlags
 }
 
 // averagingLMFlags are the language-model options of `skyhive peer` and
@@ -203,6 +209,8 @@ func newPeerCmd() *cobra.Command {
 	fl.BoolVar(&f.asJSON, "json", false, "print the final result as one JSON line (benchmark protocol) on stdout")
 	fl.BoolVar(&f.quiet, "quiet", false, "no progress bar")
 	f.lm.register(fl)
+	f.status.register(fl)
+	f.metrics.register(fl)
 	return cmd
 }
 
@@ -268,6 +276,18 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 	}
 	c.Log = cmd.ErrOrStderr()
 	c.Reach = func(r p2p.Reach) { printReach(cmd.ErrOrStderr(), r) }
+	if err := f.status.check(); err != nil {
+		return err
+	}
+	if f.status.every > 0 {
+		c.Status = func(ctx context.Context, h *p2p.Host, node *dht.Node, live func() peer.Live) {
+			stop := f.status.start(ctx, cmd.ErrOrStderr(), h, node, metrics.RolePeer, func(s *metrics.Status) {
+				peerStatus(s, live(), c.RunID, string(c.Algo))
+			})
+			<-ctx.Done()
+			stop()
+		}
+	}
 	if f.stats != "" {
 		sf, err := os.OpenFile(f.stats, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
@@ -276,6 +296,12 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 		defer sf.Close()
 		c.Stats = sf
 	}
+	reg, stopMetrics, err := f.metrics.start(cmd.Context(), cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	c.Host.Metrics, c.Metrics = reg.Registerer(), reg.Registerer()
 	res, err := peer.Run(cmd.Context(), c)
 	if c.Progress != nil {
 		fmt.Fprintln(c.Progress)
@@ -284,6 +310,18 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 		return peerFlagHint(err)
 	}
 	return reportPeer(cmd.OutOrStdout(), res, f.asJSON)
+}
+
+// peerStatus fills an averaging peer's status record from its numbers.
+func peerStatus(s *metrics.Status, l peer.Live, run, algo string) {
+	st := l.Stats
+	s.Step, s.Samples, s.Loss = int64(st.Steps), st.Samples, metrics.Float(l.Loss)
+	if e := l.Eval; e != nil && e.Perplexity == 0 {
+		s.Accuracy = metrics.Float(e.Accuracy) // language models report perplexity, not accuracy
+	}
+	s.Averaging = &metrics.AveragingStatus{Run: run, Algo: algo, Round: int64(st.Round),
+		Groups: int64(st.Groups + st.GlobalSyncs), GroupMembers: int64(st.GroupMembers),
+		Alone: int64(st.Alone), Failures: int64(st.Failures), SwarmPeers: l.Progress.Peers, Epoch: int64(l.Progress.Epoch)}
 }
 
 // peerFlagHint names the flags behind the peer's configuration errors.
@@ -375,6 +413,8 @@ type averagingFlags struct {
 	data                   dataFlags
 	lm                     averagingLMFlags
 	out                    outputFlags
+
+	metrics metricsFlags
 }
 
 func (a *averagingFlags) register(fl *pflag.FlagSet) {
@@ -430,6 +470,7 @@ func newTrainAveragingCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd) },
 	}
 	a.register(cmd.Flags())
+	a.metrics.register(cmd.Flags())
 	return cmd
 }
 
@@ -518,8 +559,14 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 	}
 	fmt.Fprintf(out, "%s with %d peer processes (slowdowns %.1f..%.1f), %s, %s; logs in %s\n",
 		a.algo, a.peers, a.slowLo, a.slowHi, what, length, dir)
+	reg, stopMetrics, err := a.metrics.start(cmd.Context(), out)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	res, err := peer.Launch(cmd.Context(), peer.LaunchConfig{
 		Exe: exe, Peers: a.peers, Slowdowns: slow, Args: args, Dir: dir, Duration: duration, Log: out,
+		Metrics: reg.Registerer(),
 	})
 	if serr := a.copyStats(dir); serr != nil && err == nil {
 		err = serr

@@ -12,9 +12,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/p2p"
 )
 
@@ -33,12 +35,16 @@ type dhtServeFlags struct {
 	dhtFlags
 	out        outputFlags
 	statsEvery time.Duration
+	status     statusFlags
+	metrics    metricsFlags
 }
 
 func (f *dhtServeFlags) register(cmd *cobra.Command) {
 	f.dhtFlags.register(cmd, "other DHT nodes to join: multiaddrs ending in /p2p/PEER_ID (none: this node starts a DHT)")
 	f.out.register(cmd.Flags(), "the node's peer ID and addresses", "routing-table peers and stored records, every --stats-every")
 	cmd.Flags().DurationVar(&f.statsEvery, "stats-every", 10*time.Second, "interval of --stats lines")
+	f.status.register(cmd.Flags())
+	f.metrics.register(cmd.Flags())
 }
 
 func newDHTCmd() *cobra.Command {
@@ -153,8 +159,9 @@ func printable(b []byte) string {
 	return s
 }
 
-// startDHT starts a host and a DHT node on it.
-func startDHT(ctx context.Context, f dhtFlags, client bool) (*p2p.Host, *dht.Node, []peer.AddrInfo, error) {
+// startDHT starts a host and a DHT node on it, reporting to reg (nil: no
+// metrics).
+func startDHT(ctx context.Context, f dhtFlags, client bool, reg prometheus.Registerer) (*p2p.Host, *dht.Node, []peer.AddrInfo, error) {
 	seeds, err := f.net.seeds()
 	if err != nil {
 		return nil, nil, nil, err
@@ -163,6 +170,7 @@ func startDHT(ctx context.Context, f dhtFlags, client bool) (*p2p.Host, *dht.Nod
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	cfg.Metrics = reg
 	h, err := p2p.New(ctx, cfg)
 	if err != nil {
 		return nil, nil, nil, err
@@ -171,6 +179,7 @@ func startDHT(ctx context.Context, f dhtFlags, client bool) (*p2p.Host, *dht.Nod
 		PrivKey:    h.LibP2P().Peerstore().PrivKey(h.ID()),
 		ClientMode: client,
 		MaxBytes:   f.net.dhtMaxBytes(),
+		Metrics:    reg,
 	})
 	if err != nil {
 		h.Close()
@@ -184,12 +193,20 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 	if f.out.stats != "" && f.statsEvery <= 0 {
 		return fmt.Errorf("--stats-every must be positive, got %v", f.statsEvery)
 	}
+	if err := f.status.check(); err != nil {
+		return err
+	}
 	stats, closeStats, err := f.out.openStats()
 	if err != nil {
 		return err
 	}
 	defer closeStats()
-	h, n, seeds, err := startDHT(ctx, f.dhtFlags, false)
+	reg, stopMetrics, err := f.metrics.start(ctx, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	h, n, seeds, err := startDHT(ctx, f.dhtFlags, false, reg.Registerer())
 	if err != nil {
 		return err
 	}
@@ -213,6 +230,9 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 		}
 		fmt.Fprintf(cmd.ErrOrStderr(), "joined: %d peers in routing table\n", len(n.Peers()))
 	}
+	defer f.status.start(ctx, cmd.ErrOrStderr(), h, n, metrics.RoleDHT, func(s *metrics.Status) {
+		s.DHT = &metrics.DHTStatus{Peers: len(n.Peers()), Records: n.Records()}
+	})()
 	var tick <-chan time.Time
 	if stats != nil {
 		t := time.NewTicker(f.statsEvery)
@@ -244,7 +264,7 @@ func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *p
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	h, n, seeds, err := startDHT(ctx, f, true)
+	h, n, seeds, err := startDHT(ctx, f, true, nil)
 	if err != nil {
 		return err
 	}

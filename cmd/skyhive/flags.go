@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
 )
@@ -29,7 +30,9 @@ import (
 //     swarm (--swarm-secret, or --swarm-key with --member-token);
 //   - emulated links: --latency (one-way, a Go duration) and --bandwidth
 //     (Mbit/s), as in netem's region profiles;
-//   - data: --data-dir and --limit.
+//   - data: --data-dir and --limit;
+//   - metrics: --metrics ADDR (Prometheus metrics on http://ADDR/metrics),
+//     on every long-running command.
 
 // outputFlags are --json and --stats.
 type outputFlags struct {
@@ -307,4 +310,35 @@ func reportReach(ctx context.Context, h *p2p.Host, w, jsonOut io.Writer) {
 			}
 		})
 	}()
+}
+
+// metricsFlags is --metrics ADDR, which every long-running command has:
+// serve the process's Prometheus metrics on http://ADDR/metrics.
+type metricsFlags struct {
+	addr string
+}
+
+func (m *metricsFlags) register(fl *pflag.FlagSet) {
+	fl.StringVar(&m.addr, "metrics", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9100 (port 0: a free one; see docs/observability.md)")
+}
+
+// start serves a new registry on --metrics until ctx ends or stop is
+// called, and says where on log. Without --metrics the registry is nil
+// (its Registerer too: no component counts anything) and stop does
+// nothing.
+func (m *metricsFlags) start(ctx context.Context, log io.Writer) (reg *metrics.Registry, stop func(), err error) {
+	if m.addr == "" {
+		return nil, func() {}, nil
+	}
+	reg = metrics.NewRegistry()
+	srv, err := metrics.Serve(ctx, m.addr, reg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--metrics: %w", err)
+	}
+	fmt.Fprintf(log, "metrics on %s\n", srv.URL())
+	return reg, func() {
+		if err := srv.Close(); err != nil {
+			fmt.Fprintf(log, "metrics: %v\n", err)
+		}
+	}, nil
 }

@@ -63,6 +63,8 @@ func newRootCmd() *cobra.Command {
 		newSwarmCmd(),
 		newKeygenCmd(),
 		newAttackCmd(),
+		newStatusCmd(),
+		newDashboardCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

@@ -16,6 +16,7 @@ import (
 
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/client"
 	"github.com/skyhive/skyhive/moe/server"
@@ -48,6 +49,11 @@ type moeFlags struct {
 	// DMoE transformer language model (moeLMFlags).
 	dataset string
 	lm      moeLMFlags
+	// live receives the training numbers for the status record (nil:
+	// none is published).
+	live *metrics.Live
+	// tm receives the training numbers for --metrics (nil: none).
+	tm *metrics.Training
 }
 
 // moeLMFlags are the options of a DMoE language model (--data gcide).
@@ -186,7 +192,12 @@ func (m *moeFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Grid
 	}
 	defer closeStats()
 	lines := jsonLines{w: stats}
+
+	// The epoch and its samples at m.tm's last step.
+	tmEpoch, tmSamples := 0, int64(0)
 	var bar *progress.Bar // the current epoch's
+	// The finished epochs' steps and samples, for m.live (under its lock).
+	var doneSteps, doneSamples int64
 	t, err := client.NewTrainer(ctx, client.TrainerConfig{
 		Model: client.ModelConfig{Inputs: 784, Hidden: m.hidden, Classes: 10, Grids: grids, CacheTTL: m.cacheTTL, Seed: f.cfg.Seed,
 			Layer: client.Config{KBest: m.kBest, KMin: m.kMin, ForwardTimeout: m.forwardTimeout, TimeoutAfterKMin: m.afterKMin,
@@ -195,8 +206,16 @@ func (m *moeFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Grid
 		Trainers:  m.trainers,
 		Optimizer: optim.AdamWConfig{LR: f.cfg.LR, WeightDecay: f.cfg.WeightDecay},
 		Train:     trainSet, Batch: f.cfg.BatchSize, Seed: f.cfg.Seed,
-		OnStep: func(_ int, s client.Stats) {
+		OnStep: func(epoch int, s client.Stats) {
 			bar.Update(int(s.Steps), s.Samples, progress.F("loss", s.MeanLoss()), progress.F("failed", float64(s.Failed)))
+			if epoch != tmEpoch {
+				tmEpoch, tmSamples = epoch, 0
+			}
+			m.tm.Step(int(s.Samples-tmSamples), s.MeanLoss())
+			tmSamples = s.Samples
+			m.live.Update(func(l *metrics.Status) {
+				l.Step, l.Samples, l.Loss = doneSteps+s.Steps, doneSamples+s.Samples, metrics.Float(s.MeanLoss())
+			})
 		},
 	})
 	if err != nil {
@@ -228,11 +247,16 @@ func (m *moeFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Grid
 		LR:       optim.Schedule{Peak: f.cfg.LR, Min: f.cfg.LR / 20, Warmup: min(f.cfg.Warmup, totalSteps/10), Total: totalSteps, Decay: optim.Cosine},
 		OnEpoch: func(ctx context.Context, epoch int, s client.Stats) error {
 			reportFailures(s)
-			_, acc, err := t.Evaluate(ctx, testSet)
+			testLoss, acc, err := t.Evaluate(ctx, testSet)
 			if err != nil {
 				return err
 			}
+			m.tm.Eval(testLoss, acc)
 			fmt.Fprintf(out, "\nepoch %d: test accuracy %.2f%% (%d examples)\n", epoch+1, 100*acc, testSet.Len())
+			m.live.Update(func(l *metrics.Status) {
+				doneSteps, doneSamples = doneSteps+s.Steps, doneSamples+s.Samples
+				l.Accuracy = metrics.Float(acc)
+			})
 			e := moeEpoch{Epoch: epoch + 1, Steps: s.Steps, Failed: s.Failed, Samples: s.Samples, TrainLoss: s.MeanLoss(),
 				TestAccuracy: acc, Seconds: s.Elapsed.Seconds()}
 			res.Epochs = append(res.Epochs, e)
@@ -277,7 +301,8 @@ func (m *moeFlags) report(w io.Writer, res moeResult) error {
 // moeTrainFlags are the options of `skyhive train moe`.
 type moeTrainFlags struct {
 	moeFlags
-	net connectFlags
+	net    connectFlags
+	status statusFlags
 }
 
 func newTrainMoECmd() *cobra.Command {
@@ -301,6 +326,8 @@ func newTrainMoECmd() *cobra.Command {
 	fl := cmd.Flags()
 	m.register(fl, 0)
 	m.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
+	m.status.register(fl)
+	m.train.metrics.register(fl)
 	return cmd
 }
 
@@ -313,6 +340,9 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	grids, err := parseGrids(m.grids)
 	if err != nil {
 		return fmt.Errorf("--grids: %w", err)
+	}
+	if err := m.status.check(); err != nil {
+		return err
 	}
 	seeds, err := m.net.seeds()
 	if err != nil {
@@ -331,6 +361,16 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
+	reg, stopMetrics, err := m.train.metrics.start(ctx, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	if m.tm, err = metrics.NewTraining(reg.Registerer()); err != nil {
+		return err
+	}
+	defer m.tm.Close()
+	hcfg.Metrics = reg.Registerer()
 	h, err := p2p.New(ctx, hcfg)
 	if err != nil {
 		return err
@@ -341,7 +381,8 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	node, err := dht.New(tr, dht.Config{ClientMode: true})
+	// The key signs this trainer's status record.
+	node, err := dht.New(tr, dht.Config{ClientMode: true, PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), Metrics: reg.Registerer()})
 	if err != nil {
 		return err
 	}
@@ -349,6 +390,8 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	if err := node.Bootstrap(ctx, seeds); err != nil {
 		return fmt.Errorf("join DHT: %w", err)
 	}
+	m.live = &metrics.Live{}
+	defer m.status.start(ctx, cmd.ErrOrStderr(), h, node, metrics.RoleTrainer, m.live.Sample)()
 	out := cmd.ErrOrStderr()
 	res, err := m.trainOn(ctx, out, d, grids, tr, node)
 	if err != nil {
@@ -600,12 +643,21 @@ func (m *moeFlags) trainLM(ctx context.Context, out io.Writer, grids []moe.Grid,
 		Steps:    steps,
 		LR:       optim.Schedule{Peak: f.cfg.LR, Min: f.cfg.LR / 10, Warmup: min(f.cfg.Warmup, steps/10), Total: steps, Decay: optim.Cosine},
 		ClipNorm: m.lm.clip,
-		OnStep: func(step int64, loss float64, _ error) {
+		OnStep: func(step int64, loss float64, err error) {
 			if !math.IsNaN(loss) {
 				sum += loss
 				n++
 			}
+			if err == nil {
+				m.tm.Step(f.cfg.BatchSize, loss)
+			}
 			bar.Update(int(step+1), (step+1)*tokens, progress.F("loss", sum/float64(max(n, 1))))
+			m.live.Update(func(l *metrics.Status) {
+				l.Step, l.Samples = step+1, (step+1)*int64(f.cfg.BatchSize)
+				if !math.IsNaN(loss) {
+					l.Loss = metrics.Float(loss)
+				}
+			})
 			if (step+1)%max(steps/10, 1) == 0 {
 				lines.write(moeEpoch{Steps: step + 1, TrainLoss: sum / float64(max(n, 1)), Seconds: time.Since(start).Seconds()})
 				sum, n = 0, 0
@@ -626,6 +678,7 @@ func (m *moeFlags) trainLM(ctx context.Context, out io.Writer, grids []moe.Grid,
 		return res, fmt.Errorf("validation: %w", err)
 	}
 	res.ValLoss, res.ValPerplexity = vl, math.Exp(vl)
+	m.tm.Eval(vl, math.NaN())
 	res.EvalTokens = (len(c.val) - 1) / seq * seq
 	fmt.Fprintln(out)
 	if lines.err != nil {

@@ -16,6 +16,8 @@ import (
 
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/optim"
@@ -53,6 +55,10 @@ type pipelineFlags struct {
 	link            linkFlags
 	compare         string
 	compareRounds   int
+	status          statusFlags
+	// live receives the iterations for the status record (nil: none is
+	// published).
+	live *metrics.Live
 }
 
 func newTrainPipelineCmd() *cobra.Command {
@@ -87,7 +93,8 @@ func newTrainPipelineCmd() *cobra.Command {
 	fl.Float64Var(&p.slowdownMax, "slowdown-max", 1, "draw local workers' slowdowns from U[1,MAX] (seeded by --seed)")
 	fl.StringVar(&p.memCaps, "mem-caps", "", "comma-separated memory cap in bytes per local worker")
 	fl.IntVar(&p.joinWait, "join-wait", 0, "wait for N external workers to join (skyhive worker --join ADDR)")
-	p.net.register(fl, "")
+	p.net.register(fl, "DHT peers of a swarm to publish this coordinator's status record (stages, plan, loss) through, for skyhive status and skyhive dashboard (optional: the pipeline does not need a DHT)")
+	p.status.registerEvery(fl)
 	fl.StringVar(&p.planFile, "plan", "", "fixed initial plan JSON {\"stages\":[{\"device\":0,\"first\":0,\"last\":4},...]}")
 	fl.StringVar(&p.strategy, "strategy", "skyhive", "allocation strategy ("+strings.Join(alloc.StrategyNames(), ", ")+")")
 	fl.StringVar(&p.schedule, "schedule", "1f1b", "schedule (sequential, gpipe, 1f1b)")
@@ -104,6 +111,7 @@ func newTrainPipelineCmd() *cobra.Command {
 	p.link.register(fl, "between two regions a and b of local workers (instead of --regions)", 0)
 	fl.StringVar(&p.compare, "compare", "", "before training, measure the iteration time of these strategies' plans in turn (e.g. even,skyhive), then train with --strategy")
 	fl.IntVar(&p.compareRounds, "compare-rounds", 5, "measured iterations per strategy of --compare (alternating, after one warm-up each)")
+	p.train.metrics.register(fl)
 	renameFlags(fl, map[string]string{"link-latency": "latency", "link-bandwidth": "bandwidth", "micro-batches": "micro"})
 	return cmd
 }
@@ -252,7 +260,13 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	if len(hcfg.ListenAddrs) == 0 && p.joinWait == 0 {
 		hcfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"} // local workers only
 	}
-	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{Host: hcfg, Network: netw, Region: p.coordRegion})
+	reg, stopMetrics, err := f.metrics.start(ctx, out)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	hcfg.Metrics = reg.Registerer()
+	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{Host: hcfg, Network: netw, Region: p.coordRegion, Metrics: reg.Registerer()})
 	if err != nil {
 		return err
 	}
@@ -260,6 +274,11 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	if p.joinWait > 0 {
 		reportReach(ctx, c.Host(), out, nil)
 	}
+	stopStatus, err := p.publishStatus(ctx, c, out)
+	if err != nil {
+		return err
+	}
+	defer stopStatus()
 	var local *swarm.LocalProcs
 	if p.workers > 0 {
 		sl, err := p.localSlowdowns(f.cfg.Seed)
@@ -330,6 +349,7 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	defer s.Close()
 	topts := pipeline.TrainOptions{Data: pipeline.NewBatches(loader), Steps: int(total), Eval: testSet, EvalBatch: 512,
 		OnIteration: func(st pipeline.IterStats) error {
+			pipelineStatus(p.live, st, f.cfg.BatchSize)
 			if st.Event != "" || st.Iter == 0 || (p.logEvery > 0 && (st.Iter+1)%p.logEvery == 0) {
 				st.WriteTable(out)
 			}
@@ -369,6 +389,64 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	fmt.Fprintf(cmd.OutOrStdout(), "pipeline: %d iterations run in %.1fs (%.1f ms/iteration; %d in all), final loss %.4f, test accuracy %.2f%%\n",
 		res.Ran, res.Seconds, 1e3*res.Seconds/float64(max(res.Ran, 1)), res.Iterations, res.FinalLoss, 100*res.TestAccuracy)
 	return nil
+}
+
+// publishStatus joins the DHT of --dht, if given, as a client and
+// publishes the coordinator's status record there until the returned stop
+// is called. The pipeline does not need the DHT: if it cannot be joined
+// the coordinator trains without publishing.
+func (p *pipelineFlags) publishStatus(ctx context.Context, c *pipeline.Coordinator, log io.Writer) (stop func(), err error) {
+	if err := p.status.check(); err != nil {
+		return nil, err
+	}
+	seeds, err := p.net.seeds()
+	if err != nil || len(seeds) == 0 || p.status.every == 0 || c.Host() == nil {
+		return func() {}, err
+	}
+	h := c.Host()
+	node, err := dht.New(h, dht.Config{ClientMode: true, PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID())})
+	if err != nil {
+		return nil, err
+	}
+	bctx, cancel := context.WithTimeout(ctx, time.Minute)
+	err = node.Bootstrap(bctx, seeds)
+	cancel()
+	if err != nil {
+		node.Close()
+		fmt.Fprintf(log, "--dht: %v; training without publishing a status record\n", err)
+		return func() {}, nil
+	}
+	p.live = &metrics.Live{}
+	p.status.region = p.coordRegion
+	stopPub := p.status.start(ctx, log, h, node, metrics.RoleCoordinator, func(s *metrics.Status) {
+		p.live.Sample(s)
+		if s.Pipeline != nil {
+			ps := *s.Pipeline
+			ps.Workers = len(c.Workers())
+			s.Pipeline = &ps
+		} else {
+			s.Pipeline = &metrics.PipelineStatus{Workers: len(c.Workers())}
+		}
+	})
+	return func() { stopPub(); node.Close() }, nil
+}
+
+// pipelineStatus records an iteration of batch examples for the status
+// record.
+func pipelineStatus(l *metrics.Live, st pipeline.IterStats, batch int) {
+	l.Update(func(s *metrics.Status) {
+		s.Step, s.Samples = int64(st.Iter+1), int64(st.Iter+1)*int64(batch)
+		s.Loss, s.Accuracy = metrics.Float(st.Loss), metrics.Float(st.Accuracy)
+		ps := &metrics.PipelineStatus{Iter: int64(st.Iter), Plan: st.Gen, Seconds: st.Seconds, Event: st.Event}
+		if ps.Event == "" && s.Pipeline != nil {
+			ps.Event = s.Pipeline.Event // the last re-plan
+		}
+		for _, t := range st.Stages {
+			ps.Stages = append(ps.Stages, metrics.Stage{Stage: t.Stage, Worker: t.Worker, First: t.First, Last: t.Last,
+				Compute: t.Compute, Comm: t.Comm, Idle: t.Idle})
+		}
+		s.Pipeline = ps
+	})
 }
 
 // failureDrill returns the hook that runs --kill-worker before iteration
@@ -678,6 +756,7 @@ func (p *pipelineFlags) trainLM(cmd *cobra.Command, c *pipeline.Coordinator, loc
 		}
 		last = st
 		res.Ran++
+		pipelineStatus(p.live, st, batch)
 		if enc != nil {
 			if err := enc.Encode(st); err != nil {
 				return fmt.Errorf("writing stats: %w", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/server"
 	"github.com/skyhive/skyhive/p2p"
@@ -43,6 +44,8 @@ type serverFlags struct {
 	statsEvery   time.Duration
 	out          outputFlags
 	maxExperts   int
+	status       statusFlags
+	metrics      metricsFlags
 }
 
 func newServerCmd() *cobra.Command {
@@ -87,6 +90,8 @@ func newServerCmd() *cobra.Command {
 	f.out.register(fl, "the statistics (instead of tables), one object per line,", "the statistics, every --stats-every and on exit")
 	renameFlags(fl, map[string]string{"stats-file": "stats", "workers": "parallel-batches"})
 	fl.IntVar(&f.maxExperts, "max-experts", 1<<16, "refuse specifications with more experts")
+	f.status.register(fl)
+	f.metrics.register(fl)
 	return cmd
 }
 
@@ -94,6 +99,9 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	ctx := cmd.Context()
 	uids, err := moe.ParseExperts(f.experts, f.maxExperts)
 	if err != nil {
+		return err
+	}
+	if err := f.status.check(); err != nil {
 		return err
 	}
 	seeds, err := f.net.seeds()
@@ -109,13 +117,19 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 		// Queued requests' tensors get at most a quarter of the budget.
 		f.queueMiB = min(f.queueMiB, max(b/4, 1))
 	}
+	reg, stopMetrics, err := f.metrics.start(ctx, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	hcfg.Metrics = reg.Registerer()
 	h, err := p2p.New(ctx, hcfg)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
 	h.ServeDialback()
-	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), MaxBytes: f.net.dhtMaxBytes()})
+	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), MaxBytes: f.net.dhtMaxBytes(), Metrics: reg.Registerer()})
 	if err != nil {
 		return err
 	}
@@ -144,12 +158,14 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 		RequestMemory: f.requestMiB << 20, QueueMemory: f.queueMiB << 20, ZeroInit: f.zeroInit, Seed: f.seed, Lazy: f.lazy,
 		Limits:       wireLimitsFor(f.maxBatch, f.hidden),
 		DeclareEvery: f.declareEvery, CheckpointPath: f.checkpoint, CheckpointEvery: f.ckptEvery,
-		Logger: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger:  slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Metrics: reg.Registerer(),
 	})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "serving %s … %s; Ctrl-C to stop\n", uids[0], uids[len(uids)-1])
+	defer f.status.start(ctx, cmd.ErrOrStderr(), h, node, metrics.RoleServer, func(s *metrics.Status) { serverStatus(s, srv.Stats()) })()
 	stats, closeStats, err := f.out.openStats()
 	if err != nil {
 		srv.Close()
@@ -207,4 +223,20 @@ func printServerStats(w io.Writer, st server.Stats) {
 		fmt.Fprintln(tw, "(no requests yet)")
 	}
 	tw.Flush()
+}
+
+// serverStatus fills an expert server's status record from its counters:
+// optimizer updates as steps, forward rows as samples, and the experts'
+// calls.
+func serverStatus(s *metrics.Status, st server.Stats) {
+	e := &metrics.ExpertsStatus{Hosted: len(st.Experts)}
+	for _, x := range st.Experts {
+		s.Step += x.Updates
+		s.Samples += x.Forward.Rows
+		calls, errs := x.Forward.Requests+x.Backward.Requests, x.Forward.Errors+x.Backward.Errors
+		e.Requests += calls
+		e.Errors += errs
+		e.Loads = append(e.Loads, metrics.ExpertLoad{UID: x.UID, Calls: calls, Rows: x.Forward.Rows + x.Backward.Rows, Errors: errs})
+	}
+	s.Experts = e
 }

@@ -23,6 +23,7 @@ type trainFlags struct {
 	data    dataFlags
 	lm      lmFlags // train local: language models
 	out     outputFlags
+	metrics metricsFlags // registered by the commands that serve metrics
 }
 
 // register adds the flags every AdamW training command has.
@@ -50,6 +51,12 @@ func (f *trainFlags) registerModel(fl *pflag.FlagSet, datasets string) {
 // A language model (--model gpt-mini) trains on text (--data gcide by
 // default); an image model on Fashion-MNIST.
 func (f *trainFlags) runLocal(cmd *cobra.Command) error {
+	reg, stopMetrics, err := f.metrics.start(cmd.Context(), cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	f.cfg.Metrics = reg.Registerer()
 	lm, dataset := train.IsLanguageModel(f.cfg.Model), f.dataset
 	if lm && !cmd.Flags().Changed("data") {
 		dataset = "gcide"
@@ -148,5 +155,6 @@ func newTrainLocalCmd(use string) *cobra.Command {
 	f.lm.register(fl)
 	fl.Lookup("model").Usage = "model: " + models.Usage() + "; language models: gpt-mini, gpt-small, gpt-medium (the tokenizer's vocabulary and --seq) or " + models.LMUsage()
 	f.out.register(fl, "the result (epochs, accuracy, time; language models: perplexities, bigram, ratio, sample)", "one per epoch (language models: every tenth of the run)")
+	f.metrics.register(fl)
 	return cmd
 }

@@ -104,7 +104,7 @@ func (f *trainFlags) runLM(cmd *cobra.Command, dataset string) error {
 		BatchSize: lmBatch, LR: lmLR, WeightDecay: f.cfg.WeightDecay, Warmup: lmWarmup, ClipNorm: lmClip, Seed: f.cfg.Seed,
 		Steps: l.steps, Duration: l.duration, EvalTokens: l.evalTokens,
 		Prompt: l.prompt, SampleTokens: l.sampleTokens, Temperature: l.temperature,
-		Checkpoint: f.cfg.Checkpoint, Resume: f.cfg.Resume,
+		Checkpoint: f.cfg.Checkpoint, Resume: f.cfg.Resume, Metrics: f.cfg.Metrics,
 	}
 	if masked {
 		cfg.LR = mlmLR

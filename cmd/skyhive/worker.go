@@ -14,6 +14,7 @@ import (
 func newWorkerCmd() *cobra.Command {
 	var cfg pipeline.WorkerConfig
 	var net connectFlags
+	var mf metricsFlags
 	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "worker --join ADDR",
@@ -38,6 +39,12 @@ func newWorkerCmd() *cobra.Command {
 			if cfg.Host, err = net.config(); err != nil {
 				return err
 			}
+			reg, stopMetrics, err := mf.start(cmd.Context(), cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
+			cfg.Host.Metrics, cfg.Metrics = reg.Registerer(), reg.Registerer()
 			cfg.Reach = func(r p2p.Reach) { printReach(cmd.ErrOrStderr(), r) }
 			err = pipeline.RunWorker(cmd.Context(), cfg)
 			if errors.Is(err, pipeline.ErrCoordinatorAddr) {
@@ -55,6 +62,7 @@ func newWorkerCmd() *cobra.Command {
 	fl.Int64Var(&cfg.MemCap, "mem-cap", 0, "memory cap in bytes for the assigned layers (0: none)")
 	fl.DurationVar(&cfg.Heartbeat, "heartbeat", 0, "interval of liveness pings to the coordinator (default 1s)")
 	fl.BoolVar(&verbose, "verbose", false, "log stage assignments and joins")
+	mf.register(fl)
 	cmd.MarkFlagRequired("join")
 	return cmd
 }

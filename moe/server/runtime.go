@@ -51,6 +51,7 @@ type runtime struct {
 	queuedBytes int64
 	closed      bool
 	wake        chan struct{}
+	m           *serverMetrics // nil without Config.Metrics
 }
 
 var errClosed = errors.New("moe/server: server closed")
@@ -279,6 +280,9 @@ func (r *runtime) process(p *pool, batch []*task) {
 		answered++
 	}
 	skipped := e.record(p.backward, oc, answered, rows, latency, end.Sub(start))
+	if r.m != nil {
+		r.m.batch(p.backward, rows, batch, end)
+	}
 	if oc.skipped && skipped&(skipped-1) == 0 {
 		// Logged at the 1st, 2nd, 4th, 8th… skip, so a stream of bad
 		// gradients cannot flood the log; the count is in the stats.

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
@@ -148,6 +149,10 @@ type Config struct {
 
 	// Logger receives declaration and checkpoint errors; nil discards.
 	Logger *slog.Logger
+	// Metrics, if set, receives the server's Prometheus collector
+	// (requests, batch sizes, queue, latencies, skipped steps; see
+	// docs/observability.md), unregistered by Close. Nil: no metrics.
+	Metrics prometheus.Registerer
 }
 
 func (c *Config) defaults() error {
@@ -251,6 +256,7 @@ type Server struct {
 	order   []string
 	rt      *runtime
 	start   time.Time
+	m       *serverMetrics // nil without Config.Metrics
 
 	failMu  sync.Mutex
 	failRng *rand.Rand
@@ -303,6 +309,13 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	if cfg.Metrics != nil {
+		var err error
+		if s.m, err = newServerMetrics(s, cfg.Metrics); err != nil {
+			return nil, err
+		}
+		s.rt.m = s.m
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	for range cfg.Workers {
@@ -330,6 +343,9 @@ func (s *Server) UIDs() []string { return slices.Clone(s.order) }
 // or the DHT node, which belong to the caller.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
+		if s.m != nil {
+			s.m.reg.Unregister(s.m)
+		}
 		s.rt.close()
 		s.cancel()
 		s.wg.Wait()

@@ -1,0 +1,775 @@
+package experiment
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/averaging/peer"
+	"github.com/skyhive/skyhive/averaging/sim"
+	"github.com/skyhive/skyhive/bench"
+	"github.com/skyhive/skyhive/chart"
+	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/netem"
+	"github.com/skyhive/skyhive/stats"
+	"github.com/skyhive/skyhive/swarm"
+)
+
+// geoName names the experiment, its results and its run directory.
+const geoName = "geo-data-parallel"
+
+// geoAlgos are the experiment's runs, in order; --only takes these names.
+var geoAlgos = []optimizer.Algo{optimizer.AllReduce, optimizer.Local, optimizer.WAGMA, optimizer.DiLoCo, optimizer.WADiLoCo}
+
+// geoDataParallel trains Fashion-MNIST with `skyhive peer` processes in
+// three emulated regions, once per data-parallel algorithm, on the same
+// swarm (the same peers, regions, shards and device speeds), and compares
+// the time to a target accuracy, the bytes sent per sample and the
+// fraction of time the peers compute.
+func geoDataParallel() Experiment {
+	return Experiment{
+		Name:  geoName,
+		Short: "Fashion-MNIST on peer processes in 3 emulated regions (100 Mbit/s, 100 ms), speeds U[1,4]: allreduce, local, wagma, diloco, wa-diloco; time to target, bytes/sample, utilization (root)",
+		Run:   runGeo,
+	}
+}
+
+// geoConfig is the experiment's setup; every algorithm runs with the same.
+type geoConfig struct {
+	// Regions, each with PerRegion peers (peer k is in Regions[k%3]);
+	// links within a region have IntraLatency and IntraMbps, between
+	// regions InterLatency (one way) and InterMbps.
+	Regions                    []string
+	PerRegion                  int
+	IntraLatency, InterLatency time.Duration
+	IntraMbps, InterMbps       float64
+	// MaxSlowdown: peer slowdowns are drawn from U[1, MaxSlowdown] with
+	// Seed, once, for every algorithm.
+	MaxSlowdown float64
+	Seed        uint64
+	// Model, Batch, LR (cosine-decayed over Duration) and Momentum of
+	// every peer's local SGD; each peer trains on its own shard.
+	Model    string
+	Batch    int
+	LR       float64
+	Momentum float64
+	// Duration is every peer's training budget; EvalEvery and
+	// EvalExamples make its accuracy curve.
+	Duration     time.Duration
+	EvalEvery    time.Duration
+	EvalExamples int
+	// Period is local SGD's averaging period (and all-reduce SGD's model
+	// re-synchronisation). WAGMA runs with DHT matchmaking: groups every
+	// 2 s round, no global average.
+	Period int
+	// InnerSteps (H), OuterLR, OuterMomentum and Codec configure DiLoCo
+	// and WA-DiLoCo; WATau is WA-DiLoCo's global outer step period in
+	// outer steps.
+	InnerSteps             int
+	OuterLR, OuterMomentum float64
+	Codec                  string
+	WATau                  int
+	// WAInnerSteps is WA-DiLoCo's H: its group outer steps run in the
+	// background, so they can come more often than DiLoCo's barriers.
+	WAInnerSteps int
+	// Target is the test accuracy whose time is measured.
+	Target float64
+	// DataDir holds Fashion-MNIST.
+	DataDir string
+}
+
+// geoDefaults is the full experiment's setup, or the quick one's. Peers
+// of mlp-small take 60 to 250 steps a second here (2 cores for 6 peers),
+// so H = 250 makes an outer step every 1 to 4 s: tens of outer steps in
+// the quick run's 50 s. WA-DiLoCo's τ is WAGMA's default, 10 (τ = 4 waited
+// in twice as many global steps in the tuning runs: 77% utilization
+// against 86%). Every algorithm passes 80% within seconds (a peer alone
+// does), so the target is 85%, which takes the swarm.
+func geoDefaults(quick bool, seed uint64, dataDir string) geoConfig {
+	c := geoConfig{
+		Regions: []string{"us", "eu", "asia"}, PerRegion: 2,
+		IntraLatency: time.Millisecond, IntraMbps: 1000, InterLatency: 100 * time.Millisecond, InterMbps: 100,
+		MaxSlowdown: 4, Seed: seed,
+		Model: "mlp-small", Batch: 32, LR: 0.05, Momentum: 0.9,
+		Duration: 3 * time.Minute, EvalEvery: 3 * time.Second, EvalExamples: 5000,
+		Period:     10,
+		InnerSteps: 250, OuterLR: 0.7, OuterMomentum: 0.9, Codec: "uniform8", WATau: 30, WAInnerSteps: 250,
+		Target:  0.85,
+		DataDir: dataDir,
+	}
+	if quick {
+		c.Duration, c.EvalEvery, c.EvalExamples = 50*time.Second, 2*time.Second, 2000
+	}
+	return c
+}
+
+// peers is the swarm's number of training peers.
+func (c geoConfig) peers() int { return c.PerRegion * len(c.Regions) }
+
+// slowdowns draws the peers' slowdown factors.
+func (c geoConfig) slowdowns() []float64 {
+	return sim.DrawSlowdowns(c.peers(), 1, c.MaxSlowdown, c.Seed)
+}
+
+// codec is the averaging codec algo runs with: the configured one for the
+// DiLoCo variants (their pseudo-gradients are compressed, as in the
+// DiLoCo paper), none for the others.
+func (c geoConfig) codec(algo optimizer.Algo) string {
+	if algo == optimizer.DiLoCo || algo == optimizer.WADiLoCo {
+		return c.Codec
+	}
+	return "none"
+}
+
+// profile is the emulated network: fast links within a region, slow ones
+// between regions.
+func (c geoConfig) profile() *netem.Profile {
+	n := len(c.Regions)
+	p := &netem.Profile{
+		Regions: slices.Clone(c.Regions),
+		Intra:   netem.LinkParams{Latency: c.IntraLatency, Bandwidth: c.IntraMbps * 1e6},
+		Inter:   make([][]netem.LinkParams, n),
+	}
+	for i := range n {
+		p.Inter[i] = make([]netem.LinkParams, n)
+		for j := range n {
+			p.Inter[i][j] = netem.LinkParams{Latency: c.InterLatency, Bandwidth: c.InterMbps * 1e6}
+			if i == j {
+				p.Inter[i][j] = p.Intra
+			}
+		}
+	}
+	return p
+}
+
+// geoRunID is the run ID of algo's peers.
+func geoRunID(algo optimizer.Algo, seed uint64) string {
+	return fmt.Sprintf("geo-%s-%d", algo, seed)
+}
+
+// geoStatsFile is where peer k of a run writes its stats lines; the last
+// holds its result with the accuracy curve.
+func geoStatsFile(dir string, k int) string {
+	return filepath.Join(dir, fmt.Sprintf("peer%d.stats.jsonl", k))
+}
+
+// peerArgs are the `skyhive peer` flags of peer k of n for algo (swarm
+// run adds --dht, --listen, --identity, --json, --quiet and --slowdown).
+func (c geoConfig) peerArgs(algo optimizer.Algo, k, n int, statsFile string) []string {
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	a := []string{
+		"--gemm", "go", "--algo", string(algo), "--matchmaking", geoMatchmaking(algo), "--min-peers", strconv.Itoa(n),
+		"--model", c.Model, "--batch", strconv.Itoa(c.Batch), "--lr", f(c.LR), "--momentum", f(c.Momentum),
+		"--seed", strconv.FormatUint(c.Seed, 10), "--run-id", geoRunID(algo, c.Seed), "--shard", fmt.Sprintf("%d/%d", k, n),
+		"--duration", c.Duration.String(), "--eval-every", c.EvalEvery.String(), "--eval-examples", strconv.Itoa(c.EvalExamples),
+		"--codec", c.codec(algo), "--stats", statsFile,
+	}
+	if c.DataDir != "" {
+		a = append(a, "--data-dir", c.DataDir)
+	}
+	switch algo {
+	case optimizer.AllReduce, optimizer.Local:
+		a = append(a, "--period", strconv.Itoa(c.Period))
+	case optimizer.DiLoCo, optimizer.WADiLoCo:
+		h := c.InnerSteps
+		if algo == optimizer.WADiLoCo {
+			h = c.WAInnerSteps
+			a = append(a, "--tau", strconv.Itoa(c.WATau))
+		}
+		a = append(a, "--inner-steps", strconv.Itoa(h), "--outer-lr", f(c.OuterLR), "--outer-momentum", f(c.OuterMomentum))
+	}
+	return a
+}
+
+// geoMatchmaking is how algo's peers form groups: WAGMA's default, DHT
+// groups every round (its fixed-roster variant stalls on these links:
+// see docs/averaging.md), and the fixed roster the others need.
+func geoMatchmaking(algo optimizer.Algo) string {
+	if algo == optimizer.WAGMA {
+		return "dht"
+	}
+	return "ranks"
+}
+
+// spec is the swarm of algo's run: a DHT node and one device class per
+// peer (each has its own slowdown), the regions round-robin, the stats
+// files in dir. It runs in network namespaces: without them the links
+// would not be emulated.
+func (c geoConfig) spec(algo optimizer.Algo, slow []float64, dir string) (*swarm.Spec, error) {
+	n := len(slow)
+	s := &swarm.Spec{
+		Name: geoName + "-" + string(algo), Isolation: swarm.IsolationNamespaces,
+		// Joining, loading the data and the last evaluation come on top of
+		// the training budget.
+		Timeout: c.Duration + 3*time.Minute,
+		Profile: c.profile(), Seed: c.Seed,
+		Devices: []swarm.DeviceClass{{Name: "dht", Count: 1, Role: swarm.RoleDHT, Regions: []string{c.Regions[0]}}},
+	}
+	for k := range n {
+		s.Devices = append(s.Devices, swarm.DeviceClass{
+			Name: fmt.Sprintf("peer%d", k), Count: 1, Role: swarm.RolePeer, Slowdown: slow[k],
+			Regions: []string{c.Regions[k%len(c.Regions)]},
+			Args:    c.peerArgs(algo, k, n, geoStatsFile(dir, k)),
+		})
+	}
+	return s, s.Validate()
+}
+
+// configJSON is the setup as recorded in the results.
+func (c geoConfig) configJSON(slow []float64) map[string]any {
+	return map[string]any{
+		"regions": c.Regions, "peers_per_region": c.PerRegion, "peers": c.peers(), "dht_nodes": 1,
+		"network": map[string]any{
+			"intra_latency_ms": c.IntraLatency.Seconds() * 1e3, "intra_bandwidth_mbps": c.IntraMbps,
+			"inter_latency_ms": c.InterLatency.Seconds() * 1e3, "inter_bandwidth_mbps": c.InterMbps,
+			"latency": "one way (round trip between regions: twice inter_latency_ms)", "jitter_ms": 0, "loss": 0,
+			"emulation": "one network namespace per peer, netem's user-space router",
+		},
+		"slowdowns": slow, "slowdown_range": []float64{1, c.MaxSlowdown}, "seed": c.Seed,
+		"model": c.Model, "data": "fashion-mnist, shard k/N per peer", "batch": c.Batch, "lr": c.LR,
+		"lr_schedule": "cosine to lr/10 over the duration", "momentum": c.Momentum,
+		"duration_seconds": c.Duration.Seconds(), "eval_every_seconds": c.EvalEvery.Seconds(), "eval_examples": c.EvalExamples,
+		"matchmaking": geoPerAlgo(geoMatchmaking), "period": c.Period, "wagma_round_interval_seconds": 2,
+		"group_size":  "wagma (dht): 3; wa-diloco (ranks): round(sqrt(peers))",
+		"inner_steps": c.InnerSteps, "outer_lr": c.OuterLR, "outer_momentum": c.OuterMomentum,
+		"wa_diloco_tau": c.WATau, "wa_diloco_inner_steps": c.WAInnerSteps, "allreduce_timeout": "skyhive peer's default: 20 s with ranks, the round interval with dht",
+		"codecs":          geoPerAlgo(c.codec),
+		"target_accuracy": c.Target,
+	}
+}
+
+// geoPerAlgo maps every algorithm's name to f of it.
+func geoPerAlgo(f func(optimizer.Algo) string) map[string]string {
+	m := map[string]string{}
+	for _, a := range geoAlgos {
+		m[string(a)] = f(a)
+	}
+	return m
+}
+
+// geoDefinitions says what the reported numbers are.
+var geoDefinitions = map[string]string{
+	"t0":                       "the earliest start of a first training step among the run's peers (peer result train_start_unix); all times are from t0",
+	"median_curve":             "at every evaluation of any peer, the median over the peers with a result of each peer's latest evaluated test accuracy (0 before its first evaluation); the median of an even count is the mean of the middle two",
+	"seconds_to_target":        "the first time on the median curve at which it reached target_accuracy; absent (reached_target false) if it never did; resolution: eval_every_seconds",
+	"final_accuracy":           "median over peers of the test accuracy of the evaluation each peer made after it stopped",
+	"bytes_per_sample":         "per peer, the IP bytes it sent through the namespace router (model traffic, libp2p and DHT overhead included) divided by the samples it trained on; the median over peers",
+	"payload_bytes_per_sample": "as bytes_per_sample with the bytes the averager counted as sent: the chunks a peer sends to reducers, not the means it answers as a reducer (about half its averaging traffic)",
+	"bytes_sent_per_peer":      "median over peers of the IP bytes sent through the router",
+	"utilization":              "per peer, compute_seconds / train_seconds: compute is the forward and backward passes, the slowdown's emulated sleep and the local optimizer update of the completed steps; train_seconds is the wall time from the start of the peer's first step to the end of its last, less its evaluations in between; the mean over peers (min_utilization: the lowest peer)",
+}
+
+// geoEval is one evaluation on a curve: seconds since t0.
+type geoEval struct {
+	Seconds  float64 `json:"seconds"`
+	Accuracy float64 `json:"accuracy"`
+}
+
+// geoPeer is one peer of a run in the results.
+type geoPeer struct {
+	Name     string  `json:"name"`
+	Region   string  `json:"region"`
+	Slowdown float64 `json:"slowdown"`
+	State    string  `json:"state"`
+	Error    string  `json:"error,omitempty"`
+	// HasResult is false when the peer left no final result.
+	HasResult             bool      `json:"has_result"`
+	FinalAccuracy         float64   `json:"final_accuracy"`
+	Steps                 int       `json:"steps"`
+	Rounds                int       `json:"rounds"`
+	Samples               int64     `json:"samples"`
+	Failures              int       `json:"failures"`
+	BytesSent             uint64    `json:"bytes_sent"`
+	PayloadBytesSent      int64     `json:"payload_bytes_sent"`
+	BytesPerSample        float64   `json:"bytes_per_sample"`
+	PayloadBytesPerSample float64   `json:"payload_bytes_per_sample"`
+	ComputeSeconds        float64   `json:"compute_seconds"`
+	TrainSeconds          float64   `json:"train_seconds"`
+	EvalSeconds           float64   `json:"eval_seconds"`
+	Utilization           float64   `json:"utilization"`
+	MaxStepSeconds        float64   `json:"max_step_seconds"`
+	Curve                 []geoEval `json:"curve"`
+}
+
+// geoRun is one algorithm's outcome.
+type geoRun struct {
+	Algo  string `json:"algo"`
+	Codec string `json:"codec"`
+	// PeerArgs are peer 0's flags (the others differ in --shard, --stats
+	// and the slowdown).
+	PeerArgs    []string `json:"peer_args"`
+	Error       string   `json:"error,omitempty"`
+	WallSeconds float64  `json:"wall_seconds"`
+	// WithResult counts the peers that left a result.
+	WithResult            int       `json:"peers_with_result"`
+	SecondsToTarget       float64   `json:"seconds_to_target,omitempty"`
+	ReachedTarget         bool      `json:"reached_target"`
+	FinalAccuracy         float64   `json:"final_accuracy"`
+	BytesSentPerPeer      float64   `json:"bytes_sent_per_peer"`
+	BytesPerSample        float64   `json:"bytes_per_sample"`
+	PayloadBytesPerSample float64   `json:"payload_bytes_per_sample"`
+	Utilization           float64   `json:"utilization"`
+	MinUtilization        float64   `json:"min_utilization"`
+	StepsPerPeer          float64   `json:"steps_per_peer"` // median
+	Samples               int64     `json:"samples"`        // summed over peers
+	Failures              int       `json:"failures"`       // summed over peers
+	Curve                 []geoEval `json:"median_curve"`
+	Peers                 []geoPeer `json:"peers"`
+	// Network is the router's packet counts.
+	Network *netem.TopologyStats `json:"network,omitempty"`
+}
+
+// geoInput is what a run measured of one peer: its place in the swarm,
+// the IP bytes it sent and its result (nil if it left none).
+type geoInput struct {
+	Name     string
+	Region   string
+	Slowdown float64
+	State    string
+	Error    string
+	Sent     uint64
+	Result   *peer.Result
+}
+
+// geoSummarize computes a run's numbers from its peers (see
+// geoDefinitions).
+func geoSummarize(algo optimizer.Algo, codec string, in []geoInput, target float64) geoRun {
+	r := geoRun{Algo: string(algo), Codec: codec}
+	t0 := math.Inf(1)
+	for _, p := range in {
+		if p.Result != nil && p.Result.TrainStartUnix > 0 {
+			t0 = min(t0, p.Result.TrainStartUnix)
+		}
+	}
+	if math.IsInf(t0, 1) {
+		t0 = 0
+	}
+	var final, perSample, payloadPerSample, util, sent, steps []float64
+	var curves [][]geoEval
+	for _, p := range in {
+		gp := geoPeer{Name: p.Name, Region: p.Region, Slowdown: p.Slowdown, State: p.State, Error: p.Error, BytesSent: p.Sent}
+		if res := p.Result; res != nil {
+			gp.HasResult = true
+			gp.FinalAccuracy, gp.Steps, gp.Rounds, gp.Samples, gp.Failures = res.TestAccuracy, res.Steps, res.Rounds, res.Samples, res.Failures
+			gp.PayloadBytesSent = res.BytesSent
+			gp.ComputeSeconds, gp.TrainSeconds, gp.EvalSeconds, gp.MaxStepSeconds = res.ComputeSeconds, res.TrainSeconds, res.EvalSeconds, res.MaxStepSeconds
+			if res.Samples > 0 {
+				gp.BytesPerSample = float64(p.Sent) / float64(res.Samples)
+				gp.PayloadBytesPerSample = float64(res.BytesSent) / float64(res.Samples)
+				perSample = append(perSample, gp.BytesPerSample)
+				payloadPerSample = append(payloadPerSample, gp.PayloadBytesPerSample)
+			}
+			if res.TrainSeconds > 0 {
+				gp.Utilization = res.ComputeSeconds / res.TrainSeconds
+				util = append(util, gp.Utilization)
+			}
+			for _, e := range res.Curve {
+				gp.Curve = append(gp.Curve, geoEval{Seconds: e.Unix - t0, Accuracy: e.Accuracy})
+			}
+			curves = append(curves, gp.Curve)
+			final = append(final, res.TestAccuracy)
+			sent = append(sent, float64(p.Sent))
+			steps = append(steps, float64(res.Steps))
+			r.Samples += res.Samples
+			r.Failures += res.Failures
+			r.WithResult++
+		}
+		r.Peers = append(r.Peers, gp)
+	}
+	r.FinalAccuracy = stats.Median(final)
+	r.BytesSentPerPeer = stats.Median(sent)
+	r.BytesPerSample = stats.Median(perSample)
+	r.PayloadBytesPerSample = stats.Median(payloadPerSample)
+	r.StepsPerPeer = stats.Median(steps)
+	if len(util) > 0 {
+		sum := 0.0
+		for _, u := range util {
+			sum += u
+		}
+		r.Utilization = sum / float64(len(util))
+		r.MinUtilization = slices.Min(util)
+	}
+	r.Curve = geoMedianCurve(curves)
+	r.SecondsToTarget, r.ReachedTarget = geoTimeToTarget(r.Curve, target)
+	return r
+}
+
+// geoMedianCurve merges the peers' curves (sorted by time) into the
+// median curve: one point at every evaluation of any peer.
+func geoMedianCurve(curves [][]geoEval) []geoEval {
+	var times []float64
+	for _, c := range curves {
+		for _, e := range c {
+			times = append(times, e.Seconds)
+		}
+	}
+	slices.Sort(times)
+	times = slices.Compact(times)
+	out := make([]geoEval, 0, len(times))
+	next := make([]int, len(curves)) // per peer, its evaluations at or before t
+	acc := make([]float64, len(curves))
+	for _, t := range times {
+		for i, c := range curves {
+			for next[i] < len(c) && c[next[i]].Seconds <= t {
+				acc[i] = c[next[i]].Accuracy
+				next[i]++
+			}
+		}
+		out = append(out, geoEval{Seconds: t, Accuracy: stats.Median(acc)})
+	}
+	return out
+}
+
+// geoTimeToTarget returns the first time the curve reaches target.
+func geoTimeToTarget(curve []geoEval, target float64) (float64, bool) {
+	for _, e := range curve {
+		if e.Accuracy >= target {
+			return e.Seconds, true
+		}
+	}
+	return 0, false
+}
+
+// geoTarget is one of the issue's targets and whether the runs met it.
+type geoTarget struct {
+	Name  string `json:"name"`
+	Claim string `json:"claim"`
+	// Evaluated is false when a run the target compares was not made.
+	Evaluated bool               `json:"evaluated"`
+	Met       bool               `json:"met"`
+	Values    map[string]float64 `json:"values,omitempty"`
+	Note      string             `json:"note,omitempty"`
+}
+
+// geoTargets evaluates the issue's three targets on the runs.
+func geoTargets(runs []geoRun, target float64) []geoTarget {
+	by := map[string]*geoRun{}
+	for i := range runs {
+		by[runs[i].Algo] = &runs[i]
+	}
+	need := func(t *geoTarget, algos ...optimizer.Algo) bool {
+		var missing []string
+		for _, a := range algos {
+			if by[string(a)] == nil {
+				missing = append(missing, string(a))
+			}
+		}
+		if len(missing) > 0 {
+			t.Note = "not evaluated: needs the runs " + strings.Join(missing, ", ")
+			return false
+		}
+		t.Evaluated = true
+		var broken []string
+		for _, a := range algos {
+			if r := by[string(a)]; r.Error != "" {
+				broken = append(broken, string(a))
+			}
+		}
+		if len(broken) > 0 {
+			t.Note = "runs with errors (see their error): " + strings.Join(broken, ", ")
+		}
+		return true
+	}
+	var out []geoTarget
+
+	bytesT := geoTarget{Name: "diloco-bytes", Claim: "DiLoCo sends at least 100x fewer bytes per sample than all-reduce SGD"}
+	if need(&bytesT, optimizer.AllReduce, optimizer.DiLoCo) {
+		ar, dl := by[string(optimizer.AllReduce)], by[string(optimizer.DiLoCo)]
+		bytesT.Values = map[string]float64{
+			"allreduce_bytes_per_sample": ar.BytesPerSample, "diloco_bytes_per_sample": dl.BytesPerSample,
+			"allreduce_payload_bytes_per_sample": ar.PayloadBytesPerSample, "diloco_payload_bytes_per_sample": dl.PayloadBytesPerSample,
+		}
+		if dl.BytesPerSample > 0 {
+			bytesT.Values["ratio"] = ar.BytesPerSample / dl.BytesPerSample
+			bytesT.Met = bytesT.Values["ratio"] >= 100
+		}
+		if dl.PayloadBytesPerSample > 0 {
+			bytesT.Values["payload_ratio"] = ar.PayloadBytesPerSample / dl.PayloadBytesPerSample
+		}
+	}
+	out = append(out, bytesT)
+
+	timeT := geoTarget{Name: "wa-diloco-time", Claim: fmt.Sprintf("WA-DiLoCo reaches %.0f%% test accuracy (median peer) faster than both DiLoCo and WAGMA under heterogeneity", 100*target)}
+	if need(&timeT, optimizer.WADiLoCo, optimizer.DiLoCo, optimizer.WAGMA) {
+		wa, dl, wg := by[string(optimizer.WADiLoCo)], by[string(optimizer.DiLoCo)], by[string(optimizer.WAGMA)]
+		timeT.Values = map[string]float64{}
+		for _, r := range []*geoRun{wa, dl, wg} {
+			if r.ReachedTarget {
+				timeT.Values[r.Algo+"_seconds"] = r.SecondsToTarget
+			}
+		}
+		faster := func(o *geoRun) bool { return !o.ReachedTarget || wa.SecondsToTarget < o.SecondsToTarget }
+		timeT.Met = wa.ReachedTarget && faster(dl) && faster(wg)
+		var never []string
+		for _, r := range []*geoRun{wa, dl, wg} {
+			if !r.ReachedTarget {
+				never = append(never, r.Algo)
+			}
+		}
+		if len(never) > 0 {
+			timeT.Note = strings.TrimPrefix(timeT.Note+"; never reached the target: "+strings.Join(never, ", "), "; ")
+		}
+	}
+	out = append(out, timeT)
+
+	utilT := geoTarget{Name: "wa-diloco-utilization", Claim: "WA-DiLoCo's compute utilization is at least 90%"}
+	if need(&utilT, optimizer.WADiLoCo) {
+		wa := by[string(optimizer.WADiLoCo)]
+		utilT.Values = map[string]float64{"utilization": wa.Utilization, "min_utilization": wa.MinUtilization}
+		utilT.Met = wa.WithResult > 0 && wa.Utilization >= 0.9
+	}
+	out = append(out, utilT)
+	return out
+}
+
+// geoBenchLines are the runs' numbers as benchmark protocol lines.
+func geoBenchLines(runs []geoRun) []bench.Result {
+	var base *geoRun
+	for i := range runs {
+		if runs[i].Algo == string(optimizer.AllReduce) {
+			base = &runs[i]
+		}
+	}
+	var out []bench.Result
+	for _, r := range runs {
+		var utils, perSample []float64
+		for _, p := range r.Peers {
+			if p.HasResult {
+				utils = append(utils, p.Utilization)
+				perSample = append(perSample, p.BytesPerSample)
+			}
+		}
+		u, b := stats.Summarize(utils), stats.Summarize(perSample)
+		bps := bench.Result{Suite: geoName, Case: r.Algo, Metric: "bytes_per_sample", Value: r.BytesPerSample, Unit: "bytes", Min: b.Min, Max: b.Max}
+		if base != nil && base.Algo != r.Algo && base.BytesPerSample > 0 {
+			bps = bps.WithBaseline(base.Algo, base.BytesPerSample)
+		}
+		out = append(out,
+			bench.Result{Suite: geoName, Case: r.Algo, Metric: "final_accuracy", Value: r.FinalAccuracy, Unit: "fraction"},
+			bps,
+			bench.Result{Suite: geoName, Case: r.Algo, Metric: "utilization", Value: r.Utilization, Unit: "fraction", Min: u.Min, Max: u.Max},
+			bench.Result{Suite: geoName, Case: r.Algo, Metric: "bytes_sent_per_peer", Value: r.BytesSentPerPeer, Unit: "bytes"},
+		)
+		if r.ReachedTarget {
+			out = append(out, bench.Result{Suite: geoName, Case: r.Algo, Metric: "seconds_to_target", Value: r.SecondsToTarget, Unit: "s"})
+		}
+	}
+	return out
+}
+
+// readFinal returns the result in the last final line of a peer's stats
+// file (nil if there is none).
+func readFinal(path string) *peer.Result {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var last *peer.Result
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		var s peer.Snapshot
+		if json.Unmarshal(sc.Bytes(), &s) == nil && s.Final != nil {
+			last = s.Final
+		}
+	}
+	return last
+}
+
+// errNeedsRoot is the experiment's error where network namespaces are not
+// available.
+var errNeedsRoot = errors.New(geoName + " needs network namespaces (run it as root on Linux) to emulate the links between regions; on loopback the links would not be emulated and the comparison would be meaningless")
+
+func runGeo(ctx context.Context, o Options) error {
+	c := geoDefaults(o.Quick, o.Seed, o.DataDir)
+	var algos []optimizer.Algo
+	for _, a := range geoAlgos {
+		if o.Selected(string(a)) {
+			algos = append(algos, a)
+		}
+	}
+	if len(algos) == 0 {
+		return fmt.Errorf("%s: no run is named %v (names: allreduce, local, wagma, diloco, wa-diloco)", geoName, o.Only)
+	}
+	if err := netem.NamespaceSupport(); err != nil {
+		return fmt.Errorf("%w: %v", errNeedsRoot, err)
+	}
+	if _, err := data.LoadFashionMNIST(c.DataDir, data.Test, data.LoadOptions{Limit: 1}); err != nil {
+		return fmt.Errorf("%s: %w", geoName, err)
+	}
+	bin, err := swarm.Binary()
+	if err != nil {
+		return fmt.Errorf("%s: %w", geoName, err)
+	}
+	slow := c.slowdowns()
+	o.Logf("%s: %d peers in %v (%v apart, %g Mbit/s), slowdowns %s, %v per algorithm, target %.0f%%",
+		geoName, c.peers(), c.Regions, c.InterLatency, c.InterMbps, fmtFactors(slow), c.Duration, 100*c.Target)
+	var runs []geoRun
+	for _, algo := range algos {
+		r, err := geoRunAlgo(ctx, o, c, algo, slow, bin)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, r)
+	}
+	return geoWrite(o, c, slow, runs)
+}
+
+// geoRunAlgo runs algo's swarm and summarizes it. A run whose peers
+// failed is recorded with its error; only a cancelled context or a swarm
+// that cannot start is an error.
+func geoRunAlgo(ctx context.Context, o Options, c geoConfig, algo optimizer.Algo, slow []float64, bin string) (geoRun, error) {
+	dir := filepath.Join(o.Out, geoName, string(algo))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return geoRun{}, fmt.Errorf("%s: %w", geoName, err)
+	}
+	for k := range slow {
+		// --stats appends: a previous run's final line must not count.
+		if err := os.Remove(geoStatsFile(dir, k)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return geoRun{}, fmt.Errorf("%s: %w", geoName, err)
+		}
+	}
+	spec, err := c.spec(algo, slow, dir)
+	if err != nil {
+		return geoRun{}, fmt.Errorf("%s %s: %w", geoName, algo, err)
+	}
+	o.Logf("%s %s: %d peers for %v, codec %s, logs in %s", geoName, algo, len(slow), c.Duration, c.codec(algo), dir)
+	res, runErr := swarm.Run(ctx, spec, swarm.RunConfig{Binary: bin, Dir: dir, Log: o.Log})
+	if ctx.Err() != nil {
+		return geoRun{}, ctx.Err()
+	}
+	if res == nil {
+		return geoRun{}, fmt.Errorf("%s %s: %w", geoName, algo, runErr)
+	}
+	var in []geoInput
+	k := 0
+	for _, p := range res.Peers {
+		if p.Role != swarm.RolePeer {
+			continue
+		}
+		in = append(in, geoInput{Name: p.Name, Region: p.Region, Slowdown: slow[k], State: p.State, Error: p.Error,
+			Sent: p.Sent, Result: readFinal(geoStatsFile(dir, k))})
+		k++
+	}
+	r := geoSummarize(algo, c.codec(algo), in, c.Target)
+	r.PeerArgs = c.peerArgs(algo, 0, len(slow), geoStatsFile(dir, 0))
+	r.WallSeconds = res.Seconds
+	r.Network = res.Network
+	if runErr != nil {
+		r.Error = runErr.Error()
+		o.Logf("%s %s: %v", geoName, algo, runErr)
+	}
+	reached := "not reached"
+	if r.ReachedTarget {
+		reached = fmt.Sprintf("at %.0f s", r.SecondsToTarget)
+	}
+	o.Logf("%s %s: %.0f%% target %s, final %.2f%%, %.0f bytes/sample (%.0f averaging), utilization %.0f%% (min %.0f%%), %.0f steps per peer, %d failures, %d of %d peers with a result",
+		geoName, algo, 100*c.Target, reached, 100*r.FinalAccuracy, r.BytesPerSample, r.PayloadBytesPerSample,
+		100*r.Utilization, 100*r.MinUtilization, r.StepsPerPeer, r.Failures, r.WithResult, len(slow))
+	return r, nil
+}
+
+// geoWrite writes the results and the chart and logs the summary.
+func geoWrite(o Options, c geoConfig, slow []float64, runs []geoRun) error {
+	targets := geoTargets(runs, c.Target)
+	var series []chart.Series
+	for _, r := range runs {
+		s := chart.Series{Name: fmt.Sprintf("%s (%s B/sample, %.0f%% busy)", r.Algo, fmtBytes(r.BytesPerSample), 100*r.Utilization)}
+		// The chart starts once every peer has evaluated (the JSON's
+		// curve starts at the first evaluation).
+		from := 0.0
+		for _, p := range r.Peers {
+			if len(p.Curve) > 0 {
+				from = max(from, p.Curve[0].Seconds)
+			}
+		}
+		for _, e := range r.Curve {
+			if e.Seconds < from {
+				continue
+			}
+			s.X = append(s.X, e.Seconds)
+			s.Y = append(s.Y, 100*e.Accuracy)
+		}
+		if len(s.X) > 0 {
+			series = append(series, s)
+		}
+	}
+	if len(series) == 0 {
+		return fmt.Errorf("%s: no run left an accuracy curve (logs in %s)", geoName, filepath.Join(o.Out, geoName))
+	}
+	ch := chart.Chart{
+		Title: fmt.Sprintf("Fashion-MNIST, %d peers in %d regions (%g Mbit/s, %v apart), speeds U[1,%g]: median peer",
+			c.peers(), len(c.Regions), c.InterMbps, c.InterLatency, c.MaxSlowdown),
+		XLabel: "wall-clock time since the first step (s)", YLabel: "test accuracy (%)", Series: series,
+	}
+	out := map[string]any{
+		"config": c.configJSON(slow), "definitions": geoDefinitions, "runs": runs, "targets": targets,
+		"results": geoBenchLines(runs),
+	}
+	jp, pp, err := WriteResults(o, geoName, out, ch)
+	if err != nil {
+		return err
+	}
+	o.Logf("%s summary (target %.0f%%):", geoName, 100*c.Target)
+	o.Logf("  %-10s %10s %10s %12s %12s %8s %8s", "algo", "to target", "final", "B/sample", "avg B/smpl", "busy", "fails")
+	for _, r := range runs {
+		tt := "never"
+		if r.ReachedTarget {
+			tt = fmt.Sprintf("%.0f s", r.SecondsToTarget)
+		}
+		o.Logf("  %-10s %10s %9.2f%% %12.0f %12.0f %7.0f%% %8d", r.Algo, tt, 100*r.FinalAccuracy, r.BytesPerSample, r.PayloadBytesPerSample, 100*r.Utilization, r.Failures)
+	}
+	for _, t := range targets {
+		verdict := "MISSED"
+		switch {
+		case !t.Evaluated:
+			verdict = "not evaluated"
+		case t.Met:
+			verdict = "met"
+		}
+		o.Logf("  target %s: %s — %s %s %s", t.Name, verdict, t.Claim, fmtValues(t.Values), t.Note)
+	}
+	o.Logf("wrote %s and %s", jp, pp)
+	return nil
+}
+
+// fmtBytes prints a byte count with a unit prefix.
+func fmtBytes(b float64) string {
+	switch {
+	case b >= 1e9:
+		return fmt.Sprintf("%.1fG", b/1e9)
+	case b >= 1e6:
+		return fmt.Sprintf("%.1fM", b/1e6)
+	case b >= 1e3:
+		return fmt.Sprintf("%.1fk", b/1e3)
+	}
+	return fmt.Sprintf("%.0f", b)
+}
+
+// fmtValues prints a target's values in a stable order.
+func fmtValues(v map[string]float64) string {
+	if len(v) == 0 {
+		return ""
+	}
+	keys := make([]string, 0, len(v))
+	for k := range v {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%.4g", k, v[k])
+	}
+	return "(" + strings.Join(parts, ", ") + ")"
+}

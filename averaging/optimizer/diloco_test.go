@@ -428,14 +428,15 @@ func TestWADiLoCoTau1EqualsDiLoCo(t *testing.T) {
 	}
 }
 
-// TestWADiLoCoGroupOuterStep: a group outer step in the background. Rank
-// 0's partner has made no progress when rank 0, after its H inner steps,
-// activates their group; both then apply the outer step with the group's
-// mean Δ̄ = Δ_0/2, the partner joining on receipt. The outer state travels to a
-// joiner with the model.
+// TestWADiLoCoGroupOuterStep: a group average in the background. Rank 0's
+// partner has made no progress when rank 0, after its H inner steps,
+// activates their group; both then move their anchors by the group's mean
+// Δ̄ = Δ_0/2, the partner joining on receipt, without the outer learning
+// rate and momentum (the defaults, 0.7 and 0.9, act only in global outer
+// steps; the momentum stays zero). The outer state travels to a joiner
+// with the model.
 func TestWADiLoCoGroupOuterStep(t *testing.T) {
 	const n, h = 500, 2
-	const eta, mu = 0.7, 0.9
 	theta0 := vecParam(n, 1, 5).Value.Data
 	g := vecParam(n, 0, 6).Value.Data
 	opts := swarm(t, 3, averaging.Config{Timeout: 5 * time.Second}, func(p int) (optim.Optimizer, Config) {
@@ -467,11 +468,11 @@ func TestWADiLoCoGroupOuterStep(t *testing.T) {
 	waitFor(t, 10*time.Second, "both outer steps", func() bool {
 		return opts[0].Stats().OuterSteps == 1 && opts[partner].Stats().OuterSteps == 1
 	})
+	// A group average: the anchor moves by the mean pseudo-gradient (the
+	// group's mean model), without the outer learning rate or momentum.
 	want := make([]float32, n)
 	for j := range want {
-		d := (theta0[j] - theta[j]) / 2
-		v := d // v = μ·0 + Δ̄
-		want[j] = theta0[j] - eta*(d+mu*v)
+		want[j] = theta0[j] - (theta0[j]-theta[j])/2
 	}
 	for _, p := range ranks {
 		if d := maxDiff(opts[p].Snapshot(), want); d > 1e-5 {
@@ -479,6 +480,9 @@ func TestWADiLoCoGroupOuterStep(t *testing.T) {
 		}
 		if d := maxDiff(opts[p].ExportState().Vector[n:2*n], want); d > 1e-5 { // "diloco/anchor" sorts first
 			t.Errorf("peer %d: exported anchor differs by %v", p, d)
+		}
+		if d := maxDiff(opts[p].dl.mom, make([]float32, n)); d != 0 {
+			t.Errorf("peer %d: a group average changed the outer momentum by %v", p, d)
 		}
 	}
 	if a, b := opts[0].Stats(), opts[partner].Stats(); a.GroupActive != 1 || b.GroupPassive != 1 || a.GlobalSyncs+b.GlobalSyncs != 0 {
@@ -509,12 +513,27 @@ func TestWADiLoCoGlobalStepReconcilesPeers(t *testing.T) {
 		w := &nn.Param{Name: "w", Value: vecParam(n, 1, 7).Value, Grad: tensor.New(n)}
 		return optim.NewSGD([]*nn.Param{w}, optim.SGDConfig{LR: 0.01}), Config{Algo: WADiLoCo, InnerSteps: 1, Tau: tau, GroupSize: 2}
 	})
-	// Outer steps 1 and 2 in groups, 3 global.
-	train(t, opts, tau, func(p, s int) {
-		for j, g := range gs[p] {
-			opts[p].params[0].Grad.Data[j] = g * float32(1+s)
+	// Outer steps 1 and 2 in groups, 3 global. The peers step in lockstep,
+	// so that none reaches the global step while another is a step
+	// behind (which would join it early and then take a fourth).
+	for s := range tau {
+		var wg sync.WaitGroup
+		for p, o := range opts {
+			wg.Go(func() {
+				o.ZeroGrad()
+				for j, g := range gs[p] {
+					o.params[0].Grad.Data[j] = g * float32(1+s)
+				}
+				if err := o.Step(context.Background(), 1); err != nil {
+					t.Error(err)
+				}
+			})
 		}
-	})
+		wg.Wait()
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
 	var groups int
 	for p, o := range opts {
 		st := o.Stats()
@@ -597,5 +616,65 @@ func TestDiLoCoRefusesBadConfig(t *testing.T) {
 	defer o2.Close()
 	if o2.dl.mu != 0 {
 		t.Fatalf("NoMomentum gave μ = %v", o2.dl.mu)
+	}
+}
+
+// TestWADiLoCoGlobalStepFromBase: after group averages have moved the
+// peers' anchors apart, a global outer step takes the outer Nesterov step
+// from the last global anchor (base) with the mean of base − θ, the
+// progress of all Tau·H inner steps, and the mean momentum:
+//
+//	v' = μ·mean(v) + mean(base − θ),  θ' = base − η·(mean(base − θ) + μ·v')
+//
+// The peers' states are set directly, and both run the global step.
+func TestWADiLoCoGlobalStepFromBase(t *testing.T) {
+	const peers, n = 2, 300
+	const eta, mu = 0.7, 0.9
+	opts := swarm(t, peers, averaging.Config{Timeout: 5 * time.Second}, func(p int) (optim.Optimizer, Config) {
+		w := &nn.Param{Name: "w", Value: vecParam(n, 1, 40).Value, Grad: tensor.New(n)}
+		return optim.NewSGD([]*nn.Param{w}, optim.SGDConfig{LR: 0.01}), Config{Algo: WADiLoCo, InnerSteps: 1, Tau: 4, GroupSize: 2}
+	})
+	base := vecParam(n, 1, 41).Value.Data
+	var thetas, moms [][]float32
+	for p, o := range opts {
+		theta := vecParam(n, 1, uint64(50+p)).Value.Data
+		anchor := vecParam(n, 1, uint64(60+p)).Value.Data // moved by group averages
+		mom := vecParam(n, 1, uint64(70+p)).Value.Data
+		o.mu.Lock()
+		copy(o.dl.base, base)
+		copy(o.dl.anchor, anchor)
+		copy(o.dl.mom, mom)
+		nn.SetFlatValues(o.params, theta)
+		copy(o.published, theta)
+		clear(o.delta)
+		o.mu.Unlock()
+		thetas, moms = append(thetas, theta), append(moms, mom)
+	}
+	want, wantMom := make([]float32, n), make([]float32, n)
+	for j := range want {
+		var g, v float32
+		for p := range peers {
+			g += (base[j] - thetas[p][j]) / peers
+			v += moms[p][j] / peers
+		}
+		wantMom[j] = mu*v + g
+		want[j] = base[j] - eta*(g+mu*wantMom[j])
+	}
+	errs := make([]error, peers)
+	var wg sync.WaitGroup
+	for p, o := range opts {
+		wg.Go(func() { errs[p] = o.globalOuter(context.Background(), 4) })
+	}
+	wg.Wait()
+	for p, o := range opts {
+		if errs[p] != nil {
+			t.Fatalf("peer %d: %v", p, errs[p])
+		}
+		if d := maxDiff(o.Snapshot(), want) + maxDiff(o.dl.anchor, want) + maxDiff(o.dl.base, want); d > 1e-4 {
+			t.Errorf("peer %d: model, anchor or base off the global outer step by %v", p, d)
+		}
+		if d := maxDiff(o.dl.mom, wantMom); d > 1e-4 {
+			t.Errorf("peer %d: momentum off by %v", p, d)
+		}
 	}
 }

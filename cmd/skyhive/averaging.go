@@ -173,10 +173,10 @@ func newPeerCmd() *cobra.Command {
 	c := &f.cfg
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
 	fl.StringVar(&c.RunID, "run-id", "skyhive", "run name in DHT keys; every peer of a run must use the same")
-	fl.StringVar(&f.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (diloco whose outer steps average in WAGMA's groups, all peers every --tau)")
+	fl.StringVar(&f.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a DiLoCo outer step with all peers)")
 	fl.StringVar(&f.match, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
 	fl.IntVar(&c.GroupSize, "group-size", 0, "group size (0: 3 with dht matchmaking, round(sqrt(peers)) with ranks)")
-	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds")
+	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
 	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
 	fl.DurationVar(&c.RoundInterval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
 	registerOuterFlags(fl, &c.InnerSteps, &c.OuterLR, &c.OuterMomentum)
@@ -418,7 +418,7 @@ type averagingFlags struct {
 }
 
 func (a *averagingFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (diloco whose outer steps average in WAGMA's groups, all peers every --tau)")
+	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a DiLoCo outer step with all peers)")
 	fl.IntVar(&a.peers, "peers", 4, "peer processes (skyhive peer) to start on this machine")
 	fl.StringVar(&a.model, "model", "mlp-small", "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores), or a language model: "+models.LMUsage()+", e.g. gpt-mini")
 	fl.Uint64Var(&a.seed, "seed", 1, "seed of the initial weights, the slowdowns and the batch order")
@@ -428,7 +428,7 @@ func (a *averagingFlags) register(fl *pflag.FlagSet) {
 	fl.DurationVar(&a.duration, "duration", time.Minute, "how long the peers train (with --steps alone: until they are done)")
 	fl.IntVar(&a.steps, "steps", 0, "stop each peer after this many local steps (0: --duration only)")
 	fl.IntVar(&a.group, "group-size", 0, "averaging group size (0: the peer's default)")
-	fl.IntVar(&a.tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds")
+	fl.IntVar(&a.tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
 	fl.IntVar(&a.period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
 	fl.Float64Var(&a.slowLo, "slowdown-min", 1, "smallest emulated peer slowdown (slowdowns are drawn from U[MIN, MAX])")
 	fl.Float64Var(&a.slowHi, "slowdown-max", 2, "largest emulated peer slowdown")

@@ -85,8 +85,10 @@ type outer struct {
 	base  []float32
 	epoch int // global outer steps applied (WA-DiLoCo)
 	// group is closed when this peer's last group outer step ends; nil
-	// while none runs. WA-DiLoCo runs them one after the other.
-	group chan struct{}
+	// while none runs. WA-DiLoCo runs them one after the other, and its
+	// background global steps (globalRun) too.
+	group     chan struct{}
+	globalRun chan struct{}
 }
 
 // newOuter checks and completes cfg's DiLoCo fields and returns the outer
@@ -189,31 +191,137 @@ func (o *Optimizer) stepOuter(ctx context.Context, samples, round int) error {
 	o.mu.Unlock()
 	d.local++
 	next := round + 1
-	if d.wa {
-		// Another peer started global outer step k: the first arrival
-		// triggers it, and this peer joins now with the progress made
-		// so far, as a WAGMA peer jumps to an announced global round,
-		// instead of making the others wait for its remaining inner
-		// steps. With τ = 1 every outer step is global and this peer
-		// finishes its H inner steps first (k = next), so that WA-DiLoCo
-		// is then DiLoCo; it still jumps if it is a whole outer step
-		// behind (k > next).
-		if k := int(o.global.Load()); k > o.lastGlobal && (k > next || (k == next && o.cfg.Tau > 1)) {
+	if d.wa && o.cfg.Tau == 1 {
+		// With τ = 1 every outer step is global and synchronous, as
+		// DiLoCo's: this peer finishes its H inner steps first, so that
+		// WA-DiLoCo is then DiLoCo, unless it is a whole outer step
+		// behind an announced one (k > next), which it joins now.
+		if k := int(o.global.Load()); k > o.lastGlobal && k > next {
 			return o.globalOuter(ctx, k)
 		}
 	}
 	if d.local < d.h {
 		return nil
 	}
-	if !d.wa || next%o.cfg.Tau == 0 {
+	if !d.wa || o.cfg.Tau == 1 {
 		return o.globalOuter(ctx, next)
 	}
 	d.local = 0
 	o.mu.Lock()
-	o.round, o.stats.Round = next, next
+	if next > o.round {
+		o.round, o.stats.Round = next, next
+	}
 	o.mu.Unlock()
-	o.startGroup(next, true)
+	if next%o.cfg.Tau == 0 {
+		o.startGlobal(next, true)
+	} else {
+		o.startGroup(next, true)
+	}
 	return nil
+}
+
+// startGlobal joins WA-DiLoCo's global outer step of round k (τ > 1) in
+// the background unless this peer already has; active says whether this
+// peer arrived first and announces it (the others start it on receipt,
+// handleActivate). Unlike a group round it is never declined for lack of
+// an in-flight slot: a peer that missed it would keep another base.
+func (o *Optimizer) startGlobal(round int, active bool) {
+	ms := o.alive(o.allRanks())
+	if len(ms) < 2 {
+		return
+	}
+	id := fmt.Sprintf("%s/g/%d", o.cfg.RunID, round)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.joined[id]; ok || o.closed || !o.started {
+		return
+	}
+	o.joined[id] = round
+	if round > o.round {
+		o.round, o.stats.Round = round, round
+	}
+	average := o.outerGlobalLocked()
+	ctx := o.bgCtx
+	o.goLocked(func() {
+		if active {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				o.activateAll(ctx, round)
+			}()
+			defer func() { <-done }()
+		}
+		average(ctx, averaging.Session{ID: id, Members: ms})
+	})
+}
+
+// outerGlobalLocked prepares WA-DiLoCo's global outer step in the
+// background (Optimizer.mu held) and returns the work. It waits for this
+// peer's previous global step to end, then takes the model θ (with pending
+// corrections: all the progress so far, whether this peer arrived first or
+// joins on receipt) and all-reduces [base − θ, v] with every live peer.
+// When the means arrive it takes the outer Nesterov step from base with
+// them (θ_start ← base − η·(Δ̄ + μ·v'), v' = μ·v̄ + Δ̄), makes that the new
+// base, and leaves the model's correction θ_start − θ_snapshot pending for
+// the next Step, so the progress made meanwhile is kept, as in the group
+// averages. Group results still in flight are superseded and dropped. If
+// the all-reduce fails entirely without this peer stopping, the step is
+// taken with this peer's own vector.
+func (o *Optimizer) outerGlobalLocked() func(context.Context, averaging.Session) {
+	d := o.dl
+	prev := d.globalRun
+	done := make(chan struct{})
+	d.globalRun = done
+	return func(ctx context.Context, s averaging.Session) {
+		defer func() {
+			o.mu.Lock()
+			if d.globalRun == done {
+				d.globalRun = nil
+			}
+			o.mu.Unlock()
+			close(done)
+		}()
+		if prev != nil {
+			select {
+			case <-prev:
+			case <-ctx.Done():
+				return
+			}
+		}
+		n := o.n
+		o.mu.Lock()
+		snap := o.snapshotLocked()
+		vec := make([]float32, waStateVectors*n)
+		for j := range n {
+			vec[j] = d.base[j] - snap[j]
+		}
+		copy(vec[n:], d.mom)
+		o.mu.Unlock()
+		res, err := o.avg.AllReduce(ctx, s, vec)
+		o.note(ctx, s.Members, res, err)
+		if err != nil && ctx.Err() != nil {
+			return
+		}
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		o.applyGlobalLocked(vec)
+		o.stats.GlobalSyncs++
+		for j := range snap {
+			o.delta[j] += d.anchor[j] - snap[j]
+		}
+	}
+}
+
+// applyGlobalLocked takes WA-DiLoCo's global outer step from base with the
+// averaged [base − θ, v] and makes the result the anchor and the new base;
+// group results still in flight are superseded. Optimizer.mu must be held.
+func (o *Optimizer) applyGlobalLocked(vec []float32) {
+	d, n := o.dl, o.n
+	copy(d.anchor, d.base)
+	copy(d.mom, vec[n:])
+	d.epoch++
+	o.outerUpdateLocked(vec[:n])
+	copy(d.base, d.anchor)
 }
 
 // globalOuter takes outer step target synchronously with every live peer.
@@ -252,13 +360,9 @@ func (o *Optimizer) globalOuter(ctx context.Context, target int) error {
 		return fmt.Errorf("averaging: outer step %d: %w", target, err)
 	}
 	if d.wa {
-		copy(d.anchor, d.base)
-		copy(d.mom, d.pg[n:])
-		d.epoch++ // group results still in flight are superseded
-	}
-	o.outerUpdateLocked(d.pg[:n])
-	if d.wa {
-		copy(d.base, d.anchor)
+		o.applyGlobalLocked(d.pg)
+	} else {
+		o.outerUpdateLocked(d.pg[:n])
 	}
 	nn.SetFlatValues(o.params, d.anchor)
 	copy(o.published, d.anchor)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -498,11 +499,11 @@ func TestWADiLoCoGroupOuterStep(t *testing.T) {
 	}
 }
 
-// TestWADiLoCoGlobalStepReconcilesPeers: group outer steps leave the
-// peers' anchors and momenta different (3 peers in groups of 2: one is
-// alone in a round); the global outer step every Tau outer steps averages
-// them with the pseudo-gradients, after which every peer holds the same
-// model, anchor and momentum.
+// TestWADiLoCoGlobalStepReconcilesPeers: group averages leave the peers'
+// anchors different (3 peers in groups of 2: one is alone in a round); the
+// global outer step every Tau outer steps, triggered by the first peer to
+// arrive and joined by the others on receipt with the progress they have,
+// leaves every peer with the same model, anchor, base and momentum.
 func TestWADiLoCoGlobalStepReconcilesPeers(t *testing.T) {
 	const peers, n, tau = 3, 400, 3
 	gs := make([][]float32, peers)
@@ -513,37 +514,59 @@ func TestWADiLoCoGlobalStepReconcilesPeers(t *testing.T) {
 		w := &nn.Param{Name: "w", Value: vecParam(n, 1, 7).Value, Grad: tensor.New(n)}
 		return optim.NewSGD([]*nn.Param{w}, optim.SGDConfig{LR: 0.01}), Config{Algo: WADiLoCo, InnerSteps: 1, Tau: tau, GroupSize: 2}
 	})
-	// Outer steps 1 and 2 in groups, 3 global. The peers step in lockstep,
-	// so that none reaches the global step while another is a step
-	// behind (which would join it early and then take a fourth).
-	for s := range tau {
+	step := func(p, s int) {
+		o := opts[p]
+		o.ZeroGrad()
+		for j, g := range gs[p] {
+			o.params[0].Grad.Data[j] = g * float32(1+s)
+		}
+		if err := o.Step(context.Background(), 1); err != nil {
+			t.Error(err)
+		}
+	}
+	// Outer steps 1 and 2 average in groups (in lockstep, each waiting
+	// for the background averages to end); then peer 0 alone arrives at
+	// outer step 3, the global one, and the others join on receipt.
+	for s := range tau - 1 {
 		var wg sync.WaitGroup
-		for p, o := range opts {
-			wg.Go(func() {
-				o.ZeroGrad()
-				for j, g := range gs[p] {
-					o.params[0].Grad.Data[j] = g * float32(1+s)
-				}
-				if err := o.Step(context.Background(), 1); err != nil {
-					t.Error(err)
-				}
-			})
+		for p := range opts {
+			wg.Go(func() { step(p, s) })
 		}
 		wg.Wait()
+		waitFor(t, 10*time.Second, "group averages", func() bool {
+			for _, o := range opts {
+				o.mu.Lock()
+				running := o.dl.group != nil
+				o.mu.Unlock()
+				if running {
+					return false
+				}
+			}
+			return true
+		})
 	}
 	if t.Failed() {
 		t.FailNow()
 	}
+	step(0, tau-1)
+	waitFor(t, 10*time.Second, "the global outer step", func() bool {
+		for _, o := range opts {
+			if o.Stats().GlobalSyncs != 1 {
+				return false
+			}
+		}
+		return true
+	})
 	var groups int
 	for p, o := range opts {
 		st := o.Stats()
 		groups += st.GroupActive + st.GroupPassive
-		if st.GlobalSyncs != 1 || st.Round != tau {
+		if st.Round != tau {
 			t.Errorf("peer %d: %+v", p, st)
 		}
 	}
 	if groups == 0 {
-		t.Fatal("no group outer step")
+		t.Fatal("no group average")
 	}
 	for p := 1; p < peers; p++ {
 		if d := maxDiff(opts[p].Snapshot(), opts[0].Snapshot()) + maxDiff(opts[p].dl.anchor, opts[0].dl.anchor) +
@@ -626,8 +649,16 @@ func TestDiLoCoRefusesBadConfig(t *testing.T) {
 //
 //	v' = μ·mean(v) + mean(base − θ),  θ' = base − η·(mean(base − θ) + μ·v')
 //
-// The peers' states are set directly, and both run the global step.
+// The peers' states are set directly, and both run the global step: the
+// background one (τ > 1), whose model correction is pending until the
+// next Step (Snapshot includes it), and the synchronous one (τ = 1).
 func TestWADiLoCoGlobalStepFromBase(t *testing.T) {
+	for _, background := range []bool{true, false} {
+		t.Run(fmt.Sprintf("background=%v", background), func(t *testing.T) { testGlobalStepFromBase(t, background) })
+	}
+}
+
+func testGlobalStepFromBase(t *testing.T, background bool) {
 	const peers, n = 2, 300
 	const eta, mu = 0.7, 0.9
 	opts := swarm(t, peers, averaging.Config{Timeout: 5 * time.Second}, func(p int) (optim.Optimizer, Config) {
@@ -663,6 +694,14 @@ func TestWADiLoCoGlobalStepFromBase(t *testing.T) {
 	errs := make([]error, peers)
 	var wg sync.WaitGroup
 	for p, o := range opts {
+		if background {
+			o.mu.Lock()
+			work := o.outerGlobalLocked()
+			o.mu.Unlock()
+			ms := o.alive(o.allRanks())
+			wg.Go(func() { work(context.Background(), averaging.Session{ID: "test/g/4", Members: ms}) })
+			continue
+		}
 		wg.Go(func() { errs[p] = o.globalOuter(context.Background(), 4) })
 	}
 	wg.Wait()

@@ -148,6 +148,10 @@ func (o *Optimizer) handleActivate(ctx context.Context, from peer.ID, req []byte
 	}
 	switch a.Kind {
 	case activateGlobal:
+		if o.dl != nil && o.dl.wa && o.cfg.Tau > 1 {
+			o.startGlobal(int(a.Round), false) // WA-DiLoCo: in the background
+			break
+		}
 		for {
 			cur := o.global.Load()
 			if int64(a.Round) <= cur || o.global.CompareAndSwap(cur, int64(a.Round)) {

@@ -173,7 +173,7 @@ func newPeerCmd() *cobra.Command {
 	c := &f.cfg
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
 	fl.StringVar(&c.RunID, "run-id", "skyhive", "run name in DHT keys; every peer of a run must use the same")
-	fl.StringVar(&f.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a DiLoCo outer step with all peers)")
+	fl.StringVar(&f.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
 	fl.StringVar(&f.match, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
 	fl.IntVar(&c.GroupSize, "group-size", 0, "group size (0: 3 with dht matchmaking, round(sqrt(peers)) with ranks)")
 	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
@@ -418,7 +418,7 @@ type averagingFlags struct {
 }
 
 func (a *averagingFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a DiLoCo outer step with all peers)")
+	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
 	fl.IntVar(&a.peers, "peers", 4, "peer processes (skyhive peer) to start on this machine")
 	fl.StringVar(&a.model, "model", "mlp-small", "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores), or a language model: "+models.LMUsage()+", e.g. gpt-mini")
 	fl.Uint64Var(&a.seed, "seed", 1, "seed of the initial weights, the slowdowns and the batch order")

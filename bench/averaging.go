@@ -170,7 +170,8 @@ func benchThroughput(o Options, peers, reps int, runFor time.Duration) (Result, 
 		return func() {
 			cfg := sim.SimConfig{Algo: algo, Peers: peers, Tau: avgTau, Model: "mlp-small", Train: ds,
 				Batch: 32, LR: 0.01, Momentum: 0.9, Slowdowns: slow, BaseStep: baseStep,
-				Bandwidth: avgBandwidth, Latency: avgLatency, Timeout: avgTimeout, Duration: runFor, Seed: 1}
+				Bandwidth: avgBandwidth, Latency: avgLatency, Timeout: avgTimeout, Duration: runFor, Seed: 1,
+				Metrics: o.registerer()}
 			res, err := sim.Simulate(context.Background(), cfg)
 			if err != nil && runErr == nil {
 				runErr = err

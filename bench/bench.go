@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/skyhive/skyhive/stats"
 )
 
@@ -51,6 +53,12 @@ type Options struct {
 	// Duration is the length of suites that run for a set time (soak);
 	// 0 takes the suite's default.
 	Duration time.Duration
+	// Metrics, if set, receives the Prometheus collectors of the
+	// components the suites build (p2p hosts, DHT nodes, expert servers,
+	// averaging optimizers, the pipeline coordinator), each registration
+	// under its own InstanceLabel; nil: no metrics. RunWithMetrics sets it
+	// and scrapes it while the suite runs (skyhive bench --metrics).
+	Metrics prometheus.Registerer
 }
 
 // Logf writes a progress line if o.Log is set.

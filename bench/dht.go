@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/netem"
@@ -52,9 +53,9 @@ func (s *dhtSwarm) close() {
 
 // buildDHT starts n nodes. The first ones join one by one; the rest join
 // a few at a time, each through a random node that has already joined.
-func buildDHT(ctx context.Context, n int, rng *rand.Rand) (*dhtSwarm, error) {
+func buildDHT(ctx context.Context, n int, rng *rand.Rand, reg prometheus.Registerer) (*dhtSwarm, error) {
 	s := &dhtSwarm{net: memnet.NewNetwork(memnet.WithBlackhole())}
-	cfg := dht.Config{RPCTimeout: dhtRPC, RefreshInterval: -1, RepublishInterval: -1, CleanupInterval: -1}
+	cfg := dht.Config{RPCTimeout: dhtRPC, RefreshInterval: -1, RepublishInterval: -1, CleanupInterval: -1, Metrics: reg}
 	s.peers = make([]*memnet.Peer, n)
 	s.nodes = make([]*dht.Node, n)
 	for i := range n {
@@ -140,7 +141,7 @@ func runDHT(o Options) ([]Result, error) {
 	cs := fmt.Sprintf("N=%d", n)
 
 	t0 := time.Now()
-	s, err := buildDHT(ctx, n, rng)
+	s, err := buildDHT(ctx, n, rng, o.registerer())
 	if err != nil {
 		return nil, fmt.Errorf("dht bench: build: %w", err)
 	}

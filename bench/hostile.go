@@ -69,8 +69,9 @@ func runHostile(o Options, c hostileConfig) ([]Result, error) {
 			h.Close()
 		}
 	}()
+	reg := o.registerer()
 	newHost := func() (*p2p.Host, error) {
-		h, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}})
+		h, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, Metrics: reg})
 		if err == nil {
 			closers = append(closers, h)
 		}
@@ -198,7 +199,8 @@ func hostileExpert(ctx context.Context, o Options, c hostileConfig, newHost func
 		if err != nil {
 			return nil, nil, err
 		}
-		srv, err := server.New(server.Config{Transport: h, Experts: []string{"ffn.0", "ffn.1"}, Hidden: c.Hidden, Seed: seed, MaxBatch: c.MaxBatch})
+		srv, err := server.New(server.Config{Transport: h, Experts: []string{"ffn.0", "ffn.1"}, Hidden: c.Hidden, Seed: seed, MaxBatch: c.MaxBatch,
+			Metrics: o.registerer()})
 		return h, srv, err
 	}
 	sh, srv, err := serve(1)
@@ -286,7 +288,7 @@ func hostileAveraging(ctx context.Context, o Options, c hostileConfig, newHost f
 		p := &nn.Param{Name: "w", Value: tensor.New(16), Grad: tensor.New(16)}
 		var err error
 		opts[i], err = optimizer.New(avgs[i], optim.NewSGD([]*nn.Param{p}, optim.SGDConfig{LR: 0.01}),
-			optimizer.Config{Algo: optimizer.WAGMA, Rank: i, Roster: members})
+			optimizer.Config{Algo: optimizer.WAGMA, Rank: i, Roster: members, Metrics: o.registerer()})
 		if err != nil {
 			return nil, err
 		}
@@ -308,7 +310,7 @@ func hostileAveraging(ctx context.Context, o Options, c hostileConfig, newHost f
 	defer davg.Close()
 	droster := append([]averaging.Member{{Peer: dh.AddrInfo(), Weight: 1}}, members[1:]...)
 	dopt, err := optimizer.New(davg, optim.NewSGD([]*nn.Param{{Name: "w", Value: tensor.New(16), Grad: tensor.New(16)}}, optim.SGDConfig{LR: 0.01}),
-		optimizer.Config{Algo: optimizer.WAGMA, Rank: 0, Roster: droster})
+		optimizer.Config{Algo: optimizer.WAGMA, Rank: 0, Roster: droster, Metrics: o.registerer()})
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/client"
 	"github.com/skyhive/skyhive/moe/server"
@@ -64,18 +65,19 @@ func moeRemoteVsLocal(ctx context.Context, o Options) ([]Result, error) {
 		batches = []int{64, 512}
 	}
 	maxB := batches[len(batches)-1]
-	sh, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, MaxMessageBytes: 64 << 20})
+	reg := o.registerer()
+	sh, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, MaxMessageBytes: 64 << 20, Metrics: reg})
 	if err != nil {
 		return nil, err
 	}
 	defer sh.Close()
-	ch, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, MaxMessageBytes: 64 << 20})
+	ch, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, MaxMessageBytes: 64 << 20, Metrics: reg})
 	if err != nil {
 		return nil, err
 	}
 	defer ch.Close()
 	srv, err := server.New(server.Config{Transport: sh, Experts: []string{"ffn.0"}, Hidden: hidden, Seed: 1,
-		MaxBatch: maxB, Limits: wire.Limits{MaxElements: 2 * maxB * hidden}})
+		MaxBatch: maxB, Limits: wire.Limits{MaxElements: 2 * maxB * hidden}, Metrics: reg})
 	if err != nil {
 		return nil, err
 	}
@@ -157,9 +159,11 @@ func moeDMoEvsModelParallel(ctx context.Context, o Options) ([]Result, error) {
 		grids[i] = moe.Grid{Prefix: fmt.Sprintf("l%d", i), Size: []int{4, 4}}
 	}
 	var rs []Result
+	reg := o.registerer() // labels each server and DHT node apart
 	for _, rtt := range rtts {
 		sw, err := sim.New(ctx, sim.Config{Grids: grids, Servers: 4, RTT: rtt,
-			Server: server.Config{Hidden: moeTputHidden, Seed: 1, LR: 1e-4, DeclareEvery: time.Hour}})
+			Server: server.Config{Hidden: moeTputHidden, Seed: 1, LR: 1e-4, DeclareEvery: time.Hour, Metrics: reg},
+			DHT:    dht.Config{Metrics: reg}})
 		if err != nil {
 			return nil, err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/netem"
+	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/skyhive/skyhive/swarm"
 )
@@ -120,7 +121,9 @@ func pipeCase(ctx context.Context, o Options, bin string, g pipeGeometry, seq bo
 		slow[i] = pipeBaseSlowdown * (1 + (pipeMaxSlowdown-1)*rng.Float64())
 	}
 	label := fmt.Sprintf("%dw", g.workers)
-	ccfg := pipeline.CoordinatorConfig{}
+	// The coordinator and its host carry metrics; the workers are
+	// processes of their own (skyhive worker) and serve none here.
+	ccfg := pipeline.CoordinatorConfig{Metrics: o.registerer(), Host: p2p.Config{Metrics: o.registerer()}}
 	if g.regions != nil {
 		prof := &netem.Profile{
 			Regions: []string{"eu", "us"},

@@ -70,12 +70,13 @@ func rpcTransport(o Options, transport string, reps, calls int, sizes []int, rc 
 		label = "quic"
 	}
 	ctx := context.Background()
-	a, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{listen}})
+	reg := o.registerer()
+	a, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{listen}, Metrics: reg})
 	if err != nil {
 		return nil, err
 	}
 	defer a.Close()
-	b, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{listen}})
+	b, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{listen}, Metrics: reg})
 	if err != nil {
 		return nil, err
 	}

@@ -28,6 +28,9 @@ type Bars struct {
 	Title, YLabel string
 	Groups        []string
 	Series        []BarSeries
+	// YMax, when above the data, fixes the top of the y axis (e.g. to
+	// leave room for the legend); 0 fits the data.
+	YMax float64
 }
 
 // WriteBarsPNG renders b as a PNG of the given size in inches at path,
@@ -83,6 +86,7 @@ func WriteBarsPNG(path string, b Bars, width, height float64) error {
 	p.NominalX(b.Groups...)
 	p.X.Min, p.X.Max = -0.5, float64(len(b.Groups))-0.5
 	p.Y.Min = 0
+	p.Y.Max = max(p.Y.Max, b.YMax)
 	return renderPNG(path, p, width, height)
 }
 

@@ -28,8 +28,8 @@ type RunConfig struct {
 	// Binary is the skyhive executable every peer runs.
 	Binary string
 	// Dir receives each peer's NAME.log (stderr), NAME.out (stdout: its
-	// result), NAME.key (its identity) and the swarm's files. It is
-	// created if needed.
+	// result), NAME.key (its identity), the swarm's files and the run's
+	// chart, summary.png (WriteSummaryPNG). It is created if needed.
 	Dir string
 	// Env is added to every peer's environment.
 	Env []string
@@ -113,7 +113,8 @@ type namespaces interface {
 // on loopback, fires the failure schedule, waits until every peer that
 // ends by itself (trainers, averaging peers, the pipeline coordinator) has
 // ended, stops the services (DHT nodes, relays, expert servers, workers)
-// and returns each peer's result. It leaves nothing running: peers die with
+// and returns each peer's result, also drawn in Dir/summary.png
+// (WriteSummaryPNG). It leaves nothing running: peers die with
 // this process (Pdeathsig) and the namespaces are deleted on return (or by
 // the next run, if this process was killed).
 func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
@@ -272,6 +273,13 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 			}
 		}
 		res.Peers = append(res.Peers, pres)
+	}
+	// The chart is a view of the result: failing to draw it is reported,
+	// not the run's error.
+	if err := WriteSummaryPNG(filepath.Join(cfg.Dir, SummaryFile), res); err != nil {
+		logf("swarm %s: summary chart: %v", cmp.Or(spec.Name, "(unnamed)"), err)
+	} else {
+		logf("swarm %s: summary chart in %s", cmp.Or(spec.Name, "(unnamed)"), filepath.Join(cfg.Dir, SummaryFile))
 	}
 	switch {
 	case ctx.Err() != nil:

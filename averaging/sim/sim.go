@@ -12,10 +12,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
@@ -97,6 +99,9 @@ type SimConfig struct {
 	// Kill, if set, is called once the swarm is running with a function
 	// that kills a peer by rank (for failure experiments).
 	Kill func(ctx context.Context, kill func(rank int) error)
+	// Metrics, if set, receives every peer's optimizer collector (and DHT
+	// node's, with MatchDHT), labelled rank="I". Nil: no metrics.
+	Metrics prometheus.Registerer
 }
 
 // EvalPoint is one evaluation of the swarm's mean model.
@@ -176,6 +181,13 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 	}
 	ps := make([]*peerState, cfg.Peers)
 	roster := make([]averaging.Member, cfg.Peers)
+	// rankMetrics is peer i's registerer: an untyped nil without metrics.
+	rankMetrics := func(i int) prometheus.Registerer {
+		if cfg.Metrics == nil {
+			return nil
+		}
+		return prometheus.WrapRegistererWith(prometheus.Labels{"rank": strconv.Itoa(i)}, cfg.Metrics)
+	}
 	for i := range ps {
 		p, err := nw.newPeer(ctx)
 		if err != nil {
@@ -190,7 +202,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		ps[i] = &peerState{peer: p, avg: a, model: model}
 		roster[i] = averaging.Member{Peer: p.AddrInfo(), Weight: 1}
 		if mm == averaging.MatchDHT {
-			node, err := dht.New(p, dht.Config{RPCTimeout: timeout})
+			node, err := dht.New(p, dht.Config{RPCTimeout: timeout, Metrics: rankMetrics(i)})
 			if err != nil {
 				return res, err
 			}
@@ -236,7 +248,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 			Algo: cfg.Algo, Rank: i, Roster: roster, GroupSize: cfg.GroupSize, Tau: cfg.Tau,
 			Period: cfg.Period, AverageModels: cfg.AverageModels, RunID: cfg.RunID,
 			Matchmaking: mm, DHT: st.node, RoundInterval: cfg.RoundInterval, MatchWindow: cfg.MatchWindow,
-			GridDims: cfg.GridDims,
+			GridDims: cfg.GridDims, Metrics: rankMetrics(i),
 		})
 		if err != nil {
 			return res, err

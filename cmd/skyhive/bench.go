@@ -12,11 +12,18 @@ import (
 func newBenchCmd() *cobra.Command {
 	var opts bench.Options
 	var asJSON bool
+	var metricsAddr string
 	cmd := &cobra.Command{
 		Use:   "bench SUITE|all",
 		Short: "Run a benchmark suite and print a table, or JSON lines with --json",
 		Long: "Run a benchmark suite. Every suite compares against a reference measured in the same run\n" +
-			"and reports medians of at least 5 repetitions with min and max.\n\nSuites:\n" + suiteList(),
+			"and reports medians of at least 5 repetitions with min and max. With --metrics ADDR the\n" +
+			"components a suite builds (p2p hosts, DHT nodes, expert servers, averaging optimizers, the\n" +
+			"pipeline coordinator) carry Prometheus metrics, served on http://ADDR/metrics and scraped\n" +
+			"every second while the suite runs: compare with a run without to measure what metrics cost\n" +
+			"(docs/observability.md).\n\nSuites:\n" + suiteList(),
+		Example: "  skyhive bench rpc --json > off.jsonl\n" +
+			"  skyhive bench rpc --json --metrics 127.0.0.1:0 > on.jsonl   # port 0: a free port",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var suites []bench.Suite
@@ -34,7 +41,13 @@ func newBenchCmd() *cobra.Command {
 			}
 			opts.Log = os.Stderr
 			for _, s := range suites {
-				rs, err := s.Run(opts)
+				var rs []bench.Result
+				var err error
+				if metricsAddr != "" {
+					rs, err = bench.RunWithMetrics(s, opts, metricsAddr)
+				} else {
+					rs, err = s.Run(opts)
+				}
 				if err != nil {
 					return fmt.Errorf("bench %s: %w", s.Name, err)
 				}
@@ -54,6 +67,7 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&opts.Quick, "quick", false, "smaller cases, under 30 s per suite")
 	cmd.Flags().IntVar(&opts.Reps, "reps", 5, "measured repetitions per case (at least 5)")
 	cmd.Flags().DurationVar(&opts.Duration, "duration", 0, "run length of timed suites (soak; 0: the suite's default)")
+	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "give the suite's components Prometheus metrics, serve them on http://ADDR/metrics and scrape them every second (e.g. 127.0.0.1:0), to measure their cost")
 	return cmd
 }
 

@@ -73,7 +73,8 @@ func TestDHTCommands(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stats := filepath.Join(t.TempDir(), "dht.jsonl")
-	addr := startDHTNode(t, "--stats", stats, "--stats-every", "20ms")
+	// No status record of its own: the one record is the put.
+	addr := startDHTNode(t, "--stats", stats, "--stats-every", "20ms", "--status-every", "0")
 	var out syncBuffer
 	if err := runCLI(ctx, &out, "dht", "put", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--subkey", "s1", "cli-key", "v1"); err != nil {
 		t.Fatalf("put: %v (%s)", err, out.String())

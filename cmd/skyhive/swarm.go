@@ -46,7 +46,9 @@ func newSwarmRunCmd() *cobra.Command {
 			"not emulated. The failure schedule kills, pauses, slows, partitions and restarts peers.\n" +
 			"The run ends when every training peer has ended; the services are then stopped, and\n" +
 			"nothing is left running. It prints a summary, or with --json the benchmark protocol's\n" +
-			"lines (suite swarm, case the spec's name); every peer's log and result is in --dir.",
+			"lines (suite swarm, case the spec's name); every peer's log and result is in --dir, with\n" +
+			"summary.png, a chart of the run: per peer the MB sent and received through the router\n" +
+			"(else the test accuracy), its role, state and accuracy, and the failures that hit it.",
 		Example: "  sudo skyhive swarm run examples/swarm/averaging.json\n" +
 			"  sudo skyhive swarm run examples/swarm/pipeline.json --json --dir results/pipeline\n" +
 			"  skyhive swarm run examples/swarm/moe.json --isolation processes   # no root: loopback",

@@ -269,24 +269,11 @@ func (o *Optimizer) startGlobal(round int, active bool) {
 // taken with this peer's own vector.
 func (o *Optimizer) outerGlobalLocked() func(context.Context, averaging.Session) {
 	d := o.dl
-	prev := d.globalRun
-	done := make(chan struct{})
-	d.globalRun = done
+	begin, end := o.inTurnLocked(&d.globalRun)
 	return func(ctx context.Context, s averaging.Session) {
-		defer func() {
-			o.mu.Lock()
-			if d.globalRun == done {
-				d.globalRun = nil
-			}
-			o.mu.Unlock()
-			close(done)
-		}()
-		if prev != nil {
-			select {
-			case <-prev:
-			case <-ctx.Done():
-				return
-			}
+		defer end()
+		if !begin(ctx) {
+			return
 		}
 		n := o.n
 		o.mu.Lock()
@@ -411,28 +398,15 @@ func (o *Optimizer) outerUpdateLocked(g []float32) {
 // peer's state and resets the model) is dropped (Stats.OuterDropped): it
 // was computed from the state the global step replaced, and the progress
 // in its Δ was part of the global step's. If the group's all-reduce fails
-// entirely without this peer stopping, Δ is left as this peer's own and the
-// outer step is taken alone.
+// entirely without this peer stopping, the "average" is this peer's own Δ:
+// the anchor moves to the model snapshot and no correction is added.
 func (o *Optimizer) outerGroupLocked() func(context.Context, averaging.Session) {
 	d := o.dl
-	prev := d.group
-	done := make(chan struct{})
-	d.group = done
+	begin, end := o.inTurnLocked(&d.group)
 	return func(ctx context.Context, s averaging.Session) {
-		defer func() {
-			o.mu.Lock()
-			if d.group == done {
-				d.group = nil
-			}
-			o.mu.Unlock()
-			close(done)
-		}()
-		if prev != nil {
-			select {
-			case <-prev:
-			case <-ctx.Done():
-				return
-			}
+		defer end()
+		if !begin(ctx) {
+			return
 		}
 		o.mu.Lock()
 		snap := o.snapshotLocked()
@@ -459,4 +433,35 @@ func (o *Optimizer) outerGroupLocked() func(context.Context, averaging.Session) 
 		}
 		o.stats.OuterSteps++
 	}
+}
+
+// inTurnLocked makes background works that use slot run one after the
+// other (Optimizer.mu held): it installs this work as slot's latest and
+// returns its prologue and epilogue. begin waits for the previous work to
+// end and reports false if ctx ends first; end, deferred by the work,
+// clears slot unless a later work took it and lets the next one begin.
+func (o *Optimizer) inTurnLocked(slot *chan struct{}) (begin func(context.Context) bool, end func()) {
+	prev := *slot
+	done := make(chan struct{})
+	*slot = done
+	begin = func(ctx context.Context) bool {
+		if prev == nil {
+			return true
+		}
+		select {
+		case <-prev:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	end = func() {
+		o.mu.Lock()
+		if *slot == done {
+			*slot = nil
+		}
+		o.mu.Unlock()
+		close(done)
+	}
+	return begin, end
 }

@@ -65,28 +65,42 @@ type skyConfig struct {
 	// extrapolation.
 	OptimalLimit time.Duration
 	// Binary is the skyhive executable the workers run; Env is added to
-	// their environment.
-	Binary string
-	Env    []string
+	// their environment and WorkerArgs to their command line. The defaults
+	// make every worker an emulated device of steady speed on one thread:
+	// --steady emulates the median busy time of each op's recent
+	// executions, not this one's (pipeline.WorkerConfig.Steady), and one
+	// thread per worker (GOMAXPROCS=1, OPENBLAS_NUM_THREADS=1) keeps an
+	// op's busy time its own CPU time.
+	Binary     string
+	Env        []string
+	WorkerArgs []string
 }
 
-// skyDefaults is the grid of the full run (about 12 minutes on 2 quiet
-// cores) or of --quick (about a minute).
 // skyWarmup iterations of the even plan run before skyCalibrationIters
 // more calibrate the cost model and the workers' speeds
 // (Session.Recalibrate); the strategies then plan. The first iterations
 // of fresh worker processes are up to 1.7× slower (heaps and buffers
 // growing).
+//
+// skyPlanWarmup iterations run after every switch to a plan before the
+// measured one: the first iteration after a re-plan measured up to 45%
+// slower than the plan's steady state (8x24's even: 2.4–2.8 s after a
+// switch, 1.65–1.76 s in calibration), a one-time cost of the switch
+// that the paper's comparison of plans leaves out.
 const (
 	skyWarmup           = 2
 	skyCalibrationIters = 5
+	skyPlanWarmup       = 1
 )
 
+// skyDefaults is the grid of the full run (about 25 minutes on 2 quiet
+// cores) or of --quick (about a minute and a half).
 func skyDefaults(quick bool) skyConfig {
 	c := skyConfig{
 		Workers: []int{4, 8, 16}, Layers: []int{8, 24, 48}, Hidden: 64,
 		Batch: 32, Micro: 16, Base: 6, MaxSlowdown: 6, Rounds: 5, ProfileReps: 5,
 		PointTimeout: 8 * time.Minute, ExtraWorkers: 64, ExtraLayers: 160, OptimalLimit: 20 * time.Second,
+		Env: []string{"OPENBLAS_NUM_THREADS=1", "GOMAXPROCS=1"}, WorkerArgs: []string{"--steady"},
 	}
 	if quick {
 		c.Workers, c.Layers, c.Rounds = []int{4, 8}, []int{8}, 3
@@ -179,6 +193,8 @@ func skyRun(ctx context.Context, o Options, cfg skyConfig) (*skyResults, error) 
 		"hidden": cfg.Hidden, "batch": cfg.Batch, "micro_batches": cfg.Micro, "schedule": pipeline.OneFOneB.String(),
 		"base_slowdown": cfg.Base, "max_slowdown": cfg.MaxSlowdown, "rounds": cfg.Rounds, "profile_reps": cfg.ProfileReps,
 		"optimizer": "adamw", "data": "gaussian blobs, 784 features", "seed": o.Seed, "strategies": skyStrategies,
+		"worker_args": cfg.WorkerArgs, "worker_env": cfg.Env, "warmup_iterations": skyWarmup,
+		"calibration_iterations": skyCalibrationIters, "plan_warmup_iterations": skyPlanWarmup,
 	}}
 	var ref []float64 // reference FLOP/s estimates (speed × slowdown) of the last point
 	var link alloc.Link
@@ -241,7 +257,7 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 	}
 	defer c.Close()
 	local, err := swarm.LaunchPipelineWorkers(ctx, c, swarm.PipelineLaunch{
-		Binary: cfg.Binary, Slowdowns: slow, Env: append([]string{"OPENBLAS_NUM_THREADS=1"}, cfg.Env...), Output: o.Log,
+		Binary: cfg.Binary, Slowdowns: slow, Args: cfg.WorkerArgs, Env: cfg.Env, Output: o.Log,
 	})
 	if err != nil {
 		return nil, nil, alloc.Link{}, err
@@ -311,7 +327,7 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 			name, pc.Strategy, len(pc.Plan.Stages), pc.Plan.Stages, pc.SolveTime.Seconds(), pc.Prediction.Iteration, pc.Report.Iteration)
 	}
 	seen := map[string]int{}
-	err = s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: batches, Rounds: cfg.Rounds,
+	err = s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: batches, Rounds: cfg.Rounds, Warmup: skyPlanWarmup,
 		OnIteration: func(strategy string, st pipeline.IterStats, _ time.Duration) {
 			o.Logf("sky-computing %s: %-7s %.3f s", name, strategy, st.Seconds)
 			// The last round's per-stage breakdown: compute (emulated)

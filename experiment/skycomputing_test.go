@@ -40,6 +40,7 @@ func workerMain(args []string) int {
 	fs.StringVar(&cfg.Join, "join", "", "")
 	fs.StringVar(&cfg.Name, "name", "", "")
 	fs.Float64Var(&cfg.Slowdown, "slowdown", 1, "")
+	fs.BoolVar(&cfg.Steady, "steady", false, "")
 	fs.StringVar(&listen, "listen", "/ip4/127.0.0.1/tcp/0", "")
 	fs.StringVar(&cfg.Region, "region", "", "")
 	fs.Int64Var(&cfg.MemCap, "mem-cap", 0, "")
@@ -72,7 +73,7 @@ func TestSkyComputingTiny(t *testing.T) {
 		Workers: []int{2}, Layers: []int{4}, Hidden: 32, Batch: 8, Micro: 2, Base: 2, MaxSlowdown: 6,
 		Rounds: 2, ProfileReps: 2, PointTimeout: time.Minute,
 		ExtraWorkers: 8, ExtraLayers: 12, OptimalLimit: time.Second,
-		Binary: exe, Env: []string{envAsWorker + "=1"},
+		Binary: exe, Env: []string{envAsWorker + "=1", "GOMAXPROCS=1"}, WorkerArgs: []string{"--steady"},
 	}
 	out := t.TempDir()
 	o := Options{Out: out, Seed: 1}

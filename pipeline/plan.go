@@ -195,6 +195,11 @@ func (s *Session) Predict(p alloc.Plan) (Prediction, error) {
 	if err := p.Validate(len(cl.Devices), len(s.base.Layers)); err != nil {
 		return Prediction{}, fmt.Errorf("pipeline: plan: %w", err)
 	}
+	return s.cm.simulate(s.simStages(cl, p), s.cfg.Schedule, s.microSizes(s.cfg.Batch)), nil
+}
+
+// simStages is the simulator's view of a valid plan on cl.
+func (s *Session) simStages(cl *alloc.Cluster, p alloc.Plan) []simStage {
 	stages := make([]simStage, len(p.Stages))
 	for k, st := range p.Stages {
 		d := cl.Devices[st.Device]
@@ -203,7 +208,7 @@ func (s *Session) Predict(p alloc.Plan) (Prediction, error) {
 			stages[k].next = cl.Link(st.Device, p.Stages[k+1].Device)
 		}
 	}
-	return s.cm.simulate(stages, s.cfg.Schedule, s.microSizes(s.cfg.Batch)), nil
+	return stages
 }
 
 // microSizes splits n examples into the schedule's micro-batches.

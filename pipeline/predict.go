@@ -1,8 +1,11 @@
 package pipeline
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"sort"
 
 	"github.com/skyhive/skyhive/alloc"
@@ -40,7 +43,21 @@ type costModel struct {
 	// reference seconds: the profile, which times layers inside one
 	// whole-model pass, does not see it. Recalibrate measures it.
 	opBusy float64
+	// jitter is the coefficient of variation of an op's compute time on
+	// its device (0: every op takes exactly its expected time). Ops of a
+	// pipeline wait for their neighbours', so random op times lengthen an
+	// iteration beyond the replay of expected times, most where the stages
+	// are balanced and none has slack. Recalibrate fits it.
+	jitter float64
 }
+
+// jitterDraws is how many jittered replays a prediction takes the median
+// of; jitterSeed seeds them, so that a prediction is a function of the
+// plan and the calibration.
+const (
+	jitterDraws = 31
+	jitterSeed  = 0x5eed
+)
 
 // inputFloats is the number of input floats of one example.
 func (cm *costModel) inputFloats() int {
@@ -158,7 +175,40 @@ type Prediction struct {
 // message is acknowledged (a round trip). Dispatch sends stage 0 the
 // inputs; after every stage has answered, the commit round trip steps each
 // stage's optimizer.
+//
+// With jitter, every op's compute time is its expected time times a
+// log-normal factor of mean 1 and coefficient of variation jitter; the
+// prediction is the replay of median iteration time among jitterDraws
+// seeded ones, with Compute and StageCompute from the replay of expected
+// times.
 func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Prediction {
+	exp := cm.replay(stages, sched, sizes, nil)
+	if !(cm.jitter > 0) || math.IsInf(exp.Iteration, 0) {
+		return exp
+	}
+	return cm.jittered(stages, sched, sizes, cm.jitter, exp)
+}
+
+// jittered is the median of jitterDraws replays with op times of
+// coefficient of variation cv (seeded: the same for every call), with
+// expected's compute times.
+func (cm *costModel) jittered(stages []simStage, sched Schedule, sizes []int, cv float64, expected Prediction) Prediction {
+	sigma := math.Sqrt(math.Log1p(cv * cv))
+	rng := rand.New(rand.NewPCG(jitterSeed, 0))
+	noise := func() float64 { return math.Exp(sigma*rng.NormFloat64() - sigma*sigma/2) }
+	draws := make([]Prediction, jitterDraws)
+	for i := range draws {
+		draws[i] = cm.replay(stages, sched, sizes, noise)
+	}
+	slices.SortFunc(draws, func(a, b Prediction) int { return cmp.Compare(a.Iteration, b.Iteration) })
+	p := draws[len(draws)/2]
+	p.Compute, p.StageCompute = expected.Compute, expected.StageCompute
+	return p
+}
+
+// replay is one replay of simulate; noise, if not nil, draws each op's
+// factor on its expected compute time.
+func (cm *costModel) replay(stages []simStage, sched Schedule, sizes []int, noise func() float64) Prediction {
 	S, M := len(stages), len(sizes)
 	type key struct {
 		stage, micro int
@@ -215,6 +265,9 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 					d += v
 				}
 				d = (d+cm.opBusy)*st.factor + cm.opOverhead
+				if noise != nil {
+					d = (d-cm.opOverhead)*noise() + cm.opOverhead
+				}
 				end := ready + d
 				clock[k], busy[k] = end, busy[k]+d
 				next[k]++
@@ -281,4 +334,33 @@ func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Pr
 // String summarises the prediction in milliseconds.
 func (p Prediction) String() string {
 	return fmt.Sprintf("%.1f ms (pipeline %.1f, overhead %.1f, busiest stage %.1f)", 1e3*p.Iteration, 1e3*p.Pipeline, 1e3*p.Overhead, 1e3*p.Compute)
+}
+
+// maxJitter bounds the fitted jitter: ops whose times vary more than that
+// are not what makes the iterations slower than predicted.
+const maxJitter = 1.5
+
+// fitJitter returns the jitter with which the simulated iteration of
+// stages is want seconds (the measured median): 0 if the replay of
+// expected times already takes want or longer, maxJitter if even that is
+// faster, else the bisection of the seeded median replay.
+func (cm *costModel) fitJitter(stages []simStage, sched Schedule, sizes []int, want float64) float64 {
+	exp := cm.replay(stages, sched, sizes, nil)
+	if !(exp.Iteration < want) || math.IsInf(exp.Iteration, 0) {
+		return 0
+	}
+	at := func(cv float64) float64 { return cm.jittered(stages, sched, sizes, cv, exp).Iteration }
+	lo, hi := 0.0, maxJitter
+	if at(hi) < want {
+		return hi
+	}
+	for range 20 {
+		mid := (lo + hi) / 2
+		if at(mid) < want {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi
 }

@@ -119,7 +119,9 @@ type StageTiming struct {
 	Idle    float64 `json:"idle"`
 	Wall    float64 `json:"wall"`
 	// CPU is the busy time of the forward and backward passes (wall time
-	// less waits for a core, see opClock), without the emulated slowdown.
+	// less waits for a core, see opClock), without the emulated slowdown;
+	// with steady workers (WorkerConfig.Steady), the steady busy times the
+	// device emulated.
 	CPU float64 `json:"cpu"`
 	// Step is the optimizer step's time, part of Compute and Wall.
 	Step float64 `json:"step"`

@@ -37,6 +37,13 @@ type WorkerConfig struct {
 	// that kept it busy for c (see opClock), the worker sleeps (Slowdown−1)·c
 	// (swarm.Device.Throttle). 0 means 1. Ignored when Device is set.
 	Slowdown float64
+	// Steady makes the emulated device's speed steady: the busy time the
+	// slowdown multiplies is the median of the op's recent executions on
+	// this worker (the same layers, direction and micro-batch size) rather
+	// than this execution's, so that the host's second-to-second variation
+	// does not reach the emulated device (see steadyCosts). StageTiming.CPU
+	// then reports those busy times.
+	Steady bool
 	// Device, if set, is the emulated device (slowdown, pause gate); e.g.
 	// swarm.ChildFromEnv's in a swarm-launched process. Otherwise one is
 	// made from Slowdown and MemCap.
@@ -82,8 +89,9 @@ type Worker struct {
 	coord peer.AddrInfo
 	dial  actDialer // how the executor reaches its neighbours
 
-	dev *swarm.Device  // emulated device: slowdown and pause gate
-	m   *workerMetrics // nil without WorkerConfig.Metrics
+	dev    *swarm.Device  // emulated device: slowdown and pause gate
+	steady *steadyCosts   // with WorkerConfig.Steady; guarded by runMu
+	m      *workerMetrics // nil without WorkerConfig.Metrics
 
 	// controls are the calls only the coordinator may make, by protocol;
 	// filled in NewWorker, read-only afterwards.
@@ -148,6 +156,9 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	w := &Worker{cfg: cfg, tr: cfg.Transport, log: cfg.Logger, coord: *coord, dev: dev, box: newInbox(0, nil, nil), stop: make(chan struct{}), controls: map[protocol.ID]controlHandler{}}
+	if cfg.Steady {
+		w.steady = &steadyCosts{}
+	}
 	if w.tr == nil {
 		hcfg := cfg.Host
 		// Plain calls are small (heartbeats, link probes); the
@@ -259,6 +270,16 @@ func (w *Worker) throttle(ctx context.Context, wall, busy time.Duration) {
 		return
 	}
 	w.dev.Throttle(ctx, d) // returns early only when ctx ends, which callers check
+}
+
+// emulatedBusy is the busy time the device emulates for an execution of op
+// k that kept this machine busy for busy: busy itself, or with
+// WorkerConfig.Steady the op's steady busy time. runMu must be held.
+func (w *Worker) emulatedBusy(k opKey, busy time.Duration) time.Duration {
+	if w.steady == nil {
+		return busy
+	}
+	return w.steady.observe(k, busy)
 }
 
 // Close stops the worker: its handlers refuse calls from now on, a running

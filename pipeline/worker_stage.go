@@ -160,7 +160,7 @@ func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 	st.opt.Step()
 	st.opt.ZeroGrad()
 	wall, busy := clk.stop()
-	w.throttle(ctx, wall, busy)
+	w.throttle(ctx, wall, w.emulatedBusy(opKey{gen: st.req.Gen, commit: true}, busy))
 	st.ready, st.iter = -1, req.Iter+1
 	return encodeMsg(commitResp{Seconds: time.Since(t0).Seconds()}, nil)
 }

@@ -717,3 +717,43 @@ func testGlobalStepFromBase(t *testing.T, background bool) {
 		}
 	}
 }
+
+// TestConsensusIsTheOuterModel: a DiLoCo peer's Consensus is the outer
+// model (the same on every peer after an outer step) while its Snapshot
+// moves on with the inner steps; for the other algorithms Consensus is
+// Snapshot.
+func TestConsensusIsTheOuterModel(t *testing.T) {
+	const peers, per, h = 2, 8, 3
+	task := newBlobTask(t, peers, per, h+1)
+	sgd := optim.SGDConfig{LR: 0.1}
+	models := make([]*nn.Sequential, peers)
+	opts := swarm(t, peers, averaging.Config{Timeout: 10 * time.Second, ChunkElems: 100}, func(p int) (optim.Optimizer, Config) {
+		models[p] = task.build()
+		return optim.NewSGD(models[p].Params(), sgd), Config{Algo: DiLoCo, InnerSteps: h, OuterLR: 0.7}
+	})
+	grad := func(p, s int) { task.grad(models[p], task.batch(s, p)) }
+	outer := train(t, opts, h, grad) // ends with the outer step: θ = anchor
+	if d := maxDiff(outer[0], outer[1]); d > 1e-6 {
+		t.Fatalf("peers differ by %v after the outer step", d)
+	}
+	inner := train(t, opts, 1, func(p, s int) { grad(p, h+s) })
+	for p, o := range opts {
+		if d := maxDiff(o.Consensus(), outer[0]); d != 0 {
+			t.Errorf("peer %d: consensus differs from the outer model by %v after an inner step", p, d)
+		}
+		if d := maxDiff(inner[p], outer[0]); d == 0 {
+			t.Errorf("peer %d: the inner step did not move the replica", p)
+		}
+	}
+
+	plain := swarm(t, peers, averaging.Config{Timeout: 10 * time.Second, ChunkElems: 100}, func(p int) (optim.Optimizer, Config) {
+		models[p] = task.build()
+		return optim.NewSGD(models[p].Params(), sgd), Config{Algo: AllReduce}
+	})
+	got := train(t, plain, 2, grad)
+	for p, o := range plain {
+		if d := maxDiff(o.Consensus(), got[p]); d != 0 {
+			t.Errorf("all-reduce peer %d: consensus differs from the snapshot by %v", p, d)
+		}
+	}
+}

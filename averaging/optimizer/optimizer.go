@@ -388,6 +388,21 @@ func (o *Optimizer) Snapshot() []float32 {
 	return o.snapshotLocked()
 }
 
+// Consensus returns a copy of the model this peer holds as the swarm's
+// agreed one: for DiLoCo and WA-DiLoCo the outer parameters (the anchor,
+// the result of the last outer step or, for WA-DiLoCo, group average,
+// from which the inner steps move each replica away until the next), for
+// the other algorithms Snapshot. It is the model to evaluate: DiLoCo's
+// papers evaluate the outer model, not a replica in mid inner loop.
+func (o *Optimizer) Consensus() []float32 {
+	if o.dl == nil {
+		return o.Snapshot()
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]float32(nil), o.dl.anchor...)
+}
+
 func (o *Optimizer) snapshotLocked() []float32 {
 	out := make([]float32, o.n)
 	copy(out, o.published)

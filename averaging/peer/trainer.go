@@ -178,7 +178,7 @@ func learningRate(cfg Config, steps int, elapsed time.Duration) float64 {
 // data: the test set of an image model, the validation tokens of a
 // language model.
 func (t *trainer) evaluate(ctx context.Context) error {
-	nn.SetFlatValues(t.model.Params(), t.opt.Snapshot())
+	nn.SetFlatValues(t.model.Params(), t.opt.Consensus())
 	e := Eval{Steps: t.opt.Stats().Steps}
 	if err := t.task.eval(ctx, t.model, &e); err != nil {
 		return fmt.Errorf("evaluate: %w", err)

@@ -200,7 +200,7 @@ func newPeerCmd() *cobra.Command {
 	fl.IntVar(&c.EvalExamples, "eval-examples", 0, "test examples per evaluation (0 = all 10000)")
 	fl.IntVar(&c.Steps, "steps", 0, "stop after this many local steps (0: no limit)")
 	fl.DurationVar(&c.Duration, "duration", 0, "stop after this long (0: no limit; stop with Ctrl-C)")
-	fl.DurationVar(&c.EvalEvery, "eval-every", 0, "evaluate on the test set this often (0: only at the end)")
+	fl.DurationVar(&c.EvalEvery, "eval-every", 0, "evaluate on the test set this often (0: only at the end); diloco and wa-diloco evaluate their outer model")
 	fl.Float64Var(&c.Slowdown, "slowdown", 1, "emulate a slower device: each step takes this many times its compute time (experiments)")
 	fl.StringVar(&c.Checkpoint, "checkpoint", "", "checkpoint file: resumed from if it exists, written atomically every --checkpoint-every and on exit")
 	fl.DurationVar(&c.CheckpointEvery, "checkpoint-every", time.Minute, "checkpoint interval")

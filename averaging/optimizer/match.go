@@ -81,8 +81,8 @@ func (o *Optimizer) matchRound(ctx context.Context, r, stepRound int) GroupInfo 
 		return info
 	}
 	o.mu.Lock()
-	snap, r0 := o.snapshotLocked(), o.round
+	snap, r0, syncs := o.snapshotLocked(), o.round, o.syncs
 	o.mu.Unlock()
-	info.Result, info.Err = o.averageInto(ctx, f.Session, snap, r0)
+	info.Result, info.Err = o.averageInto(ctx, f.Session, snap, r0, syncs)
 	return info
 }

@@ -207,6 +207,9 @@ type Stats struct {
 	// OuterDropped counts WA-DiLoCo group outer steps whose result came
 	// after a global outer step had superseded it, and was dropped.
 	OuterDropped int `json:"outer_dropped,omitempty"`
+	// GroupDropped counts WAGMA group averages whose result came after a
+	// synchronous global average had superseded it, and was dropped.
+	GroupDropped int `json:"group_dropped,omitempty"`
 }
 
 // Optimizer wraps an optim.Optimizer and averages its parameters with other
@@ -240,13 +243,16 @@ type Optimizer struct {
 	published []float32 // the model after the last Step
 	delta     []float32 // averaging results not yet applied
 	round     int       // round counter of the published model
-	joined    map[string]int
-	dead      map[peer.ID]bool // fixed roster: members dropped (see note)
-	seen      map[peer.ID]bool // fixed roster: members that took part once
-	misses    map[peer.ID]int  // fixed roster: all-reduces missed in a row
-	stats     Stats
-	progress  progressTracker
-	serving   map[peer.ID]*download
+	// syncs counts the synchronous global averages applied: a group
+	// average taken from a snapshot before one is superseded by it.
+	syncs    int
+	joined   map[string]int
+	dead     map[peer.ID]bool // fixed roster: members dropped (see note)
+	seen     map[peer.ID]bool // fixed roster: members that took part once
+	misses   map[peer.ID]int  // fixed roster: all-reduces missed in a row
+	stats    Stats
+	progress progressTracker
+	serving  map[peer.ID]*download
 
 	dl *outer // DiLoCo and WA-DiLoCo only
 
@@ -544,6 +550,12 @@ func (o *Optimizer) Step(ctx context.Context, samples int) error {
 		o.mu.Lock()
 		nn.FlatValues(o.params, o.published)
 		o.round, o.stats.Round = round, round
+		// Group results that arrived during the global average were
+		// computed from the models it replaced, and so will those still
+		// in flight be: drop them, or their corrections would pull each
+		// replica away from the mean again.
+		clear(o.delta)
+		o.syncs++
 		o.mu.Unlock()
 	}
 	if o.cfg.Algo == WAGMA && target < 0 && o.mm == nil {
@@ -633,8 +645,11 @@ func (o *Optimizer) syncAverage(ctx context.Context, id string, vec []float32) e
 // averageInto all-reduces snap, the model of round snapRound, with the
 // session and leaves the difference between the group's mean and snap as
 // a correction for the next Step, so that local progress made meanwhile is
-// kept.
-func (o *Optimizer) averageInto(ctx context.Context, s averaging.Session, snap []float32, snapRound int) (averaging.Result, error) {
+// kept. syncs is the count of synchronous global averages when snap was
+// taken: if one has been applied since, the result is dropped
+// (Stats.GroupDropped), since the global average replaced the models the
+// group averaged.
+func (o *Optimizer) averageInto(ctx context.Context, s averaging.Session, snap []float32, snapRound, syncs int) (averaging.Result, error) {
 	avg := slices.Clone(snap)
 	res, err := o.avg.AllReduce(ctx, s, avg)
 	o.note(ctx, s.Members, res, err)
@@ -643,6 +658,11 @@ func (o *Optimizer) averageInto(ctx context.Context, s averaging.Session, snap [
 	}
 	tensor.Axpy(-1, snap, avg)
 	o.mu.Lock()
+	if o.syncs != syncs {
+		o.stats.GroupDropped++
+		o.mu.Unlock()
+		return res, err
+	}
 	tensor.Axpy(1, avg, o.delta)
 	if o.m != nil {
 		o.m.staleness.Observe(float64(o.round - snapRound))

@@ -101,8 +101,8 @@ func (o *Optimizer) startGroup(round int, active bool) {
 	if o.dl != nil {
 		average = o.outerGroupLocked()
 	} else {
-		snap, r0 := o.snapshotLocked(), o.round
-		average = func(ctx context.Context, s averaging.Session) { o.averageInto(ctx, s, snap, r0) }
+		snap, r0, syncs := o.snapshotLocked(), o.round, o.syncs
+		average = func(ctx context.Context, s averaging.Session) { o.averageInto(ctx, s, snap, r0, syncs) }
 	}
 	ctx := o.bgCtx
 	o.goLocked(func() {

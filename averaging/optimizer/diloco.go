@@ -82,8 +82,7 @@ type outer struct {
 	// peer's is the same, so anchor − base is small and compresses well.
 	// The anchor moves with the group averages; base and the momentum
 	// only with global outer steps.
-	base  []float32
-	epoch int // global outer steps applied (WA-DiLoCo)
+	base []float32
 	// group is closed when this peer's last group outer step ends; nil
 	// while none runs. WA-DiLoCo runs them one after the other, and its
 	// background global steps (globalRun) too.
@@ -306,7 +305,7 @@ func (o *Optimizer) applyGlobalLocked(vec []float32) {
 	d, n := o.dl, o.n
 	copy(d.anchor, d.base)
 	copy(d.mom, vec[n:])
-	d.epoch++
+	o.syncs++
 	o.outerUpdateLocked(vec[:n])
 	copy(d.base, d.anchor)
 }
@@ -414,7 +413,7 @@ func (o *Optimizer) outerGroupLocked() func(context.Context, averaging.Session) 
 		for j := range pg {
 			pg[j] = d.anchor[j] - snap[j]
 		}
-		epoch := d.epoch
+		syncs := o.syncs
 		o.mu.Unlock()
 		res, err := o.avg.AllReduce(ctx, s, pg)
 		o.note(ctx, s.Members, res, err)
@@ -423,7 +422,7 @@ func (o *Optimizer) outerGroupLocked() func(context.Context, averaging.Session) 
 		}
 		o.mu.Lock()
 		defer o.mu.Unlock()
-		if d.epoch != epoch {
+		if o.syncs != syncs {
 			o.stats.OuterDropped++
 			return
 		}

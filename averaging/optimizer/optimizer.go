@@ -243,8 +243,9 @@ type Optimizer struct {
 	published []float32 // the model after the last Step
 	delta     []float32 // averaging results not yet applied
 	round     int       // round counter of the published model
-	// syncs counts the synchronous global averages applied: a group
-	// average taken from a snapshot before one is superseded by it.
+	// syncs counts the global averages (WAGMA) and global outer steps
+	// (WA-DiLoCo) applied: a group average or group outer step taken from
+	// a snapshot before one is superseded by it and dropped.
 	syncs    int
 	joined   map[string]int
 	dead     map[peer.ID]bool // fixed roster: members dropped (see note)

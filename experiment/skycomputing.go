@@ -130,6 +130,12 @@ type skyStrategyResult struct {
 	Alloc     float64 `json:"alloc_predicted"`
 	// MeasuredOverPredicted is Median / Predicted.
 	MeasuredOverPredicted float64 `json:"measured_over_predicted"`
+	// Interleaved is the same plan predicted after calibrating again on
+	// even's measured rounds, which ran between the other plans' (so the
+	// calibration shares the measurements' machine state); 0 if even has
+	// no rounds. MeasuredOverInterleaved is Median / Interleaved.
+	Interleaved             float64 `json:"predicted_interleaved,omitempty"`
+	MeasuredOverInterleaved float64 `json:"measured_over_interleaved,omitempty"`
 	// SpeedupOnEven is even's median over this one's; PredictedSpeedup the
 	// same ratio of the predictions.
 	SpeedupOnEven    float64 `json:"speedup_on_even"`
@@ -327,9 +333,13 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 			name, pc.Strategy, len(pc.Plan.Stages), pc.Plan.Stages, pc.SolveTime.Seconds(), pc.Prediction.Iteration, pc.Report.Iteration)
 	}
 	seen := map[string]int{}
+	var evenRounds []pipeline.IterStats
 	err = s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: batches, Rounds: cfg.Rounds, Warmup: skyPlanWarmup,
 		OnIteration: func(strategy string, st pipeline.IterStats, _ time.Duration) {
 			o.Logf("sky-computing %s: %-7s %.3f s", name, strategy, st.Seconds)
+			if strategy == "even" {
+				evenRounds = append(evenRounds, st)
+			}
 			// The last round's per-stage breakdown: compute (emulated)
 			// against busy time shows whether the slowdowns hold.
 			if seen[strategy]++; seen[strategy] == cfg.Rounds && o.Log != nil {
@@ -354,6 +364,24 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 		ref[i] = d.Speed * slow[i]
 	}
 	pt.Results = skySummarize(cmp)
+	// Predict every plan again from a calibration on even's measured
+	// rounds: the machine's speed drifts between the calibration before
+	// the measurements and the measurements (every plan alike), and even's
+	// rounds ran between the others'.
+	if pc, ok := cmp.Get("even"); ok && pc.Err == nil && len(evenRounds) > 0 {
+		if err := s.RecalibrateOn(pc.Plan, evenRounds); err != nil {
+			return nil, nil, alloc.Link{}, err
+		}
+		for i := range pt.Results {
+			r := &pt.Results[i]
+			if r.Error != "" {
+				continue
+			}
+			if p, err := s.Predict(r.Plan); err == nil && p.Iteration > 0 {
+				r.Interleaved, r.MeasuredOverInterleaved = p.Iteration, r.Median/p.Iteration
+			}
+		}
+	}
 	pt.Seconds = time.Since(begin).Seconds()
 	if r, ok := skyGet(pt.Results, "skyhive"); ok {
 		o.Logf("sky-computing %s: done in %.0f s; even/skyhive %.2f measured, %.2f predicted", name, pt.Seconds, r.SpeedupOnEven, r.PredictedSpeedup)
@@ -552,14 +580,14 @@ func skySpeedupChart(res *skyResults) chart.Chart {
 
 // skyTable prints the measured and predicted times per point and strategy.
 func skyTable(w io.Writer, res *skyResults) {
-	fmt.Fprintf(w, "%-7s %-8s %6s %9s %9s %9s %8s %8s %8s\n", "point", "strategy", "stages", "measured", "predicted", "alloc", "meas/pred", "vs even", "pred vs even")
+	fmt.Fprintf(w, "%-7s %-8s %6s %9s %9s %9s %8s %8s %8s %8s %8s\n", "point", "strategy", "stages", "measured", "predicted", "alloc", "meas/pred", "vs even", "pred vs even", "interl.", "meas/int")
 	for _, pt := range res.Points {
 		for _, r := range pt.Results {
 			if r.Error != "" {
 				fmt.Fprintf(w, "%-7s %-8s  error: %s\n", pt.Name, r.Strategy, r.Error)
 				continue
 			}
-			fmt.Fprintf(w, "%-7s %-8s %6d %8.3fs %8.3fs %8.3fs %8.2f %8.2f %8.2f\n", pt.Name, r.Strategy, r.Stages, r.Median, r.Predicted, r.Alloc, r.MeasuredOverPredicted, r.SpeedupOnEven, r.PredictedSpeedup)
+			fmt.Fprintf(w, "%-7s %-8s %6d %8.3fs %8.3fs %8.3fs %8.2f %8.2f %8.2f %7.3fs %8.2f\n", pt.Name, r.Strategy, r.Stages, r.Median, r.Predicted, r.Alloc, r.MeasuredOverPredicted, r.SpeedupOnEven, r.PredictedSpeedup, r.Interleaved, r.MeasuredOverInterleaved)
 		}
 	}
 	if ex := res.Extrapolation; ex != nil {

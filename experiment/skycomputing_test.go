@@ -121,7 +121,7 @@ func TestSkyComputingTiny(t *testing.T) {
 				continue
 			}
 			if len(r.Times) != cfg.Rounds || !(r.Min > 0) || r.Min > r.Median || r.Median > r.Max ||
-				!(r.MeasuredOverPredicted > 0) || !(r.SpeedupOnEven > 0) {
+				!(r.MeasuredOverPredicted > 0) || !(r.SpeedupOnEven > 0) || !(r.Interleaved > 0) || !(r.MeasuredOverInterleaved > 0) {
 				t.Errorf("%s %s: measurements %+v", where, r.Strategy, r)
 			}
 		}

@@ -228,12 +228,50 @@ func (s *Session) Recalibrate(iters []IterStats) error {
 	if s.cm == nil {
 		return errors.New("pipeline: recalibrate: no profile")
 	}
-	S := len(s.stages)
-	cpu, comp := make([][]float64, S), make([][]float64, S)
 	for _, st := range iters {
-		if st.Gen != s.gen || len(st.Stages) != S {
+		if st.Gen != s.gen || len(st.Stages) != len(s.stages) {
 			return fmt.Errorf("pipeline: recalibrate: iteration %d is not of the current plan", st.Iter)
 		}
+	}
+	return s.recalibrate(s.stages, s.Plan(), iters)
+}
+
+// RecalibrateOn calibrates as Recalibrate does on iterations of plan p
+// (device indices as in Problem), which need not be the running plan: for
+// example p's rounds that MeasurePlans ran between the other plans', so
+// that the calibration and the measurements it predicts share the
+// machine's state. Every iteration must have p's stages.
+func (s *Session) RecalibrateOn(p alloc.Plan, iters []IterStats) error {
+	if s.cm == nil {
+		return errors.New("pipeline: recalibrate: no profile")
+	}
+	cl, idx := s.cluster()
+	if err := p.Validate(len(cl.Devices), len(s.base.Layers)); err != nil {
+		return fmt.Errorf("pipeline: recalibrate: plan: %w", err)
+	}
+	stages := make([]assignment, len(p.Stages))
+	for k, st := range p.Stages {
+		stages[k] = assignment{worker: idx[st.Device], first: st.First, last: st.Last}
+	}
+	for _, it := range iters {
+		ok := len(it.Stages) == len(stages)
+		for k := 0; ok && k < len(stages); k++ {
+			t := it.Stages[k]
+			ok = t.First == stages[k].first && t.Last == stages[k].last && t.Worker == s.c.worker(stages[k].worker).Name
+		}
+		if !ok {
+			return fmt.Errorf("pipeline: recalibrate: iteration %d is not of the given plan", it.Iter)
+		}
+	}
+	return s.recalibrate(stages, p, iters)
+}
+
+// recalibrate is Recalibrate on iterations of the plan whose stages are
+// given.
+func (s *Session) recalibrate(stages []assignment, plan alloc.Plan, iters []IterStats) error {
+	S := len(stages)
+	cpu, comp := make([][]float64, S), make([][]float64, S)
+	for _, st := range iters {
 		for k, t := range st.Stages {
 			c := t.Compute - t.Step
 			if c > 0 && t.CPU > 0 && !math.IsInf(c+t.CPU, 0) {
@@ -244,7 +282,7 @@ func (s *Session) Recalibrate(iters []IterStats) error {
 	sizes := s.microSizes(s.cfg.Batch)
 	var obs []stageObs
 	var stageOf []int
-	for k, a := range s.stages {
+	for k, a := range stages {
 		if len(cpu[k]) == 0 {
 			continue
 		}
@@ -269,7 +307,7 @@ func (s *Session) Recalibrate(iters []IterStats) error {
 	var ratios []float64
 	staged := map[int]bool{}
 	for i, k := range stageOf {
-		a := s.stages[k]
+		a := stages[k]
 		for l := a.first; l < a.last; l++ {
 			scale[l] = fit.Stages[i]
 		}
@@ -301,7 +339,6 @@ func (s *Session) Recalibrate(iters []IterStats) error {
 	}
 	s.cm.jitter = 0
 	cl, _ := s.cluster()
-	plan := s.Plan()
 	measured, expected := math.NaN(), math.NaN()
 	if len(secs) > 0 && plan.Validate(len(cl.Devices), len(s.base.Layers)) == nil {
 		st := s.simStages(cl, plan)

@@ -42,15 +42,22 @@ type skyConfig struct {
 	// encoder layers of bert-stack:LAYERSxHidden).
 	Workers, Layers []int
 	Hidden          int
-	// Batch examples per iteration in Micro micro-batches, 1F1B. Micro is
-	// at least the largest worker count, so that no point's pipeline is
-	// mostly fill and drain (its bubble is (S−1)/(Micro+S−1) of an
-	// iteration on S stages).
-	Batch, Micro int
+	// Every point's iteration runs MicroPerWorker micro-batches per
+	// worker of MicroSize examples each, 1F1B. Two per worker keep fill
+	// and drain (the bubble, (S−1)/(Micro+S−1) of an iteration on S
+	// stages) under a third of every point's iteration, so the plans are
+	// compared on how they balance the stages. (With 16 micro-batches at
+	// every point, 16x48's bubble was half the iteration and even/skyhive
+	// 1.36 predicted and measured; with 32 there, 1.77 measured.)
+	MicroPerWorker, MicroSize int
 	// Every worker is Base times slower than one core of this machine,
 	// times a factor drawn from U[1, MaxSlowdown]: the worker sleeps
 	// (F−1)× the busy time of each op, so co-located workers need about
-	// Σ 1/F of the cores.
+	// Σ 1/F of the cores. Base 9 leaves the 16 workers of the largest
+	// points about 0.6 of the 2 cores: at Base 6 (0.9 of a core) the
+	// stages of balanced plans, all computing at once, woke late from
+	// their emulated ops (up to 20% over F × busy on a stage) and were
+	// measured 16–20% slower than predicted.
 	Base, MaxSlowdown float64
 	// Rounds of measured iterations per plan (plans alternate).
 	Rounds int
@@ -93,20 +100,27 @@ const (
 	skyPlanWarmup       = 1
 )
 
-// skyDefaults is the grid of the full run (about 25 minutes on 2 quiet
-// cores) or of --quick (about a minute and a half).
+// skyDefaults is the grid of the full run (about 35 minutes on 2 quiet
+// cores) or of --quick (about two minutes).
 func skyDefaults(quick bool) skyConfig {
 	c := skyConfig{
 		Workers: []int{4, 8, 16}, Layers: []int{8, 24, 48}, Hidden: 64,
-		Batch: 32, Micro: 16, Base: 6, MaxSlowdown: 6, Rounds: 5, ProfileReps: 5,
-		PointTimeout: 8 * time.Minute, ExtraWorkers: 64, ExtraLayers: 160, OptimalLimit: 20 * time.Second,
+		MicroPerWorker: 2, MicroSize: 2, Base: 9, MaxSlowdown: 6, Rounds: 5, ProfileReps: 5,
+		PointTimeout: 15 * time.Minute, ExtraWorkers: 64, ExtraLayers: 160, OptimalLimit: 20 * time.Second,
 		Env: []string{"OPENBLAS_NUM_THREADS=1", "GOMAXPROCS=1"}, WorkerArgs: []string{"--steady"},
 	}
 	if quick {
 		c.Workers, c.Layers, c.Rounds = []int{4, 8}, []int{8}, 3
-		c.PointTimeout, c.OptimalLimit = 2*time.Minute, 5*time.Second
+		c.PointTimeout, c.OptimalLimit = 3*time.Minute, 5*time.Second
 	}
 	return c
+}
+
+// batch is the batch size and micro-batch count of a point of the given
+// worker count.
+func (c skyConfig) batch(workers int) (batch, micro int) {
+	micro = c.MicroPerWorker * workers
+	return c.MicroSize * micro, micro
 }
 
 // skyStrategyResult is one strategy's outcome at one grid point.
@@ -128,6 +142,9 @@ type skyStrategyResult struct {
 	// alloc's analytic model of the same plan (Report.Iteration).
 	Predicted float64 `json:"predicted"`
 	Alloc     float64 `json:"alloc_predicted"`
+	// Expected is Predicted's replay with every op at its expected time
+	// (pipeline.Prediction.Expected), without the fitted jitter.
+	Expected float64 `json:"predicted_expected"`
 	// MeasuredOverPredicted is Median / Predicted.
 	MeasuredOverPredicted float64 `json:"measured_over_predicted"`
 	// Interleaved is the same plan predicted after calibrating again on
@@ -150,6 +167,9 @@ type skyPoint struct {
 	Model     string    `json:"model"`
 	Slowdowns []float64 `json:"slowdowns"` // U[1,6] factors, before Base
 	Seconds   float64   `json:"seconds"`   // wall time of the point
+	// Batch examples per iteration in Micro micro-batches.
+	Batch int `json:"batch"`
+	Micro int `json:"micro_batches"`
 	// Calibration holds the iteration times of the even plan that
 	// calibrated the speeds: even's prediction should match them, so a
 	// gap between them and even's later measurements is drift, not a
@@ -196,7 +216,7 @@ func skyPointName(workers, layers int) string { return fmt.Sprintf("%dx%d", work
 // skyRun measures every selected grid point and extrapolates.
 func skyRun(ctx context.Context, o Options, cfg skyConfig) (*skyResults, error) {
 	res := &skyResults{Config: map[string]any{
-		"hidden": cfg.Hidden, "batch": cfg.Batch, "micro_batches": cfg.Micro, "schedule": pipeline.OneFOneB.String(),
+		"hidden": cfg.Hidden, "micro_batches_per_worker": cfg.MicroPerWorker, "micro_batch_size": cfg.MicroSize, "schedule": pipeline.OneFOneB.String(),
 		"base_slowdown": cfg.Base, "max_slowdown": cfg.MaxSlowdown, "rounds": cfg.Rounds, "profile_reps": cfg.ProfileReps,
 		"optimizer": "adamw", "data": "gaussian blobs, 784 features", "seed": o.Seed, "strategies": skyStrategies,
 		"worker_args": cfg.WorkerArgs, "worker_env": cfg.Env, "warmup_iterations": skyWarmup,
@@ -278,8 +298,10 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 	if o.Log != nil {
 		log = o.Log
 	}
+	batch, micro := cfg.batch(workers)
+	pt.Batch, pt.Micro = batch, micro
 	s, err := c.Start(ctx, pipeline.SessionConfig{
-		Model: pt.Model, Seed: o.Seed, Batch: cfg.Batch, Micro: cfg.Micro, Schedule: pipeline.OneFOneB,
+		Model: pt.Model, Seed: o.Seed, Batch: batch, Micro: micro, Schedule: pipeline.OneFOneB,
 		Optim: pipeline.OptimConfig{Kind: "adamw", LR: 1e-3}, Strategy: "even", ProfileReps: cfg.ProfileReps,
 		CheckpointEvery: 1 << 30, Log: log,
 	})
@@ -289,11 +311,11 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 	defer s.Close()
 	o.Logf("sky-computing %s: workers up, profiled and planned after %.1f s", name, time.Since(begin).Seconds())
 
-	ds, err := data.GaussianBlobs(cfg.Batch*8, pipeline.InputFeatures, data.NumClasses, o.Seed)
+	ds, err := data.GaussianBlobs(batch*8, pipeline.InputFeatures, data.NumClasses, o.Seed)
 	if err != nil {
 		return nil, nil, alloc.Link{}, err
 	}
-	loader, err := data.NewLoader(ds, data.BatchOptions{Size: cfg.Batch, Shuffle: true, Seed: o.Seed, DropLast: true})
+	loader, err := data.NewLoader(ds, data.BatchOptions{Size: batch, Shuffle: true, Seed: o.Seed, DropLast: true})
 	if err != nil {
 		return nil, nil, alloc.Link{}, err
 	}
@@ -329,8 +351,8 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 			o.Logf("sky-computing %s: %s cannot plan: %v", name, pc.Strategy, pc.Err)
 			continue
 		}
-		o.Logf("sky-computing %s: %-7s %d stages %v, solved in %.2f s, predicted %.3f s (alloc %.3f s)",
-			name, pc.Strategy, len(pc.Plan.Stages), pc.Plan.Stages, pc.SolveTime.Seconds(), pc.Prediction.Iteration, pc.Report.Iteration)
+		o.Logf("sky-computing %s: %-7s %d stages %v, solved in %.2f s, predicted %.3f s (%.3f s with expected op times; alloc %.3f s)",
+			name, pc.Strategy, len(pc.Plan.Stages), pc.Plan.Stages, pc.SolveTime.Seconds(), pc.Prediction.Iteration, pc.Prediction.Expected, pc.Report.Iteration)
 	}
 	seen := map[string]int{}
 	var evenRounds []pipeline.IterStats
@@ -410,7 +432,7 @@ func skySummarize(cmp pipeline.PlanComparisons) []skyStrategyResult {
 			continue
 		}
 		r.Plan, r.Stages, r.SolveTime = pc.Plan, len(pc.Plan.Stages), pc.SolveTime.Seconds()
-		r.Times, r.Predicted, r.Alloc = pc.Times, pc.Prediction.Iteration, pc.Report.Iteration
+		r.Times, r.Predicted, r.Expected, r.Alloc = pc.Times, pc.Prediction.Iteration, pc.Prediction.Expected, pc.Report.Iteration
 		if len(r.Times) > 0 {
 			r.Median, r.Min, r.Max = stats.Median(r.Times), slices.Min(r.Times), slices.Max(r.Times)
 		}
@@ -455,14 +477,15 @@ func skyGet(rs []skyStrategyResult, strategy string) (skyStrategyResult, bool) {
 // cfg.ExtraLayers BERT-large encoder layers on cfg.ExtraWorkers devices of
 // the same kind as the measured ones (one core of this machine at the
 // measured reference speed, Base × U[1, MaxSlowdown] slower) joined by the
-// measured loopback link, with the measured batch and micro-batches
-// (GPipe formula).
+// measured loopback link, with as many micro-batches per worker as the
+// measured points (GPipe formula).
 func skyExtrapolate(ctx context.Context, o Options, cfg skyConfig, ref float64, link alloc.Link) (*skyExtrapolation, error) {
 	if !(ref > 0) {
 		return nil, errors.New("sky-computing: no reference speed to extrapolate from")
 	}
 	spec := fmt.Sprintf("bert-large:%d", cfg.ExtraLayers)
-	m, err := alloc.GenerateModel(spec, cfg.Batch, cfg.Micro)
+	batch, micro := cfg.batch(cfg.ExtraWorkers)
+	m, err := alloc.GenerateModel(spec, batch, micro)
 	if err != nil {
 		return nil, fmt.Errorf("sky-computing: %w", err)
 	}
@@ -526,9 +549,11 @@ func skyWrite(o Options, cfg skyConfig, res *skyResults) error {
 		for _, pt := range res.Points {
 			r, _ := skyGet(pt.Results, s)
 			b.Values, b.Marks = append(b.Values, r.Median), append(b.Marks, r.Predicted)
+			bars.YMax = max(bars.YMax, r.Median, r.Predicted)
 		}
 		bars.Series = append(bars.Series, b)
 	}
+	bars.YMax *= 1.25 // room for the legend above the tallest bar
 	bp := filepath.Join(o.Out, "sky-computing-times.png")
 	if err := chart.WriteBarsPNG(bp, bars, 10, 5); err != nil {
 		return err

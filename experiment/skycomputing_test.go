@@ -70,7 +70,7 @@ func TestSkyComputingTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := skyConfig{
-		Workers: []int{2}, Layers: []int{4}, Hidden: 32, Batch: 8, Micro: 2, Base: 2, MaxSlowdown: 6,
+		Workers: []int{2}, Layers: []int{4}, Hidden: 32, MicroPerWorker: 1, MicroSize: 4, Base: 2, MaxSlowdown: 6,
 		Rounds: 2, ProfileReps: 2, PointTimeout: time.Minute,
 		ExtraWorkers: 8, ExtraLayers: 12, OptimalLimit: time.Second,
 		Binary: exe, Env: []string{envAsWorker + "=1", "GOMAXPROCS=1"}, WorkerArgs: []string{"--steady"},

@@ -215,12 +215,21 @@ func (s *Session) measureLinks(ctx context.Context) error {
 // stage's median busy time (StageTiming.CPU, which the emulated slowdown
 // does not touch) and median compute time less the optimizer step:
 //
-//   - the layers' costs: the busy time every op pays (opBusy, fitted over
-//     the stages) and a correction of every layer's profiled time (its
-//     stage's busy time less the ops' share, over the profiled time);
+//   - the layers' costs: the busy time every op pays (opBusy) and one
+//     correction of the profiled layer times, common to all layers, both
+//     fitted over the stages;
 //   - the workers' factors: a stage's compute time less the wake-up
-//     overheads, over its busy time, is its worker's time per busy second,
-//     whatever layers it holds.
+//     overheads, over the busy time the fitted costs give its layers, is
+//     its worker's time per busy second, whatever layers it holds.
+//
+// What a stage's busy time has beyond the fitted costs belongs to its
+// worker, not to its layers: the same encoder layers measured 9.5 to 14.2
+// ms per layer and iteration on the eight workers of one plan, and another
+// plan moved them with their workers (an emulated device that sleeps
+// longer between ops finds colder caches). Correcting the layers per stage
+// instead, as before, carried one worker's extra time to whichever worker
+// held those layers next, and predicted the balanced plans of 8x24 12–14%
+// slow.
 //
 // Workers without a stage are scaled by the median change of the others.
 // Iterations of another plan are refused.
@@ -308,9 +317,6 @@ func (s *Session) recalibrate(stages []assignment, plan alloc.Plan, iters []Iter
 	staged := map[int]bool{}
 	for i, k := range stageOf {
 		a := stages[k]
-		for l := a.first; l < a.last; l++ {
-			scale[l] = fit.Stages[i]
-		}
 		sp := s.cm.modelFLOPs / (fit.Factors[i] * s.cm.refTotal)
 		if old := s.c.worker(a.worker).speed(s.c); old > 0 {
 			ratios = append(ratios, sp/old)
@@ -362,17 +368,18 @@ type stageObs struct {
 type stageFit struct {
 	// OpBusy is the busy time every op pays beyond its layers'.
 	OpBusy float64
-	// Scale is the common correction of the profiled layer times (the
-	// weighted fit's slope); Stages[i] the one of stage i's layers.
-	Scale  float64
-	Stages []float64
-	// Factors[i] is stage i's worker's emulated seconds per busy second.
+	// Scale is the correction of the profiled layer times (the weighted
+	// fit's slope).
+	Scale float64
+	// Factors[i] is stage i's worker's emulated seconds per busy second of
+	// the fitted costs (Scale·Profiled + OpBusy·Ops).
 	Factors []float64
 }
 
 // fitStages splits the stages' busy times into a busy time per op, common
-// to all stages, and per-stage corrections of the profiled layer times,
-// and derives each stage's device factor from its compute and busy times.
+// to all stages, and a correction of the profiled layer times, and derives
+// each stage's device factor from its compute time and the busy time the
+// fit gives its layers (its own busy time where the fit gives none).
 // The per-op time comes from a least-squares fit of CPU = a·Profiled +
 // OpBusy·Ops weighted by relative error (so stages of light layers, where
 // it shows, count as much as heavy ones), bounded to [0, the smallest
@@ -414,16 +421,13 @@ func fitStages(obs []stageObs, overhead float64) (stageFit, error) {
 		fit.Scale = 1
 	}
 	for _, o := range obs {
-		sc := fit.Scale
-		if o.Profiled > 0 {
-			sc = (o.CPU - fit.OpBusy*o.Ops) / o.Profiled
+		busy := fit.Scale*o.Profiled + fit.OpBusy*o.Ops
+		if !(busy > 0) {
+			busy = o.CPU
 		}
-		// A stage whose busy time is nearly all per-op time says little
-		// about its layers: keep its correction within 4× of the fit's.
-		fit.Stages = append(fit.Stages, min(max(sc, fit.Scale/4), 4*fit.Scale))
-		f := (o.Compute - overhead*o.Ops) / o.CPU
+		f := (o.Compute - overhead*o.Ops) / busy
 		if !(f >= 1) {
-			f = max(o.Compute/o.CPU, 1)
+			f = max(o.Compute/busy, 1)
 		}
 		fit.Factors = append(fit.Factors, f)
 	}

@@ -368,7 +368,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 			states[op.Micro], dlogits[op.Micro] = nil, nil
 		}
 		wl, b := clk.stop()
-		b = w.emulatedBusy(opKey{gen: st.req.Gen, backward: op.Backward, n: n}, b)
+		b = w.emulatedBusy(opKey{work: st.work(), backward: op.Backward, n: n}, b)
 		busy += b
 		// The emulated device finishes the op, then its result leaves.
 		w.throttle(ctx, wl, b)

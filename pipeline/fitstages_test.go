@@ -31,15 +31,39 @@ func TestFitStagesRecoversTheModel(t *testing.T) {
 		t.Fatalf("fit per-op %.6g scale %.6g, want %.6g and %.6g", fit.OpBusy, fit.Scale, opBusy, scale)
 	}
 	for i := range obs {
-		if math.Abs(fit.Stages[i]-scale) > 1e-6 || math.Abs(fit.Factors[i]-factors[i]) > 1e-6 {
-			t.Fatalf("stage %d: scale %.6g factor %.6g, want %.6g and %.6g", i, fit.Stages[i], fit.Factors[i], scale, factors[i])
+		if math.Abs(fit.Factors[i]-factors[i]) > 1e-6 {
+			t.Fatalf("stage %d: factor %.6g, want %.6g", i, fit.Factors[i], factors[i])
 		}
 	}
 	// The fitted model reproduces every stage's busy and compute time.
 	for i, o := range obs {
-		cpu := fit.Stages[i]*o.Profiled + fit.OpBusy*o.Ops
+		cpu := fit.Scale*o.Profiled + fit.OpBusy*o.Ops
 		if math.Abs(cpu-o.CPU) > 1e-9 || math.Abs(cpu*fit.Factors[i]+overhead*o.Ops-o.Compute) > 1e-9 {
 			t.Fatalf("stage %d not reproduced", i)
+		}
+	}
+}
+
+// TestFitStagesChargesExtraBusyToTheWorker checks that a stage busier
+// than the fitted costs of its layers (a worker that finds colder caches)
+// has the excess in its worker's factor, so that its layers cost as much
+// on the next worker that holds them.
+func TestFitStagesChargesExtraBusyToTheWorker(t *testing.T) {
+	var obs []stageObs
+	for i := range 5 {
+		cpu := 0.04 * []float64{1, 1, 1.3, 1, 1}[i] // stage 2's worker 30% busier
+		obs = append(obs, stageObs{Ops: 32, Profiled: 0.04, CPU: cpu, Compute: 10 * cpu})
+	}
+	fit, err := fitStages(obs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fit.Factors[2] < 1.2*fit.Factors[0] {
+		t.Fatalf("factors %v: the busier worker's is not ≥1.2× the others'", fit.Factors)
+	}
+	for i, f := range fit.Factors {
+		if busy := fit.Scale*obs[i].Profiled + fit.OpBusy*obs[i].Ops; math.Abs(f*busy-obs[i].Compute) > 1e-12 {
+			t.Fatalf("stage %d: factor × fitted busy %g, compute %g", i, f*busy, obs[i].Compute)
 		}
 	}
 }
@@ -62,11 +86,8 @@ func TestFitStagesBounds(t *testing.T) {
 		t.Fatalf("per-op time %g, want 0", fit.OpBusy)
 	}
 	for i, o := range obs {
-		if got := fit.Stages[i]; got < fit.Scale/4-1e-12 || got > 4*fit.Scale+1e-12 {
-			t.Fatalf("stage %d correction %g outside 4× of %g", i, got, fit.Scale)
-		}
-		if math.Abs(fit.Factors[i]-o.Compute/o.CPU) > 1e-9 {
-			t.Fatalf("stage %d factor %g, want %g", i, fit.Factors[i], o.Compute/o.CPU)
+		if want := o.Compute / (fit.Scale * o.Profiled); math.Abs(fit.Factors[i]-want) > 1e-9 {
+			t.Fatalf("stage %d factor %g, want %g", i, fit.Factors[i], want)
 		}
 	}
 	one, err := fitStages(obs[1:], 0)

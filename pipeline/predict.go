@@ -152,6 +152,9 @@ type simStage struct {
 type Prediction struct {
 	// Iteration = Dispatch + Pipeline + Collect + Commit.
 	Iteration float64 `json:"iteration"`
+	// Expected is the iteration replayed with every op at its expected
+	// time: Iteration itself when the cost model has no jitter.
+	Expected float64 `json:"expected"`
 	// Pipeline is from the first stage's start to the last stage's end of
 	// the forward/backward passes.
 	Pipeline float64 `json:"pipeline"`
@@ -183,6 +186,7 @@ type Prediction struct {
 // times.
 func (cm *costModel) simulate(stages []simStage, sched Schedule, sizes []int) Prediction {
 	exp := cm.replay(stages, sched, sizes, nil)
+	exp.Expected = exp.Iteration
 	if !(cm.jitter > 0) || math.IsInf(exp.Iteration, 0) {
 		return exp
 	}
@@ -202,7 +206,7 @@ func (cm *costModel) jittered(stages []simStage, sched Schedule, sizes []int, cv
 	}
 	slices.SortFunc(draws, func(a, b Prediction) int { return cmp.Compare(a.Iteration, b.Iteration) })
 	p := draws[len(draws)/2]
-	p.Compute, p.StageCompute = expected.Compute, expected.StageCompute
+	p.Compute, p.StageCompute, p.Expected = expected.Compute, expected.StageCompute, expected.Iteration
 	return p
 }
 

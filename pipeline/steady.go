@@ -6,13 +6,28 @@ import (
 )
 
 // steadyWindow is how many recent executions of an op its steady busy time
-// is the median of: three iterations of 16 micro-batches.
+// is the median of: one and a half iterations of the Sky Computing
+// experiment's 32 micro-batches.
 const steadyWindow = 48
 
-// opKey names one kind of op of a stage: its generation (the stage's
-// layers), direction and micro-batch size; commit marks the optimizer step.
+// steadyWorks is how many stage assignments' histories a worker keeps, the
+// least recently used forgotten first: enough for the plans a comparison
+// alternates between (MeasurePlans) to find their ops' histories again.
+const steadyWorks = 8
+
+// stageWork names the work of a stage: the same layers of the same model
+// in the same position compute the same ops whichever plan or generation
+// assigned them.
+type stageWork struct {
+	model       string
+	first, last int  // layers [first, last)
+	input, head bool // the pipeline's first stage; its last (the loss)
+}
+
+// opKey names one kind of op of a stage: its work, direction and
+// micro-batch size; commit marks the optimizer step.
 type opKey struct {
-	gen      uint64
+	work     stageWork
 	backward bool
 	commit   bool
 	n        int
@@ -23,23 +38,34 @@ type opKey struct {
 // than this execution's own. The busy time of identical work varies from
 // second to second on a shared machine (stages of one plan measured ±17%
 // apart on a 2-core VM, with one thread per worker); a real device of a
-// given speed does not. Changes that last (another plan, a loaded host)
-// still come through within a window. Not safe for concurrent use: the
-// worker's runMu serialises ops.
+// given speed does not. Changes that last (a loaded host) still come
+// through within half a window.
+//
+// Histories are kept per stage work, not per plan: a worker handed back
+// layers it computed before (plans compared in turn) carries on with their
+// history, so the first, colder executions after a switch (fresh buffers
+// and optimizer state, up to 45% dearer here) do not fill the window and
+// slow the device for the next two iterations. Not safe for concurrent
+// use: the worker's runMu serialises ops.
 type steadyCosts struct {
-	gen  uint64
 	hist map[opKey][]time.Duration // up to steadyWindow, oldest first
+	used map[stageWork]uint64      // when each work last ran, by tick
+	tick uint64
 	buf  []time.Duration
 }
 
 // observe records an execution of op k that kept this machine busy for
 // busy and returns the busy time to emulate: the median of the op's
-// recent executions, this one included. A new generation forgets the
-// previous one's ops.
+// recent executions, this one included.
 func (s *steadyCosts) observe(k opKey, busy time.Duration) time.Duration {
-	if s.hist == nil || k.gen != s.gen {
-		s.gen, s.hist = k.gen, map[opKey][]time.Duration{}
+	if s.hist == nil {
+		s.hist, s.used = map[opKey][]time.Duration{}, map[stageWork]uint64{}
 	}
+	s.tick++
+	if _, ok := s.used[k.work]; !ok && len(s.used) == steadyWorks {
+		s.forgetOldest()
+	}
+	s.used[k.work] = s.tick
 	h := s.hist[k]
 	if len(h) == steadyWindow {
 		h = append(h[:0], h[1:]...)
@@ -49,4 +75,21 @@ func (s *steadyCosts) observe(k opKey, busy time.Duration) time.Duration {
 	s.buf = append(s.buf[:0], h...)
 	slices.Sort(s.buf)
 	return s.buf[len(s.buf)/2]
+}
+
+// forgetOldest drops the histories of the least recently used work.
+func (s *steadyCosts) forgetOldest() {
+	var oldest stageWork
+	t := uint64(1<<64 - 1)
+	for w, u := range s.used {
+		if u < t {
+			oldest, t = w, u
+		}
+	}
+	delete(s.used, oldest)
+	for k := range s.hist {
+		if k.work == oldest {
+			delete(s.hist, k)
+		}
+	}
 }

@@ -6,11 +6,11 @@ import (
 )
 
 // TestSteadyCostsMedian checks that an op's steady busy time is the
-// median of its recent executions, kept apart per op and window-bounded,
-// and that a new generation starts afresh.
+// median of its recent executions, kept apart per op and window-bounded.
 func TestSteadyCostsMedian(t *testing.T) {
 	var s steadyCosts
-	fwd, bwd := opKey{gen: 1, n: 4}, opKey{gen: 1, backward: true, n: 4}
+	a := stageWork{model: "m", first: 0, last: 4, input: true}
+	fwd, bwd := opKey{work: a, n: 4}, opKey{work: a, backward: true, n: 4}
 	ms := time.Millisecond
 	for i, c := range []struct {
 		k    opKey
@@ -46,7 +46,42 @@ func TestSteadyCostsMedian(t *testing.T) {
 	if got != 40*ms {
 		t.Errorf("after half a window at 40 ms: %v", got)
 	}
-	if got := s.observe(opKey{gen: 2, n: 4}, 7*ms); got != 7*ms || len(s.hist) != 1 {
-		t.Errorf("new generation: %v with %d ops kept, want 7ms and 1", got, len(s.hist))
+}
+
+// TestSteadyCostsPerWork checks that histories belong to a stage's work,
+// not to the plan that assigned it: a worker handed back layers it
+// computed before carries on with their history (its first, colder
+// execution does not move the median), and only the least recently used
+// of more than steadyWorks works is forgotten.
+func TestSteadyCostsPerWork(t *testing.T) {
+	var s steadyCosts
+	ms := time.Millisecond
+	work := func(i int) stageWork { return stageWork{model: "m", first: i, last: i + 2} }
+	for range 9 {
+		s.observe(opKey{work: work(0), n: 4}, 20*ms)
+	}
+	if got := s.observe(opKey{work: work(1), n: 4}, 7*ms); got != 7*ms {
+		t.Errorf("other layers: %v, want their own 7ms", got)
+	}
+	if got := s.observe(opKey{work: work(0), n: 4}, 90*ms); got != 20*ms {
+		t.Errorf("back to the first layers, a cold execution: %v, want their history's 20ms", got)
+	}
+	if got := s.observe(opKey{work: stageWork{model: "m", first: 0, last: 2, head: true}, n: 4}, 5*ms); got != 5*ms {
+		t.Errorf("same layers as the last stage: %v, want a history of their own", got)
+	}
+	// Works 0, 1 and the head are kept; adding works up to one over the
+	// bound forgets work 1, the least recently used.
+	for i := 2; len(s.used) < steadyWorks; i++ {
+		s.observe(opKey{work: work(i), n: 4}, ms)
+	}
+	s.observe(opKey{work: work(100), n: 4}, ms)
+	if len(s.used) != steadyWorks {
+		t.Fatalf("%d works kept, want %d", len(s.used), steadyWorks)
+	}
+	if _, ok := s.hist[opKey{work: work(1), n: 4}]; ok {
+		t.Error("the least recently used work's history was kept")
+	}
+	if got := s.observe(opKey{work: work(0), n: 4}, 90*ms); got != 20*ms {
+		t.Errorf("the recently used first layers lost their history: %v", got)
 	}
 }

@@ -33,6 +33,11 @@ type stage struct {
 func (s *stage) first() bool { return s.req.Stage == 0 }
 func (s *stage) last() bool  { return s.req.Stage == s.req.Stages-1 }
 
+// work names the stage's work for steady emulated devices.
+func (s *stage) work() stageWork {
+	return stageWork{model: s.req.Model, first: s.req.First, last: s.req.Last, input: s.first(), head: s.last()}
+}
+
 // onSetup installs a stage (or releases the worker when Stage < 0).
 func (w *Worker) onSetup(_ context.Context, b []byte) ([]byte, error) {
 	var req setupReq
@@ -160,7 +165,7 @@ func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 	st.opt.Step()
 	st.opt.ZeroGrad()
 	wall, busy := clk.stop()
-	w.throttle(ctx, wall, w.emulatedBusy(opKey{gen: st.req.Gen, commit: true}, busy))
+	w.throttle(ctx, wall, w.emulatedBusy(opKey{work: st.work(), commit: true}, busy))
 	st.ready, st.iter = -1, req.Iter+1
 	return encodeMsg(commitResp{Seconds: time.Since(t0).Seconds()}, nil)
 }

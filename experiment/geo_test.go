@@ -111,7 +111,11 @@ func TestGeoSpecs(t *testing.T) {
 		a := peers[1].Args
 		switch algo {
 		case optimizer.DiLoCo, optimizer.WADiLoCo:
-			if flagValue(a, "--inner-steps") != "250" || flagValue(a, "--outer-lr") != "0.7" || flagValue(a, "--outer-momentum") != "0.9" || flagValue(a, "--codec") != "uniform8" {
+			lr, mom := "0.7", "0.9" // DiLoCo's; WA-DiLoCo's global steps average
+			if algo == optimizer.WADiLoCo {
+				lr, mom = "1", "0"
+			}
+			if flagValue(a, "--inner-steps") != "250" || flagValue(a, "--outer-lr") != lr || flagValue(a, "--outer-momentum") != mom || flagValue(a, "--codec") != "uniform8" {
 				t.Errorf("%s: %v", algo, a)
 			}
 			if (algo == optimizer.WADiLoCo) != (flagValue(a, "--tau") != "") {

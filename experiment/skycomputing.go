@@ -100,7 +100,7 @@ const (
 	skyPlanWarmup       = 1
 )
 
-// skyDefaults is the grid of the full run (about 35 minutes on 2 quiet
+// skyDefaults is the grid of the full run (about 23 minutes on 2 quiet
 // cores) or of --quick (about two minutes).
 func skyDefaults(quick bool) skyConfig {
 	c := skyConfig{

@@ -309,10 +309,6 @@ func (s *Session) recalibrate(stages []assignment, plan alloc.Plan, iters []Iter
 	if err != nil {
 		return fmt.Errorf("pipeline: recalibrate: %w", err)
 	}
-	scale := make([]float64, len(s.base.Layers))
-	for l := range scale {
-		scale[l] = fit.Scale
-	}
 	var ratios []float64
 	staged := map[int]bool{}
 	for i, k := range stageOf {
@@ -324,7 +320,7 @@ func (s *Session) recalibrate(stages []assignment, plan alloc.Plan, iters []Iter
 		s.c.setSpeed(a.worker, sp)
 		staged[a.worker] = true
 	}
-	s.cm.scale, s.cm.opBusy = scale, fit.OpBusy
+	s.cm.scale, s.cm.opBusy = fit.Scale, fit.OpBusy
 	s.amodel = s.cm.allocModel(s.base, s.cfg.Batch, s.cfg.Schedule.Micro(s.cfg.Micro))
 	if len(ratios) > 0 {
 		r := stats.Median(ratios)

@@ -35,9 +35,9 @@ type costModel struct {
 	// inFloats is the input floats per example (ModelInfo.InputLen); 0
 	// means an image of InputFeatures.
 	inFloats int
-	// scale corrects each layer's profiled busy time with what a running
-	// pipeline measured (Session.Recalibrate); nil means 1 everywhere.
-	scale []float64
+	// scale corrects every layer's profiled busy time with what a running
+	// pipeline measured (Session.Recalibrate); 0 means uncorrected.
+	scale float64
 	// opBusy is the busy time every op of a stage pays whatever its
 	// layers (decoding its input, encoding its output, waking up), in
 	// reference seconds: the profile, which times layers inside one
@@ -79,15 +79,15 @@ func (cm *costModel) sizes() []int {
 
 // layerTimes returns per-layer forward and backward reference busy seconds
 // for a micro-batch of n examples, as profiled (profileTimes) times the
-// layers' corrections.
+// layers' common correction.
 func (cm *costModel) layerTimes(n int) (fwd, bwd []float64) {
 	fwd, bwd = cm.profileTimes(n)
-	if cm.scale == nil {
+	if cm.scale == 0 {
 		return fwd, bwd
 	}
 	f, b := make([]float64, len(fwd)), make([]float64, len(bwd))
 	for i := range f {
-		f[i], b[i] = fwd[i]*cm.scale[i], bwd[i]*cm.scale[i]
+		f[i], b[i] = fwd[i]*cm.scale, bwd[i]*cm.scale
 	}
 	return f, b
 }

@@ -143,7 +143,7 @@ type skyStrategyResult struct {
 	Predicted float64 `json:"predicted"`
 	Alloc     float64 `json:"alloc_predicted"`
 	// Expected is Predicted's replay with every op at its expected time
-	// (pipeline.Prediction.Expected), without the fitted jitter.
+	// (pipeline.Prediction.Expected), without the measured op-time jitter.
 	Expected float64 `json:"predicted_expected"`
 	// MeasuredOverPredicted is Median / Predicted.
 	MeasuredOverPredicted float64 `json:"measured_over_predicted"`

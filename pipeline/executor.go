@@ -285,6 +285,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 	ctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
 	nn.ZeroGrad(st.params) // an uncommitted earlier iteration is discarded
+	var spread opSpread
 	m := len(req.Sizes)
 	total := 0
 	offs := make([]int, m+1)
@@ -368,11 +369,13 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 			states[op.Micro], dlogits[op.Micro] = nil, nil
 		}
 		wl, b := clk.stop()
-		b = w.emulatedBusy(opKey{work: st.work(), backward: op.Backward, n: n}, b)
+		b = w.emulatedBusy(opKey{work: st.work(), backward: op.Backward, n: n}, b, st.cold())
 		busy += b
 		// The emulated device finishes the op, then its result leaves.
 		w.throttle(ctx, wl, b)
-		compute += time.Since(t0)
+		d := time.Since(t0)
+		compute += d
+		spread.add(opKind{backward: op.Backward, n: n}, d.Seconds())
 		switch {
 		case !op.Backward && !st.last():
 			fwd.send(op.Micro, result)
@@ -402,6 +405,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 		resp.GradSq += tensor.SumSquares(p.Grad.Data)
 	}
 	resp.Compute, resp.Idle, resp.Comm, resp.CPU = compute.Seconds(), idle.Seconds(), comm.Seconds(), busy.Seconds()
+	resp.OpCV = spread.cv()
 	resp.Wall = time.Since(start).Seconds()
 	return resp, nil
 }

@@ -1,9 +1,6 @@
 package pipeline
 
-import (
-	"math"
-	"testing"
-)
+import "testing"
 
 // uniformPipeline is a cost model and S stages of one layer each whose
 // ops take f forward and b backward per micro-batch of 4, with factors;
@@ -61,33 +58,5 @@ func TestJitterSlowsBalancedPipelines(t *testing.T) {
 	}
 	if rb, rs := rel(balanced, bst), rel(skewed, sst); !(rb > rs) {
 		t.Errorf("jitter slows the balanced pipeline ×%.3f, the skewed one ×%.3f: want the balanced one slowed more", rb, rs)
-	}
-}
-
-// TestFitJitterRecoversTheVariation fits the jitter to an iteration time
-// simulated with a known one and gets it back, and fits 0 when the
-// expected replay is already as slow as measured.
-func TestFitJitterRecoversTheVariation(t *testing.T) {
-	cm, st, sizes := uniformPipeline([]float64{1, 1.5, 1, 2}, 16, 0.004, 0.008)
-	for _, cv := range []float64{0.1, 0.25, 0.5} {
-		cm.jitter = cv
-		want := cm.simulate(st, OneFOneB, sizes).Iteration
-		cm.jitter = 0
-		got := cm.fitJitter(st, OneFOneB, sizes, want)
-		cm.jitter = got
-		if p := cm.simulate(st, OneFOneB, sizes).Iteration; math.Abs(p-want) > 1e-3*want {
-			t.Errorf("cv %.2f: fitted %.3f predicts %.5f s, want %.5f", cv, got, p, want)
-		}
-		if math.Abs(got-cv) > 0.05 {
-			t.Errorf("cv %.2f: fitted %.3f", cv, got)
-		}
-	}
-	cm.jitter = 0
-	exp := cm.simulate(st, OneFOneB, sizes).Iteration
-	if got := cm.fitJitter(st, OneFOneB, sizes, 0.9*exp); got != 0 {
-		t.Errorf("measured faster than expected: fitted %v, want 0", got)
-	}
-	if got := cm.fitJitter(st, OneFOneB, sizes, 100*exp); got != maxJitter {
-		t.Errorf("measured 100× the expected: fitted %v, want the bound %v", got, maxJitter)
 	}
 }

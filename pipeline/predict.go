@@ -47,7 +47,8 @@ type costModel struct {
 	// its device (0: every op takes exactly its expected time). Ops of a
 	// pipeline wait for their neighbours', so random op times lengthen an
 	// iteration beyond the replay of expected times, most where the stages
-	// are balanced and none has slack. Recalibrate fits it.
+	// are balanced and none has slack. Recalibrate takes the stages' measured
+	// variation (StageTiming.OpCV).
 	jitter float64
 }
 
@@ -340,31 +341,6 @@ func (p Prediction) String() string {
 	return fmt.Sprintf("%.1f ms (pipeline %.1f, overhead %.1f, busiest stage %.1f)", 1e3*p.Iteration, 1e3*p.Pipeline, 1e3*p.Overhead, 1e3*p.Compute)
 }
 
-// maxJitter bounds the fitted jitter: ops whose times vary more than that
-// are not what makes the iterations slower than predicted.
+// maxJitter bounds the op-time variation a stage may report: ops whose
+// times vary more than that are not a device's steady variation.
 const maxJitter = 1.5
-
-// fitJitter returns the jitter with which the simulated iteration of
-// stages is want seconds (the measured median): 0 if the replay of
-// expected times already takes want or longer, maxJitter if even that is
-// faster, else the bisection of the seeded median replay.
-func (cm *costModel) fitJitter(stages []simStage, sched Schedule, sizes []int, want float64) float64 {
-	exp := cm.replay(stages, sched, sizes, nil)
-	if !(exp.Iteration < want) || math.IsInf(exp.Iteration, 0) {
-		return 0
-	}
-	at := func(cv float64) float64 { return cm.jittered(stages, sched, sizes, cv, exp).Iteration }
-	lo, hi := 0.0, maxJitter
-	if at(hi) < want {
-		return hi
-	}
-	for range 20 {
-		mid := (lo + hi) / 2
-		if at(mid) < want {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return hi
-}

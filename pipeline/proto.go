@@ -267,6 +267,7 @@ type iterResp struct {
 	Idle    float64 `json:"idle"`
 	Wall    float64 `json:"wall"`
 	CPU     float64 `json:"cpu"`     // busy time of the compute (see opClock; without the emulated slowdown; steady busy times with WorkerConfig.Steady)
+	OpCV    float64 `json:"op_cv"`   // coefficient of variation of the compute times of ops of one kind (opSpread)
 	Loss    float64 `json:"loss"`    // last stage: mean loss over the batch
 	Correct int     `json:"correct"` // last stage: correct predictions (images, or tokens)
 	GradSq  float64 `json:"grad_sq"` // squared L2 norm of the stage's gradients

@@ -125,6 +125,11 @@ type StageTiming struct {
 	CPU float64 `json:"cpu"`
 	// Step is the optimizer step's time, part of Compute and Wall.
 	Step float64 `json:"step"`
+	// OpCV is the coefficient of variation of the compute times of the
+	// stage's ops of one kind (direction and micro-batch size), pooled:
+	// how much the device's op times vary, which lengthens a pipeline
+	// whose stages wait for each other.
+	OpCV float64 `json:"op_cv"`
 	// Speed is the measured FLOP/s of the stage's forward+backward.
 	Speed float64 `json:"speed"`
 }

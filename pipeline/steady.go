@@ -77,6 +77,26 @@ func (s *steadyCosts) observe(k opKey, busy time.Duration) time.Duration {
 	return s.buf[len(s.buf)/2]
 }
 
+// observeCold is observe for an execution in the first iteration of a
+// freshly built stage (a plan switch), whose busy time is not the device's
+// steady one: new buffers, gradients and optimizer state, and caches that
+// other plans' layers filled. It returns the op's steady busy time without
+// recording this one, unless the op has no history yet. Recording them
+// filled half of a window at every switch back to a plan (a warm-up and a
+// measured iteration per round), so a plan calibrated on warm iterations
+// alone slowed through its rounds (4x24's even: 2.87 s at the end of its
+// calibration, 3.06–3.13 s from its second round on).
+func (s *steadyCosts) observeCold(k opKey, busy time.Duration) time.Duration {
+	if len(s.hist[k]) == 0 {
+		return s.observe(k, busy)
+	}
+	s.tick++
+	s.used[k.work] = s.tick
+	s.buf = append(s.buf[:0], s.hist[k]...)
+	slices.Sort(s.buf)
+	return s.buf[len(s.buf)/2]
+}
+
 // forgetOldest drops the histories of the least recently used work.
 func (s *steadyCosts) forgetOldest() {
 	var oldest stageWork

@@ -85,3 +85,31 @@ func TestSteadyCostsPerWork(t *testing.T) {
 		t.Errorf("the recently used first layers lost their history: %v", got)
 	}
 }
+
+// TestSteadyCostsColdExecutions checks that the executions of a freshly
+// built stage's first iteration get the op's steady busy time without
+// entering its history, unless it has none.
+func TestSteadyCostsColdExecutions(t *testing.T) {
+	var s steadyCosts
+	ms := time.Millisecond
+	k := opKey{work: stageWork{model: "m", first: 2, last: 5}, n: 2}
+	if got := s.observeCold(k, 30*ms); got != 30*ms {
+		t.Fatalf("cold without a history: %v, want its own 30ms", got)
+	}
+	for range 4 {
+		s.observe(k, 10*ms)
+	}
+	// Switches back to the plan, each with a cold iteration: however many,
+	// they neither move the steady time nor enter the history.
+	for range 3 * steadyWindow {
+		if got := s.observeCold(k, 30*ms); got != 10*ms {
+			t.Fatalf("cold with a history of 10 ms: %v", got)
+		}
+	}
+	if n := len(s.hist[k]); n != 5 {
+		t.Fatalf("history of %d, want 5", n)
+	}
+	if got := s.observe(k, 12*ms); got != 10*ms {
+		t.Fatalf("warm after cold ones: %v, want 10ms", got)
+	}
+}

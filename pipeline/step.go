@@ -190,7 +190,7 @@ func (s *Session) tryIter(ctx context.Context, x, y *tensor.Tensor, n int) (Iter
 		r := resps[k]
 		t := StageTiming{
 			Stage: k, Worker: s.c.worker(a.worker).Name, First: a.first, Last: a.last,
-			Compute: r.Compute + commits[k].Seconds, Comm: r.Comm, Idle: r.Idle, Wall: r.Wall + commits[k].Seconds, CPU: r.CPU,
+			Compute: r.Compute + commits[k].Seconds, Comm: r.Comm, Idle: r.Idle, Wall: r.Wall + commits[k].Seconds, CPU: r.CPU, OpCV: r.OpCV,
 			Step: commits[k].Seconds,
 		}
 		if r.Compute > 0 {

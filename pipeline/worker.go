@@ -91,6 +91,7 @@ type Worker struct {
 
 	dev    *swarm.Device  // emulated device: slowdown and pause gate
 	steady *steadyCosts   // with WorkerConfig.Steady; guarded by runMu
+	late   *lateness      // with WorkerConfig.Steady; guarded by runMu
 	m      *workerMetrics // nil without WorkerConfig.Metrics
 
 	// controls are the calls only the coordinator may make, by protocol;
@@ -157,7 +158,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	}
 	w := &Worker{cfg: cfg, tr: cfg.Transport, log: cfg.Logger, coord: *coord, dev: dev, box: newInbox(0, nil, nil), stop: make(chan struct{}), controls: map[protocol.ID]controlHandler{}}
 	if cfg.Steady {
-		w.steady = &steadyCosts{}
+		w.steady, w.late = &steadyCosts{}, &lateness{}
 	}
 	if w.tr == nil {
 		hcfg := cfg.Host
@@ -257,27 +258,42 @@ func (w *Worker) SetSlowdown(f float64) { w.dev.SetSlowdown(f) }
 // is paused. Aiming at slowdown·busy rather than slowdown·wall keeps time
 // lost waiting for a core (other processes on the same machine, including
 // co-located workers) out of the emulated speed, as long as the worker
-// gets at least 1/slowdown of a core.
+// gets at least 1/slowdown of a core. A steady device also asks for its
+// sleep to end early by its recent wake-up lateness (see lateness). runMu
+// must be held.
 func (w *Worker) throttle(ctx context.Context, wall, busy time.Duration) {
 	f := w.dev.Slowdown()
 	if f <= 1 {
 		w.dev.Checkpoint(ctx)
 		return
 	}
-	d := time.Duration((f*float64(busy) - float64(wall)) / (f - 1))
-	if d <= 0 {
+	sleep := time.Duration(f*float64(busy) - float64(wall))
+	if sleep <= 0 {
 		w.dev.Checkpoint(ctx) // the op already took its emulated time
 		return
 	}
-	w.dev.Throttle(ctx, d) // returns early only when ctx ends, which callers check
+	asked := sleep
+	if w.late != nil {
+		asked = w.late.aim(sleep)
+	}
+	t0 := time.Now()
+	w.dev.Throttle(ctx, time.Duration(float64(asked)/(f-1))) // returns early only when ctx ends, which callers check
+	if w.late != nil && ctx.Err() == nil {
+		w.late.observe(asked, time.Since(t0))
+	}
 }
 
 // emulatedBusy is the busy time the device emulates for an execution of op
 // k that kept this machine busy for busy: busy itself, or with
-// WorkerConfig.Steady the op's steady busy time. runMu must be held.
-func (w *Worker) emulatedBusy(k opKey, busy time.Duration) time.Duration {
-	if w.steady == nil {
+// WorkerConfig.Steady the op's steady busy time; cold says the op is of a
+// freshly built stage's first iteration (steadyCosts.observeCold). runMu
+// must be held.
+func (w *Worker) emulatedBusy(k opKey, busy time.Duration, cold bool) time.Duration {
+	switch {
+	case w.steady == nil:
 		return busy
+	case cold:
+		return w.steady.observeCold(k, busy)
 	}
 	return w.steady.observe(k, busy)
 }

@@ -31,7 +31,10 @@ type stage struct {
 }
 
 func (s *stage) first() bool { return s.req.Stage == 0 }
-func (s *stage) last() bool  { return s.req.Stage == s.req.Stages-1 }
+
+// cold says the stage runs its first iteration since it was built.
+func (s *stage) cold() bool { return s.iter == s.req.Iter }
+func (s *stage) last() bool { return s.req.Stage == s.req.Stages-1 }
 
 // work names the stage's work for steady emulated devices.
 func (s *stage) work() stageWork {
@@ -165,7 +168,7 @@ func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 	st.opt.Step()
 	st.opt.ZeroGrad()
 	wall, busy := clk.stop()
-	w.throttle(ctx, wall, w.emulatedBusy(opKey{work: st.work(), commit: true}, busy))
+	w.throttle(ctx, wall, w.emulatedBusy(opKey{work: st.work(), commit: true}, busy, st.cold()))
 	st.ready, st.iter = -1, req.Iter+1
 	return encodeMsg(commitResp{Seconds: time.Since(t0).Seconds()}, nil)
 }

@@ -190,13 +190,10 @@ type Stats struct {
 	MatchErrors   int     `json:"match_errors,omitempty"`  // MatchDHT rounds lost to DHT errors
 	Mismatched    int     `json:"mismatched,omitempty"`    // declarations of peers with another model, ignored
 	Failures      int     `json:"failures"`                // collectives with failed or missing members
-	Dead          int     `json:"dead"`                    // peers given up on now (MatchRanks)
-	// Revived counts peers given up on that were taken back when their
-	// progress record showed them training on (MatchRanks with a DHT).
-	Revived       int   `json:"revived,omitempty"`
-	BytesSent     int64 `json:"bytes_sent"`
-	BytesReceived int64 `json:"bytes_received"`
-	StatesServed  int   `json:"states_served"`
+	Dead          int     `json:"dead"`                    // peers given up on (MatchRanks)
+	BytesSent     int64   `json:"bytes_sent"`
+	BytesReceived int64   `json:"bytes_received"`
+	StatesServed  int     `json:"states_served"`
 	// Refused counts activations refused: from a peer outside the roster,
 	// or naming a round outside RoundWindow.
 	Refused int `json:"refused,omitempty"`
@@ -251,11 +248,9 @@ type Optimizer struct {
 	// a snapshot before one is superseded by it and dropped.
 	syncs    int
 	joined   map[string]int
-	dead     map[peer.ID]*dropped // fixed roster: members dropped (see note)
-	steps    map[peer.ID]int      // the steps of each peer's latest progress record read (with Config.DHT)
-	revivals map[peer.ID]int      // fixed roster: times each member was taken back since it last took part
-	seen     map[peer.ID]bool     // fixed roster: members that took part once
-	misses   map[peer.ID]int      // fixed roster: all-reduces missed in a row
+	dead     map[peer.ID]bool // fixed roster: members dropped (see note)
+	seen     map[peer.ID]bool // fixed roster: members that took part once
+	misses   map[peer.ID]int  // fixed roster: all-reduces missed in a row
 	stats    Stats
 	progress progressTracker
 	serving  map[peer.ID]*download
@@ -352,7 +347,7 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 		cfg: cfg, avg: avg, inner: inner, params: params, n: n, layout: layout,
 		bgCtx: ctx, cancelBG: cancel,
 		inflight: make(chan struct{}, cfg.MaxInflight), flat: make([]float32, n), lastGlobal: -1,
-		joined: map[string]int{}, dead: map[peer.ID]*dropped{}, steps: map[peer.ID]int{}, revivals: map[peer.ID]int{}, seen: map[peer.ID]bool{}, misses: map[peer.ID]int{},
+		joined: map[string]int{}, dead: map[peer.ID]bool{}, seen: map[peer.ID]bool{}, misses: map[peer.ID]int{},
 		published: make([]float32, n), delta: make([]float32, n),
 		serving: map[peer.ID]*download{}, dl: dl,
 	}
@@ -604,9 +599,7 @@ func (o *Optimizer) note(ctx context.Context, members []averaging.Member, res av
 	// crashed, left). One that never took part may just be slow to start
 	// (loading data, a late joiner of a fixed roster): it is dropped only
 	// after neverSeenMisses all-reduces in a row without it, or everyone
-	// would train alone after a slow start. A miss can also be a collective
-	// that timed out on a slow link: a dropped member whose progress
-	// record later shows more steps is taken back (observeProgressLocked).
+	// would train alone after a slow start.
 	bad := map[peer.ID]bool{}
 	for _, id := range append(res.Failed, res.Missing...) {
 		bad[id] = true
@@ -619,17 +612,12 @@ func (o *Optimizer) note(ctx context.Context, members []averaging.Member, res av
 		case !bad[id]:
 			if err == nil {
 				o.seen[id] = true
-				delete(o.revivals, id)
 			}
 			delete(o.misses, id)
 		default:
 			o.misses[id]++
-			if _, ok := o.dead[id]; !ok && (o.seen[id] || o.misses[id] >= neverSeenMisses) {
-				st, ok := o.steps[id]
-				if !ok {
-					st = -1
-				}
-				o.dead[id] = &dropped{steps: st}
+			if o.seen[id] || o.misses[id] >= neverSeenMisses {
+				o.dead[id] = true
 			}
 		}
 	}

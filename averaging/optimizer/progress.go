@@ -172,7 +172,6 @@ func (o *Optimizer) syncProgress(ctx context.Context, every time.Duration) error
 	}
 	now := time.Now()
 	var others []Record
-	var ids []peer.ID
 	for sub, it := range items {
 		id, err := peer.Decode(sub)
 		if err != nil || id == me || it.Expiration.Before(now) {
@@ -180,49 +179,12 @@ func (o *Optimizer) syncProgress(ctx context.Context, every time.Duration) error
 		}
 		if r, err := ParseRecord(it.Value); err == nil {
 			others = append(others, r)
-			ids = append(ids, id)
 		}
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for i, id := range ids {
-		o.observeProgressLocked(id, others[i].Steps)
-	}
 	// Count samples made since the record was built, too.
 	self.Samples = o.progress.samples
 	o.progress.update(Aggregate(self, others, o.progress.target))
 	return nil
 }
-
-// observeProgressLocked notes a fresh progress record of peer id with the
-// given steps (o.mu held). A roster member given up on (note) whose record
-// shows more steps than when it was dropped is training on: the collective
-// it missed timed out on a slow link or while it was busy, so it is taken
-// back. One that died publishes no new records and stays dropped. One
-// taken back that keeps missing (out of step with the roster's rounds)
-// waits twice as many reads each time, up to maxRevivalWait, so that it
-// costs the collectives it joins one timeout per back-off, not one per read.
-func (o *Optimizer) observeProgressLocked(id peer.ID, steps int) {
-	o.steps[id] = steps
-	d, ok := o.dead[id]
-	if !ok {
-		return
-	}
-	d.reads++
-	if steps > d.steps && d.reads >= min(1<<o.revivals[id], maxRevivalWait) {
-		delete(o.dead, id)
-		delete(o.misses, id)
-		o.revivals[id]++
-		o.stats.Revived++
-	}
-}
-
-// dropped is a roster member given up on: the steps of its latest progress
-// record when it was dropped (-1: none read), and the records read since.
-type dropped struct {
-	steps, reads int
-}
-
-// maxRevivalWait bounds the progress reads (Config.ProgressEvery apart) a
-// dropped member waits before it is taken back.
-const maxRevivalWait = 64

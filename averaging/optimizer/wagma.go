@@ -21,7 +21,7 @@ func (o *Optimizer) alive(ranks []int) []averaging.Member {
 	var ms []averaging.Member
 	for _, r := range ranks {
 		m := o.cfg.Roster[r]
-		if _, dead := o.dead[m.Peer.ID]; r == o.cfg.Rank || !dead {
+		if r == o.cfg.Rank || !o.dead[m.Peer.ID] {
 			ms = append(ms, m)
 		}
 	}

@@ -160,9 +160,8 @@ func TestSwarmAveragingAllReduce(t *testing.T) {
 		t.Errorf("median test accuracy of the finished peers %v < 0.85", accs)
 	}
 	// The replicas re-synchronize every Period steps, so a majority ends
-	// on one model. (A member dropped early trains alone, and may differ,
-	// until its progress record shows it training on and it is taken back;
-	// see docs/averaging.md.)
+	// on one model. (A member dropped early for good trains alone and may
+	// differ: the roster's drops are sticky, see docs/averaging.md.)
 	agree := 0
 	for _, a := range accs {
 		if math.Abs(a-accs[len(accs)/2]) <= 0.005 {

@@ -89,18 +89,34 @@ func TestOptimizerMetrics(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
-	m := gathered(t, regs[0])
-	s := opts[0].Stats()
-	for name, want := range map[string]float64{
-		"skyhive_averaging_steps_total":          float64(s.Steps),
-		"skyhive_averaging_samples_total":        float64(s.Samples),
-		"skyhive_averaging_round":                float64(s.Round),
-		"skyhive_averaging_rounds_total":         float64(s.GroupActive + s.GroupPassive + s.GlobalSyncs),
-		"skyhive_averaging_sent_bytes_total":     float64(s.BytesSent),
-		"skyhive_averaging_received_bytes_total": float64(s.BytesReceived),
-	} {
-		if m[name] != want || want == 0 {
-			t.Errorf("%s = %v, want Stats' %v (non-zero)", name, m[name], want)
+	// Group rounds still in flight in the background may finish between
+	// reading the metrics and Stats (one CI run read 39,566 sent bytes
+	// against Stats' 45,654): read both until they agree, for at most the
+	// averager's Timeout and a margin.
+	var m map[string]float64
+	var want map[string]float64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		s := opts[0].Stats()
+		m = gathered(t, regs[0])
+		want = map[string]float64{
+			"skyhive_averaging_steps_total":          float64(s.Steps),
+			"skyhive_averaging_samples_total":        float64(s.Samples),
+			"skyhive_averaging_round":                float64(s.Round),
+			"skyhive_averaging_rounds_total":         float64(s.GroupActive + s.GroupPassive + s.GlobalSyncs),
+			"skyhive_averaging_sent_bytes_total":     float64(s.BytesSent),
+			"skyhive_averaging_received_bytes_total": float64(s.BytesReceived),
+		}
+		agree := true
+		for name, w := range want {
+			agree = agree && m[name] == w
+		}
+		if agree || time.Now().After(deadline) {
+			break
+		}
+	}
+	for name, w := range want {
+		if m[name] != w || w == 0 {
+			t.Errorf("%s = %v, want Stats' %v (non-zero)", name, m[name], w)
 		}
 	}
 	for _, name := range []string{"skyhive_averaging_group_size", "skyhive_averaging_staleness_rounds", "skyhive_averaging_collective_duration_seconds"} {

@@ -1,9 +1,6 @@
 package pipeline
 
-import (
-	"slices"
-	"time"
-)
+import "time"
 
 // latenessWindow is how many recent sleeps a steady device's lateness is
 // the median of.
@@ -30,9 +27,7 @@ func (l *lateness) aim(want time.Duration) time.Duration {
 	if len(l.hist) == 0 || want <= 0 {
 		return want
 	}
-	l.buf = append(l.buf[:0], l.hist...)
-	slices.Sort(l.buf)
-	return max(want-l.buf[len(l.buf)/2], want/2)
+	return max(want-upperMedian(&l.buf, l.hist), want/2)
 }
 
 // observe records that a sleep asked for asked ended after slept.

@@ -72,9 +72,7 @@ func (s *steadyCosts) observe(k opKey, busy time.Duration) time.Duration {
 	}
 	h = append(h, busy)
 	s.hist[k] = h
-	s.buf = append(s.buf[:0], h...)
-	slices.Sort(s.buf)
-	return s.buf[len(s.buf)/2]
+	return upperMedian(&s.buf, h)
 }
 
 // observeCold is observe for an execution in the first iteration of a
@@ -92,9 +90,16 @@ func (s *steadyCosts) observeCold(k opKey, busy time.Duration) time.Duration {
 	}
 	s.tick++
 	s.used[k.work] = s.tick
-	s.buf = append(s.buf[:0], s.hist[k]...)
-	slices.Sort(s.buf)
-	return s.buf[len(s.buf)/2]
+	return upperMedian(&s.buf, s.hist[k])
+}
+
+// upperMedian returns the median of a non-empty xs, the upper of the two
+// middle values for an even count, sorting a copy in *buf (reused, so that
+// an op costs no allocation); xs is not modified.
+func upperMedian(buf *[]time.Duration, xs []time.Duration) time.Duration {
+	*buf = append((*buf)[:0], xs...)
+	slices.Sort(*buf)
+	return (*buf)[len(*buf)/2]
 }
 
 // forgetOldest drops the histories of the least recently used work.

@@ -40,6 +40,8 @@ var (
 	ErrJoined = errors.New("averaging: session already joined")
 	// ErrNotMember means this peer is not in the session's member list.
 	ErrNotMember = errors.New("averaging: not a member of the session")
+	// ErrDeclined means this peer declined the session (Decline).
+	ErrDeclined = errors.New("averaging: session declined")
 )
 
 // Member is one participant of a group all-reduce.
@@ -167,6 +169,17 @@ type Result struct {
 	// Rejected lists members whose contribution to some chunk of this
 	// member's part was dropped by the norm check (Config.MaxNormRatio).
 	Rejected []peer.ID
+	// Declined lists members that declined the session (Averager.Decline)
+	// instead of joining it: nothing of theirs is averaged, their part
+	// keeps this member's values, and they are in neither Missing nor
+	// Failed.
+	Declined []peer.ID
+	// Disagreed lists members that joined the session with another member
+	// list or other settings (a chunk with another session hash), and up
+	// to 16 peers not listed that sent chunks of it that way: they are
+	// alive, but nothing of theirs is averaged and a listed one's part
+	// keeps this member's values. Not in Missing or Failed.
+	Disagreed []peer.ID
 	// Sent and Received count payload bytes.
 	Sent, Received int64
 	// Elapsed is the wall time of the call.
@@ -247,16 +260,83 @@ func (s Session) hash(cfg Config, vecLen int) uint64 {
 // leave tells the other members that this one stopped, best effort and
 // briefly, so that they do not wait for it until ReduceWait.
 func (a *Averager) leave(sess *session, members []Member) {
-	ctx, cancel := context.WithTimeout(context.Background(), min(time.Second, a.cfg.ReduceWait))
+	a.notify(context.Background(), leaveNotice{Session: sess.id, Hash: sess.hash}, members, sess.self)
+}
+
+// notify sends a leave or decline notice to every member but self, best
+// effort, and waits at most a second (or ReduceWait) for the calls.
+func (a *Averager) notify(ctx context.Context, l leaveNotice, members []Member, self int) {
+	ctx, cancel := context.WithTimeout(ctx, min(time.Second, a.cfg.ReduceWait))
 	defer cancel()
-	msg := leaveNotice{Session: sess.id, Hash: sess.hash}.marshal()
+	msg := l.marshal()
 	var wg sync.WaitGroup
 	for j, m := range members {
-		if j != sess.self {
+		if j != self {
 			wg.Go(func() { _, _ = a.t.Call(ctx, m.Peer, LeaveProtocol, msg) })
 		}
 	}
 	wg.Wait()
+}
+
+// Decline tells the members of session s, which this peer will not join
+// (it is busy), not to wait for it: their all-reduces go on without it at
+// once and list it in Result.Declined, and this peer refuses the chunks
+// sent to it for s. vecLen is the length of the vector the members
+// average (their session hash covers it). It returns once the notices are
+// sent, within a second; joining s afterwards fails with ErrDeclined.
+func (a *Averager) Decline(ctx context.Context, s Session, vecLen int) error {
+	self, _, err := s.check(a.t.ID())
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return ErrClosed
+	}
+	now := a.now()
+	sess, err := a.ownSessionLocked(s.ID, now)
+	if err != nil {
+		a.mu.Unlock()
+		return err
+	}
+	a.unpendLocked(sess)
+	sess.declined = true
+	sess.expires = now.Add(a.cfg.Timeout + a.cfg.ReduceWait)
+	a.mu.Unlock()
+	// The notices go first, so that a member whose chunk is refused below
+	// has already heard why.
+	a.notify(ctx, leaveNotice{Session: s.ID, Hash: s.hash(a.cfg, vecLen), Decline: true}, s.Members, self)
+	close(sess.gone)
+	return nil
+}
+
+// check validates the session and returns the index of the member id in
+// it and the members' weights.
+func (s Session) check(id peer.ID) (int, []float64, error) {
+	if len(s.ID) == 0 || len(s.ID) > MaxSessionLen {
+		return 0, nil, fmt.Errorf("averaging: session ID of %d bytes", len(s.ID))
+	}
+	if len(s.Members) == 0 || len(s.Members) > MaxGroupSize {
+		return 0, nil, fmt.Errorf("averaging: %d members", len(s.Members))
+	}
+	self := -1
+	weights := make([]float64, len(s.Members))
+	seen := map[peer.ID]bool{}
+	for i, m := range s.Members {
+		if seen[m.Peer.ID] {
+			return 0, nil, fmt.Errorf("averaging: member %s listed twice", m.Peer.ID)
+		}
+		seen[m.Peer.ID] = true
+		if m.Peer.ID == id {
+			self = i
+		}
+		weights[i] = m.Weight
+	}
+	if self < 0 {
+		return 0, nil, ErrNotMember
+	}
+	return self, weights, nil
 }
 
 // decodeVector decodes a wire tensor of exactly want finite elements.
@@ -294,30 +374,12 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 	if _, err := ParseAggregation(string(a.cfg.Aggregation)); err != nil {
 		return res, err
 	}
-	if len(s.ID) == 0 || len(s.ID) > MaxSessionLen {
-		return res, fmt.Errorf("averaging: session ID of %d bytes", len(s.ID))
-	}
-	if len(s.Members) == 0 || len(s.Members) > MaxGroupSize {
-		return res, fmt.Errorf("averaging: %d members", len(s.Members))
+	self, weights, err := s.check(a.t.ID())
+	if err != nil {
+		return res, err
 	}
 	if len(vec) == 0 || len(vec) > a.cfg.MaxElements {
 		return res, fmt.Errorf("averaging: vector of %d elements (limit %d)", len(vec), a.cfg.MaxElements)
-	}
-	self := -1
-	weights := make([]float64, len(s.Members))
-	seen := map[peer.ID]bool{}
-	for i, m := range s.Members {
-		if seen[m.Peer.ID] {
-			return res, fmt.Errorf("averaging: member %s listed twice", m.Peer.ID)
-		}
-		seen[m.Peer.ID] = true
-		if m.Peer.ID == a.t.ID() {
-			self = i
-		}
-		weights[i] = m.Weight
-	}
-	if self < 0 {
-		return res, ErrNotMember
 	}
 	bounds, err := Partition(len(vec), weights)
 	if err != nil {
@@ -349,6 +411,10 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 		wg.Go(func() {
 			if err := a.sendPart(ctx, sess, j, s.Members[j].Peer, vec[bounds[j]:bounds[j+1]], &sent, &recv); err != nil {
 				failed[j] = true
+				var remote *p2p.RemoteError
+				if errors.As(err, &remote) && strings.Contains(remote.Msg, errDisagree.Error()) {
+					sess.drop(s.Members[j].Peer.ID, dropDisagreed) // alive, with another view
+				}
 			}
 		})
 	}
@@ -385,15 +451,23 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 	if errors.Is(ctx.Err(), context.Canceled) {
 		a.leave(sess, s.Members) // stopped by the caller, not timed out
 	}
+	sess.mu.Lock()
 	for j := range s.Members {
-		if missing[j] {
-			res.Missing = append(res.Missing, s.Members[j].Peer.ID)
-		}
-		if failed[j] {
-			res.Failed = append(res.Failed, s.Members[j].Peer.ID)
+		switch {
+		case sess.declinedBy[j]:
+			res.Declined = append(res.Declined, s.Members[j].Peer.ID)
+		case sess.disagreed[j]:
+			res.Disagreed = append(res.Disagreed, s.Members[j].Peer.ID)
+		case missing[j] || failed[j]:
+			if missing[j] {
+				res.Missing = append(res.Missing, s.Members[j].Peer.ID)
+			}
+			if failed[j] {
+				res.Failed = append(res.Failed, s.Members[j].Peer.ID)
+			}
 		}
 	}
-	sess.mu.Lock()
+	res.Disagreed = append(res.Disagreed, sess.outsiders...)
 	for j, r := range sess.rejected {
 		if r {
 			res.Rejected = append(res.Rejected, s.Members[j].Peer.ID)

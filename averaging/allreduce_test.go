@@ -183,15 +183,21 @@ func TestAllReduceRejectsMismatch(t *testing.T) {
 		wg.Go(func() { res[i], _ = s.avg[i].AllReduce(context.Background(), sess, vs[i]) })
 	}
 	wg.Wait()
-	if len(res[2].Failed) != 2 {
+	// Every side reports the others as disagreeing (alive, with another
+	// view of the session), not as failed or missing.
+	if len(res[2].Disagreed) != 2 || len(res[2].Failed)+len(res[2].Missing) != 0 {
 		t.Fatalf("disagreeing member: %+v", res[2])
 	}
 	// Members 0 and 1 agree with each other: they average between them
-	// on their parts and miss member 2.
-	if !slices.Contains(res[0].Missing, s.peers[2].ID()) {
-		t.Fatalf("member 0 should miss member 2: %+v", res[0])
+	// on their parts, without member 2.
+	for i := range 2 {
+		if !slices.Equal(res[i].Disagreed, []peer.ID{s.peers[2].ID()}) || len(res[i].Failed)+len(res[i].Missing) != 0 {
+			t.Fatalf("member %d: %+v", i, res[i])
+		}
 	}
-	_ = orig
+	if m := (orig[0][0] + orig[1][0]) / 2; vs[0][0] != m || vs[1][0] != m {
+		t.Fatalf("members 0 and 1 did not average their part 0: %v %v, want %v", vs[0][0], vs[1][0], m)
+	}
 }
 
 // killLink kills victim once it has sent `after` messages.
@@ -352,13 +358,7 @@ func TestBanStalledMember(t *testing.T) {
 func TestLeaveNoticeEndsWaitAtOnce(t *testing.T) {
 	s := newTestSwarm(t, 3, Config{Timeout: 20 * time.Second, ChunkElems: 50})
 	sess := s.session("leave", nil)
-	vecs := make([][]float32, 3)
-	for i := range vecs {
-		vecs[i] = make([]float32, 300)
-		for j := range vecs[i] {
-			vecs[i][j] = float32(i)
-		}
-	}
+	vecs := constVectors(3, 300)
 	// Member 2 joins, then is stopped before the others arrive.
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -369,18 +369,7 @@ func TestLeaveNoticeEndsWaitAtOnce(t *testing.T) {
 		t.Fatal("the stopped member's all-reduce succeeded")
 	}
 	start := time.Now()
-	var wg sync.WaitGroup
-	res := make([]Result, 2)
-	for i := range 2 {
-		wg.Go(func() {
-			var err error
-			res[i], err = s.avg[i].AllReduce(context.Background(), sess, vecs[i])
-			if err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
+	s.reduceFirst(t, 2, sess, vecs)()
 	if el := time.Since(start); el > 2*time.Second {
 		t.Fatalf("the others took %v (ReduceWait is %v): the leave notice was not honoured", el, s.avg[0].Config().ReduceWait)
 	}
@@ -390,6 +379,126 @@ func TestLeaveNoticeEndsWaitAtOnce(t *testing.T) {
 			t.Fatalf("member %d: %v %v, want 0.5", i, vecs[i][0], vecs[i][150])
 		}
 	}
+}
+
+// TestDeclineEndsWaitAtOnce: a member that declines a session (busy)
+// tells the others, who finish without it at once, list it as Declined
+// rather than Missing or Failed, and keep their own values for its part,
+// whether the decline came before they joined or while they waited; the
+// decliner cannot join the session afterwards.
+func TestDeclineEndsWaitAtOnce(t *testing.T) {
+	for _, early := range []bool{true, false} {
+		s := newTestSwarm(t, 3, Config{Timeout: 20 * time.Second, ChunkElems: 50})
+		sess := s.session(fmt.Sprintf("decline-%v", early), nil)
+		vecs := constVectors(3, 300)
+		decline := func() {
+			if err := s.avg[2].Decline(context.Background(), sess, len(vecs[2])); err != nil {
+				t.Error(err)
+			}
+		}
+		if early {
+			decline()
+		}
+		start := time.Now()
+		wait := s.reduceFirst(t, 2, sess, vecs)
+		if !early {
+			time.Sleep(50 * time.Millisecond)
+			decline()
+		}
+		res := wait()
+		if el := time.Since(start); el > 3*time.Second {
+			t.Fatalf("early %v: the others took %v (ReduceWait is %v): the decline was not honoured", early, el, s.avg[0].Config().ReduceWait)
+		}
+		for i := range 2 {
+			r := res[i]
+			if len(r.Declined) != 1 || r.Declined[0] != s.peers[2].ID() || len(r.Missing) != 0 || len(r.Failed) != 0 {
+				t.Fatalf("early %v: member %d: declined %v missing %v failed %v", early, i, r.Declined, r.Missing, r.Failed)
+			}
+			// Parts 0 and 1 are the mean of members 0 and 1; member 2's
+			// part keeps each member's own values.
+			if vecs[i][0] != 0.5 || vecs[i][150] != 0.5 || vecs[i][250] != float32(i) {
+				t.Fatalf("early %v: member %d: %v %v %v", early, i, vecs[i][0], vecs[i][150], vecs[i][250])
+			}
+		}
+		if _, err := s.avg[2].AllReduce(context.Background(), sess, vecs[2]); !errors.Is(err, ErrDeclined) {
+			t.Fatalf("early %v: joining a declined session: %v, want ErrDeclined", early, err)
+		}
+	}
+}
+
+// TestDisagreeingMemberListsAreReported: a member whose list of the
+// session leaves someone out (it gave up on a peer the others have not)
+// is reported as Disagreed, not Missing or Failed, by the others, and
+// reports the member it lists so too; nobody waits ReduceWait for it, and the members
+// that agree still average.
+func TestDisagreeingMemberListsAreReported(t *testing.T) {
+	s := newTestSwarm(t, 3, Config{Timeout: 20 * time.Second, ChunkElems: 50})
+	full := s.session("views", nil)
+	short := Session{ID: full.ID, Members: []Member{full.Members[0], full.Members[2]}}
+	vecs := constVectors(3, 300)
+	start := time.Now()
+	var wg sync.WaitGroup
+	res := make([]Result, 3)
+	for i := range 3 {
+		wg.Go(func() {
+			sess := full
+			if i == 2 {
+				sess = short
+			}
+			var err error
+			if res[i], err = s.avg[i].AllReduce(context.Background(), sess, vecs[i]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if el := time.Since(start); el > 3*time.Second {
+		t.Fatalf("took %v (ReduceWait %v): the disagreement was not noticed", el, s.avg[0].Config().ReduceWait)
+	}
+	id := func(i int) peer.ID { return s.peers[i].ID() }
+	// Member 2 lists member 0 and hears of member 1 only if member 1's
+	// chunk arrives before member 2's all-reduce ends.
+	for i, want := range [][]peer.ID{{id(2)}, {id(2)}, {id(0)}} {
+		r := res[i]
+		got := slices.DeleteFunc(slices.Clone(r.Disagreed), func(p peer.ID) bool { return i == 2 && p == id(1) })
+		if !slices.Equal(got, want) || len(r.Missing) != 0 || len(r.Failed) != 0 {
+			t.Fatalf("member %d: disagreed %v (want %v), missing %v, failed %v", i, r.Disagreed, want, r.Missing, r.Failed)
+		}
+	}
+	for i := range 2 {
+		if vecs[i][0] != 0.5 || vecs[i][150] != 0.5 || vecs[i][250] != float32(i) {
+			t.Fatalf("member %d: %v %v %v", i, vecs[i][0], vecs[i][150], vecs[i][250])
+		}
+	}
+}
+
+// reduceFirst starts the all-reduce of sess on members 0..k-1 with their
+// vectors and returns a function that waits for them and returns their
+// results.
+func (s *testSwarm) reduceFirst(t *testing.T, k int, sess Session, vecs [][]float32) func() []Result {
+	res := make([]Result, k)
+	var wg sync.WaitGroup
+	for i := range k {
+		wg.Go(func() {
+			var err error
+			if res[i], err = s.avg[i].AllReduce(context.Background(), sess, vecs[i]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	return func() []Result { wg.Wait(); return res }
+}
+
+// constVectors returns n vectors of the given length, vector i all i.
+func constVectors(n, length int) [][]float32 {
+	vs := make([][]float32, n)
+	for i := range vs {
+		vs[i] = make([]float32, length)
+		for j := range vs[i] {
+			vs[i][j] = float32(i)
+		}
+	}
+	return vs
 }
 
 // dropOnce fails the first large message (a chunk) from one member to

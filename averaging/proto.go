@@ -12,7 +12,8 @@ const (
 	// chunk's reducer; the response is the chunk's average.
 	ReduceProtocol = "/skyhive/averaging/reduce/1.0.0"
 	// LeaveProtocol tells the members of a session that the sender leaves
-	// it (it was stopped), so that they stop waiting for it at once.
+	// it (it was stopped) or declines it (it will not join), so that they
+	// stop waiting for it at once.
 	LeaveProtocol = "/skyhive/averaging/leave/1.0.0"
 )
 
@@ -28,8 +29,9 @@ const (
 var ErrMessage = errors.New("averaging: malformed message")
 
 var (
-	magicReduce = [4]byte{'S', 'K', 'A', 1}
-	magicLeave  = [4]byte{'S', 'K', 'L', 1}
+	magicReduce  = [4]byte{'S', 'K', 'A', 1}
+	magicLeave   = [4]byte{'S', 'K', 'L', 1}
+	magicDecline = [4]byte{'S', 'K', 'D', 1}
 )
 
 // reduceRequest is one chunk of a member's contribution to a reducer.
@@ -104,21 +106,31 @@ func unmarshalReduceResponse(b []byte, size int) (contributors int, payload []by
 	return c, b[2:], nil
 }
 
-// leaveNotice says that the sender leaves a session.
+// leaveNotice says that the sender leaves a session, or, with Decline,
+// that it declines to join it.
 type leaveNotice struct {
 	Session string
 	Hash    uint64
+	Decline bool
 }
 
 func (l leaveNotice) marshal() []byte {
-	b := append([]byte(nil), magicLeave[:]...)
+	magic := magicLeave
+	if l.Decline {
+		magic = magicDecline
+	}
+	b := append([]byte(nil), magic[:]...)
 	b = binary.LittleEndian.AppendUint64(b, l.Hash)
 	return append(b, l.Session...)
 }
 
 func unmarshalLeave(b []byte) (leaveNotice, error) {
-	if len(b) < 4+8+1 || len(b) > 4+8+MaxSessionLen || [4]byte(b[:4]) != magicLeave {
+	if len(b) < 4+8+1 || len(b) > 4+8+MaxSessionLen {
 		return leaveNotice{}, fmt.Errorf("%w: bad leave notice", ErrMessage)
 	}
-	return leaveNotice{Hash: binary.LittleEndian.Uint64(b[4:]), Session: string(b[12:])}, nil
+	m := [4]byte(b[:4])
+	if m != magicLeave && m != magicDecline {
+		return leaveNotice{}, fmt.Errorf("%w: bad leave notice", ErrMessage)
+	}
+	return leaveNotice{Hash: binary.LittleEndian.Uint64(b[4:]), Session: string(b[12:]), Decline: m == magicDecline}, nil
 }

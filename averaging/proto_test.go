@@ -32,6 +32,7 @@ func FuzzReduceResponse(f *testing.F) {
 
 func FuzzLeave(f *testing.F) {
 	f.Add(leaveNotice{Session: "run/g/3", Hash: 9}.marshal())
+	f.Add(leaveNotice{Session: "run/w/4/1", Hash: 7, Decline: true}.marshal())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		l, err := unmarshalLeave(b)
 		if err == nil && !bytes.Equal(l.marshal(), b) {

@@ -29,9 +29,14 @@ type session struct {
 	owner   peer.ID
 	pending bool
 
-	// left records leave notices that arrived before this peer joined
-	// (member → member-list hash); guarded by the Averager's mu.
-	left map[peer.ID]uint64
+	// left records leave and decline notices that arrived before this
+	// peer joined; guarded by the Averager's mu.
+	left map[peer.ID]leaveNotice
+	// declined is set when this peer declines the session (Decline) and
+	// gone is closed then, so that chunks waiting for a join are refused
+	// at once; declined is guarded by the Averager's mu.
+	declined bool
+	gone     chan struct{}
 
 	// Set before joined is closed, read-only afterwards.
 	hash    uint64
@@ -47,6 +52,12 @@ type session struct {
 	contributed []bool      // sent at least one chunk
 	lastSeen    []time.Time // when each member's latest chunk arrived
 	banned      []bool      // no longer waited for
+	declinedBy  []bool      // members that declined the session (a decline notice)
+	disagreed   []bool      // members that joined it with another member list
+	// outsiders are peers not listed here that sent chunks of the session
+	// with another member list (they list this peer), at most
+	// maxOutsiders.
+	outsiders []peer.ID
 	// quiet is how long a member may send nothing before ban counts it as
 	// stalled (ReduceWait/2); set before joined is closed.
 	quiet time.Duration
@@ -91,6 +102,10 @@ type chunk struct {
 // full); honest senders retry until the session is joined here.
 var errPending = errors.New("averaging: too many pending sessions")
 
+// errDisagree is what a reducer answers a chunk whose sender joined the
+// session with another member list or other settings.
+var errDisagree = errors.New("member list or settings differ")
+
 // announce returns the session with the given ID, creating a pending
 // (not yet joined) one on behalf of from if from's share and the table
 // allow: a peer holds at most MaxPendingPerPeer pending sessions and all
@@ -114,7 +129,7 @@ func (a *Averager) announce(id string, from peer.ID) (*session, error) {
 			return nil, fmt.Errorf("%w: %d here, %d of them %s's", errPending, a.npending, a.pending[from], from.ShortString())
 		}
 	}
-	s := &session{id: id, owner: from, pending: true, joined: make(chan struct{}), expires: now.Add(a.cfg.ReduceWait)}
+	s := &session{id: id, owner: from, pending: true, joined: make(chan struct{}), gone: make(chan struct{}), expires: now.Add(a.cfg.ReduceWait)}
 	a.sessions[id] = s
 	a.pending[from]++
 	a.npending++
@@ -178,30 +193,9 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 		return nil, ErrClosed
 	}
 	now := a.now()
-	sess := a.sessions[s.ID]
-	if sess == nil {
-		// This peer's own sessions come first: make room by forgetting
-		// expired ones, then the oldest pending one.
-		a.sweepLocked(now, len(a.sessions) >= a.cfg.MaxSessions)
-		if len(a.sessions) >= a.cfg.MaxSessions {
-			var old *session
-			for _, x := range a.sessions {
-				if x.pending && (old == nil || x.expires.Before(old.expires)) {
-					old = x
-				}
-			}
-			if old == nil {
-				return nil, fmt.Errorf("averaging: too many sessions (%d)", len(a.sessions))
-			}
-			a.deleteLocked(old.id, old)
-		}
-		sess = &session{id: s.ID, joined: make(chan struct{})}
-		a.sessions[s.ID] = sess
-	}
-	select {
-	case <-sess.joined:
-		return nil, fmt.Errorf("%w: %s", ErrJoined, s.ID)
-	default:
+	sess, err := a.ownSessionLocked(s.ID, now)
+	if err != nil {
+		return nil, err
 	}
 	a.unpendLocked(sess)
 	sess.hash = s.hash(a.cfg, len(vec))
@@ -215,6 +209,8 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 	sess.codec = a.cfg.Codec
 	sess.contributed = make([]bool, len(s.Members))
 	sess.banned = make([]bool, len(s.Members))
+	sess.declinedBy = make([]bool, len(s.Members))
+	sess.disagreed = make([]bool, len(s.Members))
 	sess.contributed[self] = true
 	sess.lastSeen = make([]time.Time, len(s.Members))
 	sess.quiet = a.cfg.ReduceWait / 2
@@ -244,8 +240,9 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 		time.AfterFunc(final, func() { sess.ban(true) }),
 	}
 	for j, id := range sess.members {
-		if h, ok := sess.left[id]; ok && h == sess.hash && j != self {
-			sess.banned[j] = true // it left before we joined
+		if l, ok := sess.left[id]; ok && l.Hash == sess.hash && j != self {
+			sess.banned[j] = true // it left or declined before we joined
+			sess.declinedBy[j] = l.Decline
 		}
 	}
 	sess.mu.Lock()
@@ -257,6 +254,41 @@ func (a *Averager) join(s Session, self int, bounds []int, vec []float32) (*sess
 		sess.ban(true)
 	}
 	close(sess.joined)
+	return sess, nil
+}
+
+// ownSessionLocked returns the session id for this peer to join or
+// decline, making one (and room for it) if no member announced it yet; it
+// fails if this peer already joined or declined it. a.mu must be held.
+func (a *Averager) ownSessionLocked(id string, now time.Time) (*session, error) {
+	sess := a.sessions[id]
+	if sess == nil {
+		// This peer's own sessions come first: make room by forgetting
+		// expired ones, then the oldest pending one.
+		a.sweepLocked(now, len(a.sessions) >= a.cfg.MaxSessions)
+		if len(a.sessions) >= a.cfg.MaxSessions {
+			var old *session
+			for _, x := range a.sessions {
+				if x.pending && (old == nil || x.expires.Before(old.expires)) {
+					old = x
+				}
+			}
+			if old == nil {
+				return nil, fmt.Errorf("averaging: too many sessions (%d)", len(a.sessions))
+			}
+			a.deleteLocked(old.id, old)
+		}
+		sess = &session{id: id, joined: make(chan struct{}), gone: make(chan struct{})}
+		a.sessions[id] = sess
+	}
+	if sess.declined {
+		return nil, fmt.Errorf("%w: %s", ErrDeclined, id)
+	}
+	select {
+	case <-sess.joined:
+		return nil, fmt.Errorf("%w: %s", ErrJoined, id)
+	default:
+	}
 	return sess, nil
 }
 
@@ -300,15 +332,41 @@ func (s *session) ban(all bool) {
 	}
 }
 
-// disagree stops waiting for the member id (if listed), which joined the
-// session with another member list or other settings.
-func (s *session) disagree(id peer.ID) {
+// Why a reducer stops waiting for a member (session.drop).
+type dropReason int
+
+const (
+	dropBad       dropReason = iota // a malformed or non-finite contribution
+	dropLeft                        // a leave notice: it stopped
+	dropDeclined                    // a decline notice: it is busy
+	dropDisagreed                   // it joined with another member list or settings
+)
+
+// maxOutsiders bounds session.outsiders.
+const maxOutsiders = 16
+
+// drop stops waiting for the member id (if listed), for the reason given;
+// an unlisted peer that disagrees is remembered as an outsider.
+func (s *session) drop(id peer.ID, why dropReason) {
 	j := slices.Index(s.members, id)
+	if j < 0 && why == dropDisagreed {
+		s.mu.Lock()
+		if len(s.outsiders) < maxOutsiders && !slices.Contains(s.outsiders, id) {
+			s.outsiders = append(s.outsiders, id)
+		}
+		s.mu.Unlock()
+	}
 	if j < 0 || j == s.self {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	switch why {
+	case dropDeclined:
+		s.declinedBy[j] = !s.contributed[j]
+	case dropDisagreed:
+		s.disagreed[j] = true
+	}
 	if s.banned[j] {
 		return
 	}
@@ -405,6 +463,8 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 	}
 	select {
 	case <-s.joined:
+	case <-s.gone:
+		return nil, fmt.Errorf("%w: %s", ErrDeclined, r.Session)
 	default:
 		// Not joined here yet: wait, holding the request, at most
 		// ReduceWait and for at most MaxPendingPerPeer·Window requests of
@@ -417,6 +477,8 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 		defer t.Stop()
 		select {
 		case <-s.joined:
+		case <-s.gone:
+			return nil, fmt.Errorf("%w: %s", ErrDeclined, r.Session)
 		case <-t.C:
 			return nil, fmt.Errorf("averaging: session %q not joined here within %v", r.Session, a.cfg.ReduceWait)
 		case <-ctx.Done():
@@ -429,8 +491,8 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 	case r.Hash != s.hash || int(r.Size) != len(s.members):
 		// Intersect: a listed member that disagrees on the member list
 		// will never contribute to this session; stop waiting for it.
-		s.disagree(from)
-		return nil, fmt.Errorf("averaging: session %q: member list or settings differ", r.Session)
+		s.drop(from, dropDisagreed)
+		return nil, fmt.Errorf("averaging: session %q: %w", r.Session, errDisagree)
 	case int(r.Part) != s.self:
 		return nil, fmt.Errorf("averaging: session %q: part %d is not reduced here", r.Session, r.Part)
 	case s.members[r.Sender] != from || int(r.Sender) == s.self:
@@ -448,7 +510,7 @@ func (a *Averager) handleReduce(ctx context.Context, from peer.ID, req []byte) (
 		// A malformed or non-finite contribution: stop waiting for this
 		// member, as for one that disagrees.
 		putScratch(x)
-		s.disagree(from)
+		s.drop(from, dropBad)
 		return nil, err
 	}
 	if !s.addOwned(c, int(r.Sender), x, math.Sqrt(ss)) {
@@ -492,20 +554,25 @@ func (a *Averager) handleLeave(_ context.Context, from peer.ID, req []byte) ([]b
 	if err != nil {
 		return nil, err
 	}
+	a.mu.Lock()
 	select {
 	case <-s.joined:
+		a.mu.Unlock()
 		if s.hash == l.Hash {
-			s.disagree(from)
+			why := dropLeft
+			if l.Decline {
+				why = dropDeclined
+			}
+			s.drop(from, why)
 		}
 	default:
 		// Not joined here yet: remember it for the join (bounded by the
 		// session's member count there, and by MaxSessions here).
-		a.mu.Lock()
 		if s.left == nil {
-			s.left = map[peer.ID]uint64{}
+			s.left = map[peer.ID]leaveNotice{}
 		}
 		if len(s.left) < MaxGroupSize {
-			s.left[from] = l.Hash
+			s.left[from] = l
 		}
 		a.mu.Unlock()
 	}

@@ -32,6 +32,7 @@ import (
 	"maps"
 	"math"
 	"strings"
+	"time"
 
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/nn"
@@ -88,6 +89,10 @@ type outer struct {
 	// background global steps (globalRun) too.
 	group     chan struct{}
 	globalRun chan struct{}
+	// queued counts group outer steps waiting for the previous one to
+	// end: while one waits, startGroup declines more (a member that joins
+	// two steps late keeps its group waiting, and delays spread).
+	queued int
 }
 
 // newOuter checks and completes cfg's DiLoCo fields and returns the outer
@@ -402,9 +407,14 @@ func (o *Optimizer) outerUpdateLocked(g []float32) {
 func (o *Optimizer) outerGroupLocked() func(context.Context, averaging.Session) {
 	d := o.dl
 	begin, end := o.inTurnLocked(&d.group)
+	d.queued++
 	return func(ctx context.Context, s averaging.Session) {
 		defer end()
-		if !begin(ctx) {
+		ok := begin(ctx)
+		o.mu.Lock()
+		d.queued--
+		o.mu.Unlock()
+		if !ok {
 			return
 		}
 		o.mu.Lock()
@@ -447,6 +457,12 @@ func (o *Optimizer) inTurnLocked(slot *chan struct{}) (begin func(context.Contex
 		if prev == nil {
 			return true
 		}
+		t0 := time.Now()
+		defer func() {
+			o.mu.Lock()
+			o.stats.QueueSeconds += time.Since(t0).Seconds()
+			o.mu.Unlock()
+		}()
 		select {
 		case <-prev:
 			return true

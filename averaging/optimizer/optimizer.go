@@ -111,7 +111,9 @@ type Config struct {
 	RunID string
 	// MaxInflight bounds the background group all-reduces at once
 	// (DefaultMaxInflight); activations beyond it are declined, and the
-	// group drops this peer after ReduceWait.
+	// group is told so at once (averaging.Averager.Decline) and goes on
+	// without this peer. WA-DiLoCo, whose group outer steps run one after
+	// the other, also declines while one of them waits to begin.
 	MaxInflight int
 	// RoundWindow is how far from this peer's round counter an activation
 	// may name a round (2·Tau+2): honest peers are never further apart, since
@@ -210,6 +212,29 @@ type Stats struct {
 	// GroupDropped counts WAGMA group averages whose result came after a
 	// synchronous global average had superseded it, and was dropped.
 	GroupDropped int `json:"group_dropped,omitempty"`
+	// Collectives counts the all-reduces this peer took part in (group and
+	// global), and CollectiveSeconds sums their wall time.
+	Collectives       int     `json:"collectives,omitempty"`
+	CollectiveSeconds float64 `json:"collective_seconds,omitempty"`
+	// QueueSeconds sums the time WA-DiLoCo's outer steps waited for this
+	// peer's previous one to end before they could begin.
+	QueueSeconds float64 `json:"queue_seconds,omitempty"`
+	// MissingMembers, FailedMembers and Errors say why collectives failed:
+	// members whose contribution did not arrive within ReduceWait, members
+	// whose part could not be averaged, and collectives that returned an
+	// error (summed over collectives).
+	MissingMembers int `json:"missing_members,omitempty"`
+	FailedMembers  int `json:"failed_members,omitempty"`
+	Errors         int `json:"errors,omitempty"`
+	// DeclinedBy counts members that declined collectives of this peer
+	// (they were busy): not failures, and not given up on.
+	DeclinedBy int `json:"declined_by,omitempty"`
+	// Disagreed counts members that joined collectives of this peer with
+	// another member list (one side had given up on a peer the other had
+	// not): alive, so not failures; Revived counts the members given up
+	// on that were taken back because of it (MatchRanks).
+	Disagreed int `json:"disagreed,omitempty"`
+	Revived   int `json:"revived,omitempty"`
 }
 
 // Optimizer wraps an optim.Optimizer and averages its parameters with other
@@ -588,8 +613,17 @@ func (o *Optimizer) note(ctx context.Context, members []averaging.Member, res av
 	if ctx.Err() != nil {
 		return // we stopped, not they
 	}
+	o.stats.Collectives++
+	o.stats.CollectiveSeconds += res.Elapsed.Seconds()
 	if err != nil || len(res.Failed) > 0 || len(res.Missing) > 0 {
 		o.stats.Failures++
+	}
+	o.stats.MissingMembers += len(res.Missing)
+	o.stats.DeclinedBy += len(res.Declined)
+	o.stats.Disagreed += len(res.Disagreed)
+	o.stats.FailedMembers += len(res.Failed)
+	if err != nil {
+		o.stats.Errors++
 	}
 	o.stats.Rejected += len(res.Rejected)
 	if o.mm != nil {
@@ -604,11 +638,29 @@ func (o *Optimizer) note(ctx context.Context, members []averaging.Member, res av
 	for _, id := range append(res.Failed, res.Missing...) {
 		bad[id] = true
 	}
+	alive := map[peer.ID]bool{}
+	for _, id := range append(res.Declined, res.Disagreed...) {
+		alive[id] = true
+	}
 	self := o.avg.Transport().ID()
+	for _, id := range res.Disagreed {
+		// A member given up on that still calls us is alive; taking it
+		// back makes our member lists agree again, or the two sides of a
+		// different view of who is dead would fail every collective.
+		if o.dead[id] {
+			delete(o.dead, id)
+			o.stats.Revived++
+		}
+	}
 	for _, m := range members {
 		id := m.Peer.ID
 		switch {
 		case id == self:
+		case alive[id]:
+			// It declined (busy) or joined with another member list
+			// (it gave up on someone we have not, or the other way
+			// round): alive either way.
+			delete(o.misses, id)
 		case !bad[id]:
 			if err == nil {
 				o.seen[id] = true

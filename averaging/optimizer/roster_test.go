@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/nn"
@@ -103,5 +104,68 @@ func TestFixedRosterDropsOnlyMembersThatLeft(t *testing.T) {
 	step(m0, m1)
 	if dead(m0) != 1 || dead(m1) != 1 {
 		t.Fatalf("a member that left: dead %d and %d, want 1", dead(m0), dead(m1))
+	}
+}
+
+// TestBusyMemberDeclinesAtOnce: a member with no in-flight slot left
+// declines a group round it is activated for, and tells the group: the
+// activator's average ends long before ReduceWait, without the member,
+// which is counted as having declined, not as a failure, and is not given
+// up on.
+func TestBusyMemberDeclinesAtOnce(t *testing.T) {
+	const peers, n = 3, 300
+	const wait = 5 * time.Second
+	opts := swarm(t, peers, averaging.Config{Timeout: 2 * wait, ReduceWait: wait, ChunkElems: 64}, func(p int) (optim.Optimizer, Config) {
+		w := vecParam(n, float32(p), uint64(90+p))
+		return noopOpt{[]*nn.Param{w}}, Config{Algo: WAGMA, Tau: 1000, GroupSize: peers, MaxInflight: 1}
+	})
+	for _, o := range opts {
+		o.start.Do(o.startBackground)
+	}
+	busy := opts[2]
+	busy.inflight <- struct{}{} // its only slot is taken
+	defer func() { <-busy.inflight }()
+	start := time.Now()
+	opts[0].startGroup(1, true)
+	waitFor(t, 2*wait, "the activator's group round", func() bool {
+		st := opts[0].Stats()
+		return st.Collectives == 1
+	})
+	if el := time.Since(start); el >= wait {
+		t.Fatalf("the group round took %v: the decline was not heard (ReduceWait %v)", el, wait)
+	}
+	waitFor(t, wait, "the other member's group round", func() bool { return opts[1].Stats().Collectives == 1 })
+	for p := range 2 {
+		st := opts[p].Stats()
+		if st.DeclinedBy != 1 || st.Failures != 0 || st.Dead != 0 {
+			t.Fatalf("peer %d: declined by %d, failures %d, dead %d; want 1, 0, 0", p, st.DeclinedBy, st.Failures, st.Dead)
+		}
+	}
+	if st := busy.Stats(); st.GroupDeclined != 1 || st.GroupPassive != 0 {
+		t.Fatalf("busy peer: %d declined, %d joined; want 1 and 0", st.GroupDeclined, st.GroupPassive)
+	}
+}
+
+// TestDisagreeingMemberIsTakenBack: a member given up on that joins a
+// collective with another member list is alive: it is taken back (so the
+// two member lists agree again) and the collective is not a failure; one
+// that declined is not given up on either.
+func TestDisagreeingMemberIsTakenBack(t *testing.T) {
+	opts := swarm(t, 3, averaging.Config{Timeout: 5 * time.Second}, func(p int) (optim.Optimizer, Config) {
+		return noopOpt{[]*nn.Param{vecParam(10, 0, uint64(p))}}, Config{Algo: WAGMA, GroupSize: 3}
+	})
+	o := opts[0]
+	ms := allMembers(opts)
+	one, two := ms[1].Peer.ID, ms[2].Peer.ID
+	o.mu.Lock()
+	o.dead[one], o.seen[two] = true, true
+	o.mu.Unlock()
+	o.note(context.Background(), []averaging.Member{ms[0], ms[2]}, averaging.Result{Disagreed: []peer.ID{one}, Declined: []peer.ID{two}}, nil)
+	st := o.Stats()
+	if st.Dead != 0 || st.Revived != 1 || st.Disagreed != 1 || st.DeclinedBy != 1 || st.Failures != 0 {
+		t.Fatalf("dead %d, revived %d, disagreed %d, declined by %d, failures %d; want 0, 1, 1, 1, 0", st.Dead, st.Revived, st.Disagreed, st.DeclinedBy, st.Failures)
+	}
+	if got := len(o.alive(o.allRanks())); got != 3 {
+		t.Fatalf("%d members alive, want 3", got)
 	}
 }

@@ -80,10 +80,24 @@ func (o *Optimizer) startGroup(round int, active bool) {
 	if _, ok := o.joined[id]; ok || o.closed || !o.started {
 		return
 	}
-	select {
-	case o.inflight <- struct{}{}:
-	default:
+	busy := o.dl != nil && o.dl.queued > 0
+	if !busy {
+		select {
+		case o.inflight <- struct{}{}:
+		default:
+			busy = true
+		}
+	}
+	if busy {
+		// Too busy: skip the round, and if another member activated it,
+		// tell the group at once, so that it neither waits ReduceWait
+		// for this peer nor takes it for dead.
 		o.stats.GroupDeclined++
+		if !active {
+			o.joined[id] = round
+			ctx, s := o.bgCtx, averaging.Session{ID: id, Members: ms}
+			o.goLocked(func() { _ = o.avg.Decline(ctx, s, o.n) })
+		}
 		return
 	}
 	o.joined[id] = round

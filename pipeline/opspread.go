@@ -10,27 +10,30 @@ type opKind struct {
 }
 
 // opSpread accumulates the compute times of a stage's ops in one
-// iteration, by kind, for their coefficient of variation.
+// iteration, by kind, for their coefficient of variation. A stage has a
+// few kinds (two directions, one or two micro-batch sizes), kept in the
+// order first seen, so that cv sums them in a fixed order.
 type opSpread struct {
-	kinds map[opKind]*opMoments
+	kinds []opMoments
 }
 
 // opMoments are the running count, sum and sum of squares of a kind's
 // compute times.
 type opMoments struct {
+	kind      opKind
 	n         int
 	sum, sum2 float64
 }
 
 func (s *opSpread) add(k opKind, seconds float64) {
-	if s.kinds == nil {
-		s.kinds = map[opKind]*opMoments{}
+	i := 0
+	for i < len(s.kinds) && s.kinds[i].kind != k {
+		i++
 	}
-	m := s.kinds[k]
-	if m == nil {
-		m = &opMoments{}
-		s.kinds[k] = m
+	if i == len(s.kinds) {
+		s.kinds = append(s.kinds, opMoments{kind: k})
 	}
+	m := &s.kinds[i]
 	m.n++
 	m.sum += seconds
 	m.sum2 += seconds * seconds

@@ -458,7 +458,7 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 			res.Declined = append(res.Declined, s.Members[j].Peer.ID)
 		case sess.disagreed[j]:
 			res.Disagreed = append(res.Disagreed, s.Members[j].Peer.ID)
-		case missing[j] || failed[j]:
+		default:
 			if missing[j] {
 				res.Missing = append(res.Missing, s.Members[j].Peer.ID)
 			}

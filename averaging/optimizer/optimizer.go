@@ -639,11 +639,11 @@ func (o *Optimizer) note(ctx context.Context, members []averaging.Member, res av
 		bad[id] = true
 	}
 	alive := map[peer.ID]bool{}
-	for _, id := range append(res.Declined, res.Disagreed...) {
+	for _, id := range res.Declined {
 		alive[id] = true
 	}
-	self := o.avg.Transport().ID()
 	for _, id := range res.Disagreed {
+		alive[id] = true
 		// A member given up on that still calls us is alive; taking it
 		// back makes our member lists agree again, or the two sides of a
 		// different view of who is dead would fail every collective.
@@ -652,6 +652,7 @@ func (o *Optimizer) note(ctx context.Context, members []averaging.Member, res av
 			o.stats.Revived++
 		}
 	}
+	self := o.avg.Transport().ID()
 	for _, m := range members {
 		id := m.Peer.ID
 		switch {

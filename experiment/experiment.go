@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/skyhive/skyhive/chart"
 	"github.com/skyhive/skyhive/checkpoint"
@@ -24,6 +25,10 @@ type Options struct {
 	Quick bool
 	// Seed seeds everything random in the experiment.
 	Seed uint64
+	// Repeats, if more than 1, runs a repeatable experiment's runs this
+	// many times, with seeds Seed, Seed+1, …, and evaluates its targets
+	// over the repetitions (see Experiment.Repeatable).
+	Repeats int
 	// Only, if not empty, restricts an experiment made of several runs to
 	// the runs with these names (each experiment documents its names).
 	Only []string
@@ -44,7 +49,26 @@ func (o Options) Logf(format string, args ...any) {
 type Experiment struct {
 	Name  string
 	Short string
-	Run   func(ctx context.Context, o Options) error
+	// Repeatable experiments take Options.Repeats above 1.
+	Repeatable bool
+	Run        func(ctx context.Context, o Options) error
+}
+
+// Launch checks that e supports o and runs it.
+func (e Experiment) Launch(ctx context.Context, o Options) error {
+	if o.Repeats < 0 {
+		return fmt.Errorf("experiment %s: %d repeats; want 1 or more", e.Name, o.Repeats)
+	}
+	if o.Repeats > 1 && !e.Repeatable {
+		var names []string
+		for _, x := range All() {
+			if x.Repeatable {
+				names = append(names, x.Name)
+			}
+		}
+		return fmt.Errorf("experiment %s runs once per seed: run it again with another seed instead of repeats (repeatable: %s)", e.Name, strings.Join(names, ", "))
+	}
+	return e.Run(ctx, o)
 }
 
 // All lists the experiments. Each lives in its own file in this package.

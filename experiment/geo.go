@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -39,9 +40,10 @@ var geoAlgos = []optimizer.Algo{optimizer.AllReduce, optimizer.Local, optimizer.
 // fraction of time the peers compute.
 func geoDataParallel() Experiment {
 	return Experiment{
-		Name:  geoName,
-		Short: "Fashion-MNIST on peer processes in 3 emulated regions (100 Mbit/s, 100 ms), speeds U[1,4]: allreduce, local, wagma, diloco, wa-diloco; time to target, bytes/sample, utilization (root)",
-		Run:   runGeo,
+		Name:       geoName,
+		Short:      "Fashion-MNIST on peer processes in 3 emulated regions (100 Mbit/s, 100 ms), speeds U[1,4]: allreduce, local, wagma, diloco, wa-diloco; time to target, bytes/sample, utilization (root)",
+		Repeatable: true,
+		Run:        runGeo,
 	}
 }
 
@@ -94,6 +96,12 @@ type geoConfig struct {
 	// first in one run (69 s against 77 and 80) and 2 s after DiLoCo in
 	// the next (63 s against 61 and 74).
 	WAOuterLR, WAOuterMomentum float64
+	// WarmupInnerSteps is both DiLoCo variants' first H, doubled at every
+	// outer step up to theirs (0: no warm-up). 10 (10, 20, …, 160, then
+	// 250) took DiLoCo to 85% in 55, 66 and 68 s against 76, 77 and 78 s
+	// without (seeds 2–4, 2026-11-26), and WA-DiLoCo in 72, 73 and 73 s
+	// against 67, 75 and 81 s.
+	WarmupInnerSteps int
 	// Target is the test accuracy whose time is measured.
 	Target float64
 	// DataDir holds Fashion-MNIST.
@@ -119,7 +127,7 @@ func geoDefaults(quick bool, seed uint64, dataDir string) geoConfig {
 		Duration: 3 * time.Minute, EvalEvery: 3 * time.Second, EvalExamples: 5000,
 		Period:     10,
 		InnerSteps: 250, OuterLR: 0.7, OuterMomentum: 0.9, Codec: "uniform8", WATau: 4, WAInnerSteps: 250, WAGroupSize: 3,
-		WAOuterLR: 1, WAOuterMomentum: 0,
+		WAOuterLR: 1, WAOuterMomentum: 0, WarmupInnerSteps: 10,
 		Target:  0.85,
 		DataDir: dataDir,
 	}
@@ -209,7 +217,7 @@ func (c geoConfig) peerArgs(algo optimizer.Algo, k, n int, statsFile string) []s
 		if algo == optimizer.WADiLoCo {
 			lr, mom = c.WAOuterLR, c.WAOuterMomentum
 		}
-		a = append(a, "--inner-steps", strconv.Itoa(h), "--outer-lr", f(lr), "--outer-momentum", f(mom))
+		a = append(a, "--inner-steps", strconv.Itoa(h), "--warmup-inner-steps", strconv.Itoa(min(c.WarmupInnerSteps, h)), "--outer-lr", f(lr), "--outer-momentum", f(mom))
 	}
 	return a
 }
@@ -265,7 +273,7 @@ func (c geoConfig) configJSON(slow []float64) map[string]any {
 		"matchmaking": geoPerAlgo(geoMatchmaking), "period": c.Period, "wagma_round_interval_seconds": 2,
 		"group_size":  "wagma (dht): 3; wa-diloco (ranks): wa_diloco_group_size",
 		"inner_steps": c.InnerSteps, "outer_lr": c.OuterLR, "outer_momentum": c.OuterMomentum,
-		"wa_diloco_outer_lr": c.WAOuterLR, "wa_diloco_outer_momentum": c.WAOuterMomentum,
+		"warmup_inner_steps": c.WarmupInnerSteps, "wa_diloco_outer_lr": c.WAOuterLR, "wa_diloco_outer_momentum": c.WAOuterMomentum,
 		"wa_diloco_tau": c.WATau, "wa_diloco_inner_steps": c.WAInnerSteps, "wa_diloco_group_size": c.WAGroupSize, "allreduce_timeout": "skyhive peer's default: 20 s with ranks, the round interval with dht",
 		"codecs":          geoPerAlgo(c.codec),
 		"target_accuracy": c.Target,
@@ -635,25 +643,34 @@ func runGeo(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", geoName, err)
 	}
-	slow := c.slowdowns()
-	o.Logf("%s: %d peers in %v (%v apart, %g Mbit/s), slowdowns %s, %v per algorithm, target %.0f%%",
-		geoName, c.peers(), c.Regions, c.InterLatency, c.InterMbps, fmtFactors(slow), c.Duration, 100*c.Target)
-	var runs []geoRun
-	for _, algo := range algos {
-		r, err := geoRunAlgo(ctx, o, c, algo, slow, bin)
-		if err != nil {
-			return err
+	reps := make([]geoRepeat, max(o.Repeats, 1))
+	for i := range reps {
+		c := geoDefaults(o.Quick, o.Seed+uint64(i), o.DataDir)
+		dir := filepath.Join(o.Out, geoName)
+		if len(reps) > 1 {
+			dir = filepath.Join(dir, fmt.Sprintf("seed%d", c.Seed))
+			o.Logf("%s: repetition %d of %d, seed %d", geoName, i+1, len(reps), c.Seed)
 		}
-		runs = append(runs, r)
+		slow := c.slowdowns()
+		o.Logf("%s: %d peers in %v (%v apart, %g Mbit/s), slowdowns %s, %v per algorithm, target %.0f%%",
+			geoName, c.peers(), c.Regions, c.InterLatency, c.InterMbps, fmtFactors(slow), c.Duration, 100*c.Target)
+		reps[i] = geoRepeat{Seed: c.Seed, Slowdowns: slow}
+		for _, algo := range algos {
+			r, err := geoRunAlgo(ctx, o, c, algo, slow, bin, filepath.Join(dir, string(algo)))
+			if err != nil {
+				return err
+			}
+			reps[i].Runs = append(reps[i].Runs, r)
+		}
+		reps[i].Targets = geoTargets(reps[i].Runs, c.Target)
 	}
-	return geoWrite(o, c, slow, runs)
+	return geoWrite(o, c, reps)
 }
 
-// geoRunAlgo runs algo's swarm and summarizes it. A run whose peers
+// geoRunAlgo runs algo's swarm, with its files in dir, and summarizes it. A run whose peers
 // failed is recorded with its error; only a cancelled context or a swarm
 // that cannot start is an error.
-func geoRunAlgo(ctx context.Context, o Options, c geoConfig, algo optimizer.Algo, slow []float64, bin string) (geoRun, error) {
-	dir := filepath.Join(o.Out, geoName, string(algo))
+func geoRunAlgo(ctx context.Context, o Options, c geoConfig, algo optimizer.Algo, slow []float64, bin, dir string) (geoRun, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return geoRun{}, fmt.Errorf("%s: %w", geoName, err)
 	}
@@ -703,29 +720,30 @@ func geoRunAlgo(ctx context.Context, o Options, c geoConfig, algo optimizer.Algo
 	return r, nil
 }
 
-// geoWrite writes the results and the chart and logs the summary.
-func geoWrite(o Options, c geoConfig, slow []float64, runs []geoRun) error {
-	targets := geoTargets(runs, c.Target)
+// geoRepeat is one repetition of the runs: its seed, the slowdowns drawn
+// with it (the same for every algorithm), the runs and their targets.
+type geoRepeat struct {
+	Seed      uint64      `json:"seed"`
+	Slowdowns []float64   `json:"slowdowns"`
+	Runs      []geoRun    `json:"runs"`
+	Targets   []geoTarget `json:"targets"`
+}
+
+// geoWrite writes the results and the chart and logs the summary. One
+// repetition keeps the results' layout of a single run (runs, targets at
+// the top); several list theirs under repeats, with the targets judged
+// over all of them (geoRepeatedTargets) at the top.
+func geoWrite(o Options, c geoConfig, reps []geoRepeat) error {
 	var series []chart.Series
-	for _, r := range runs {
-		s := chart.Series{Name: fmt.Sprintf("%s (%s B/sample, %.0f%% busy)", r.Algo, fmtBytes(r.BytesPerSample), 100*r.Utilization)}
-		// The chart starts once every peer has evaluated (the JSON's
-		// curve starts at the first evaluation).
-		from := 0.0
-		for _, p := range r.Peers {
-			if len(p.Curve) > 0 {
-				from = max(from, p.Curve[0].Seconds)
+	for _, rep := range reps {
+		for _, r := range rep.Runs {
+			name := fmt.Sprintf("%s (%s B/sample, %.0f%% busy)", r.Algo, fmtBytes(r.BytesPerSample), 100*r.Utilization)
+			if len(reps) > 1 {
+				name = fmt.Sprintf("%s, seed %d", r.Algo, rep.Seed)
 			}
-		}
-		for _, e := range r.Curve {
-			if e.Seconds < from {
-				continue
+			if s := geoSeries(name, r); len(s.X) > 0 {
+				series = append(series, s)
 			}
-			s.X = append(s.X, e.Seconds)
-			s.Y = append(s.Y, 100*e.Accuracy)
-		}
-		if len(s.X) > 0 {
-			series = append(series, s)
 		}
 	}
 	if len(series) == 0 {
@@ -736,22 +754,51 @@ func geoWrite(o Options, c geoConfig, slow []float64, runs []geoRun) error {
 			c.peers(), len(c.Regions), c.InterMbps, c.InterLatency, c.MaxSlowdown),
 		XLabel: "wall-clock time since the first step (s)", YLabel: "test accuracy (%)", Series: series,
 	}
-	out := map[string]any{
-		"config": c.configJSON(slow), "definitions": geoDefinitions, "runs": runs, "targets": targets,
-		"results": geoBenchLines(runs),
+	var out map[string]any
+	targets := reps[0].Targets
+	if len(reps) == 1 {
+		out = map[string]any{
+			"config": c.configJSON(reps[0].Slowdowns), "definitions": geoDefinitions, "runs": reps[0].Runs, "targets": targets,
+			"results": geoBenchLines(reps[0].Runs),
+		}
+	} else {
+		targets = geoRepeatedTargets(reps)
+		cfg := c.configJSON(nil)
+		seeds := make([]uint64, len(reps))
+		var lines []bench.Result
+		for i, rep := range reps {
+			seeds[i] = rep.Seed
+			for _, l := range geoBenchLines(rep.Runs) {
+				l.Note = fmt.Sprintf("seed %d", rep.Seed)
+				lines = append(lines, l)
+			}
+		}
+		cfg["seed"], cfg["seeds"], cfg["slowdowns"] = nil, seeds, "drawn per repetition with its seed: see repeats"
+		defs := maps.Clone(geoDefinitions)
+		defs["repeats"] = geoRepeatsDefinition
+		out = map[string]any{"config": cfg, "definitions": defs, "repeats": reps, "targets": targets, "results": lines}
 	}
 	jp, pp, err := WriteResults(o, geoName, out, ch)
 	if err != nil {
 		return err
 	}
-	o.Logf("%s summary (target %.0f%%):", geoName, 100*c.Target)
-	o.Logf("  %-10s %10s %10s %12s %12s %8s %8s", "algo", "to target", "final", "B/sample", "avg B/smpl", "busy", "fails")
-	for _, r := range runs {
-		tt := "never"
-		if r.ReachedTarget {
-			tt = fmt.Sprintf("%.0f s", r.SecondsToTarget)
+	for _, rep := range reps {
+		head := fmt.Sprintf("%s summary (target %.0f%%):", geoName, 100*c.Target)
+		if len(reps) > 1 {
+			head = fmt.Sprintf("%s summary, seed %d (target %.0f%%):", geoName, rep.Seed, 100*c.Target)
 		}
-		o.Logf("  %-10s %10s %9.2f%% %12.0f %12.0f %7.0f%% %8d", r.Algo, tt, 100*r.FinalAccuracy, r.BytesPerSample, r.PayloadBytesPerSample, 100*r.Utilization, r.Failures)
+		o.Logf("%s", head)
+		o.Logf("  %-10s %10s %10s %12s %12s %8s %8s", "algo", "to target", "final", "B/sample", "avg B/smpl", "busy", "fails")
+		for _, r := range rep.Runs {
+			tt := "never"
+			if r.ReachedTarget {
+				tt = fmt.Sprintf("%.0f s", r.SecondsToTarget)
+			}
+			o.Logf("  %-10s %10s %9.2f%% %12.0f %12.0f %7.0f%% %8d", r.Algo, tt, 100*r.FinalAccuracy, r.BytesPerSample, r.PayloadBytesPerSample, 100*r.Utilization, r.Failures)
+		}
+	}
+	if len(reps) > 1 {
+		o.Logf("%s: targets over the %d repetitions:", geoName, len(reps))
 	}
 	for _, t := range targets {
 		verdict := "MISSED"
@@ -765,6 +812,103 @@ func geoWrite(o Options, c geoConfig, slow []float64, runs []geoRun) error {
 	}
 	o.Logf("wrote %s and %s", jp, pp)
 	return nil
+}
+
+// geoSeries is a run's median curve as a chart series, from the time
+// every peer has evaluated (the JSON's curve starts at the first
+// evaluation).
+func geoSeries(name string, r geoRun) chart.Series {
+	s := chart.Series{Name: name}
+	from := 0.0
+	for _, p := range r.Peers {
+		if len(p.Curve) > 0 {
+			from = max(from, p.Curve[0].Seconds)
+		}
+	}
+	for _, e := range r.Curve {
+		if e.Seconds < from {
+			continue
+		}
+		s.X = append(s.X, e.Seconds)
+		s.Y = append(s.Y, 100*e.Accuracy)
+	}
+	return s
+}
+
+// geoRepeatsDefinition says how repeated runs are judged.
+const geoRepeatsDefinition = "with --repeats N the runs are made N times, with seeds seed, seed+1, ... (each draws its own slowdowns, the same for every algorithm of that repetition); each repetition has its own runs and targets; the top-level targets judge all of them: bytes and utilization must be met in every repetition; the time target compares each algorithm's median over the repetitions of its time to target (a run that never reached the target counts as slower than any that did)"
+
+// geoRepeatedTargets judges the targets over several repetitions (see
+// geoRepeatsDefinition). A target is evaluated only if every repetition
+// evaluated it.
+func geoRepeatedTargets(reps []geoRepeat) []geoTarget {
+	var out []geoTarget
+	for ti, first := range reps[0].Targets {
+		t := geoTarget{Name: first.Name, Claim: first.Claim, Evaluated: true, Met: true, Values: map[string]float64{}}
+		met := 0
+		var notes []string
+		for _, rep := range reps {
+			rt := rep.Targets[ti]
+			t.Evaluated = t.Evaluated && rt.Evaluated
+			t.Met = t.Met && rt.Met
+			if rt.Met {
+				met++
+			}
+			for k, v := range rt.Values {
+				t.Values[fmt.Sprintf("%s_seed%d", k, rep.Seed)] = v
+			}
+			if rt.Note != "" {
+				notes = append(notes, fmt.Sprintf("seed %d: %s", rep.Seed, rt.Note))
+			}
+		}
+		if first.Name == "wa-diloco-time" && t.Evaluated {
+			t.Claim += ", in the median over the repetitions"
+			med := map[optimizer.Algo]float64{}
+			for _, a := range []optimizer.Algo{optimizer.WADiLoCo, optimizer.DiLoCo, optimizer.WAGMA} {
+				var times []float64
+				for _, rep := range reps {
+					times = append(times, geoSecondsOf(rep.Runs, a))
+				}
+				med[a] = geoMedianInf(times)
+				if !math.IsInf(med[a], 1) {
+					t.Values[string(a)+"_median_seconds"] = med[a]
+				}
+			}
+			wa := med[optimizer.WADiLoCo]
+			t.Met = !math.IsInf(wa, 1) && wa < med[optimizer.DiLoCo] && wa < med[optimizer.WAGMA]
+		}
+		if !t.Evaluated {
+			t.Met = false
+		} else {
+			notes = append([]string{fmt.Sprintf("met in %d of %d repetitions", met, len(reps))}, notes...)
+		}
+		t.Note = strings.Join(notes, "; ")
+		out = append(out, t)
+	}
+	return out
+}
+
+// geoSecondsOf is algo's time to target among runs: +Inf if it never
+// reached the target or did not run.
+func geoSecondsOf(runs []geoRun, algo optimizer.Algo) float64 {
+	for _, r := range runs {
+		if r.Algo == string(algo) && r.ReachedTarget {
+			return r.SecondsToTarget
+		}
+	}
+	return math.Inf(1)
+}
+
+// geoMedianInf is the median of xs, which may hold +Inf: the middle value,
+// or the mean of the two middle ones (+Inf if either is).
+func geoMedianInf(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // fmtBytes prints a byte count with a unit prefix.

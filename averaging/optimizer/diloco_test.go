@@ -170,9 +170,47 @@ func TestDiLoCoH1EqualsAllReduceSGD(t *testing.T) {
 // step; the reference simulates the replicas in one process and writes
 // the outer step from its formula.
 func TestDiLoCoNesterovMatchesReference(t *testing.T) {
-	const peers, per, h, outerSteps = 3, 8, 3, 3
-	const steps = h * outerSteps
+	testDiLoCoMatchesReference(t, Config{Algo: DiLoCo, InnerSteps: 3}, []int{3, 3, 3})
+}
+
+// TestDiLoCoWarmupMatchesReference: with a warm-up the outer steps come
+// after 1, 2, 4, then H = 5 inner steps, and the peers still compute the
+// reference's outer steps; the schedule itself doubles from the warm-up's
+// H up to H.
+func TestDiLoCoWarmupMatchesReference(t *testing.T) {
+	testDiLoCoMatchesReference(t, Config{Algo: DiLoCo, InnerSteps: 5, WarmupInnerSteps: 1}, []int{1, 2, 4, 5, 5})
+	for _, c := range []struct {
+		h, h0 int
+		want  []int
+	}{
+		{20, 3, []int{3, 6, 12, 20, 20}},
+		{20, 0, []int{20, 20}},
+		{20, 20, []int{20, 20}},
+		{250, 10, []int{10, 20, 40, 80, 160, 250, 250}},
+	} {
+		d := &outer{h: c.h, h0: c.h0}
+		for k, want := range c.want {
+			if got := d.innerSteps(k); got != want {
+				t.Errorf("H %d, warm-up %d: outer step %d after %d inner steps, want %d", c.h, c.h0, k, got, want)
+			}
+		}
+		if got := d.innerSteps(1 << 40); got != c.h {
+			t.Errorf("H %d, warm-up %d: late outer step after %d inner steps", c.h, c.h0, got)
+		}
+	}
+}
+
+// testDiLoCoMatchesReference trains 3 DiLoCo peers with cfg (default
+// outer η 0.7 and μ 0.9, SGD with momentum inside) against a one-process
+// reference whose k-th outer step follows schedule[k] inner steps.
+func testDiLoCoMatchesReference(t *testing.T, cfg Config, schedule []int) {
+	t.Helper()
+	const peers, per = 3, 8
 	const eta, mu = 0.7, 0.9
+	steps := 0
+	for _, h := range schedule {
+		steps += h
+	}
 	task := newBlobTask(t, peers, per, steps)
 	sgd := optim.SGDConfig{LR: 0.05, Momentum: 0.9}
 
@@ -188,12 +226,13 @@ func TestDiLoCoNesterovMatchesReference(t *testing.T) {
 	nn.FlatValues(reps[0].Params(), start)
 	v := make([]float32, n)
 	theta := make([]float32, n)
-	for k := range outerSteps {
+	done := 0
+	for _, h := range schedule {
 		mean := make([]float64, n)
 		for p := range peers {
 			for i := range h {
 				repOpts[p].ZeroGrad()
-				task.grad(reps[p], task.batch(k*h+i, p))
+				task.grad(reps[p], task.batch(done+i, p))
 				repOpts[p].Step()
 			}
 			nn.FlatValues(reps[p].Params(), theta)
@@ -201,6 +240,7 @@ func TestDiLoCoNesterovMatchesReference(t *testing.T) {
 				mean[j] += float64(start[j]-theta[j]) / peers
 			}
 		}
+		done += h
 		for j := range n {
 			g := float32(mean[j])
 			v[j] = mu*v[j] + g
@@ -215,7 +255,7 @@ func TestDiLoCoNesterovMatchesReference(t *testing.T) {
 	opts := swarm(t, peers, averaging.Config{Timeout: 10 * time.Second, ChunkElems: 100}, func(p int) (optim.Optimizer, Config) {
 		models[p] = task.build()
 		// OuterLR and OuterMomentum are the defaults (0.7, 0.9).
-		return optim.NewSGD(models[p].Params(), sgd), Config{Algo: DiLoCo, InnerSteps: h}
+		return optim.NewSGD(models[p].Params(), sgd), cfg
 	})
 	got := train(t, opts, steps, func(p, s int) { task.grad(models[p], task.batch(s, p)) })
 	for p, o := range opts {
@@ -225,9 +265,25 @@ func TestDiLoCoNesterovMatchesReference(t *testing.T) {
 		if d := maxDiff(o.dl.mom, v); d > 1e-5 {
 			t.Errorf("peer %d: outer momentum differs from the reference by %v", p, d)
 		}
-		if st := o.Stats(); st.OuterSteps != outerSteps || st.Round != outerSteps || st.Steps != steps {
+		if st := o.Stats(); st.OuterSteps != len(schedule) || st.Round != len(schedule) || st.Steps != steps || st.Refused != 0 {
 			t.Errorf("peer %d: %+v", p, st)
 		}
+	}
+}
+
+// TestWADiLoCoWarmupIsDiLoCo: WA-DiLoCo's warm-up outer steps are
+// DiLoCo's, synchronous with every peer and unannounced (an announcement
+// of round 1 or 2 with τ = 3 would be refused, and one of a multiple of τ
+// would start a background step of the same session): after 1 and 2 inner
+// steps the peers equal the reference, before any group forms.
+func TestWADiLoCoWarmupIsDiLoCo(t *testing.T) {
+	testDiLoCoMatchesReference(t, Config{Algo: WADiLoCo, InnerSteps: 4, WarmupInnerSteps: 1, Tau: 3, GroupSize: 3}, []int{1, 2})
+	d := &outer{h: 4, h0: 1}
+	if !d.warming(0) || !d.warming(1) || d.warming(2) || d.warming(100) {
+		t.Errorf("warm-up rounds of H 4 from 1: %v %v %v %v", d.warming(0), d.warming(1), d.warming(2), d.warming(100))
+	}
+	if (&outer{h: 4}).warming(0) {
+		t.Error("no warm-up, yet warming")
 	}
 }
 
@@ -607,6 +663,8 @@ func TestDiLoCoRefusesBadConfig(t *testing.T) {
 		{Config{Algo: DiLoCo, OuterMomentum: 1}, "outer momentum"},
 		{Config{Algo: DiLoCo, OuterMomentum: -0.5}, "outer momentum"},
 		{Config{Algo: WADiLoCo, OuterMomentum: math.NaN()}, "outer momentum"},
+		{Config{Algo: DiLoCo, InnerSteps: 10, WarmupInnerSteps: -1}, "warm-up"},
+		{Config{Algo: WADiLoCo, InnerSteps: 10, WarmupInnerSteps: 11}, "warm-up"},
 	} {
 		o, err := mk(c.cfg)
 		if err == nil {

@@ -155,6 +155,14 @@ type Config struct {
 	// outer steps (0: DefaultInnerSteps; negative is refused). DiLoCo and
 	// WA-DiLoCo only, as are the two fields below.
 	InnerSteps int
+	// WarmupInnerSteps, if positive, is the H of the first outer step,
+	// doubled at every outer step until it reaches InnerSteps. Replicas
+	// that start from the same weights drift apart fastest in their first
+	// steps, so an outer step after a whole H averages models that have
+	// little in common; short first outer steps keep them together while
+	// they do. 0: every outer step after InnerSteps; negative or above
+	// InnerSteps is refused.
+	WarmupInnerSteps int
 	// OuterLR is the outer learning rate η (0: DefaultOuterLR; negative,
 	// NaN or infinite is refused).
 	OuterLR float64

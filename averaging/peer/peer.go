@@ -59,12 +59,13 @@ type Config struct {
 	Tau           int
 	Period        int
 	RoundInterval time.Duration
-	// InnerSteps, OuterLR and OuterMomentum configure DiLoCo and
-	// WA-DiLoCo's outer optimization (see optimizer.Config; 0 takes
-	// optimizer's defaults).
-	InnerSteps    int
-	OuterLR       float64
-	OuterMomentum float64
+	// InnerSteps, WarmupInnerSteps, OuterLR and OuterMomentum configure
+	// DiLoCo and WA-DiLoCo's outer optimization (see optimizer.Config; 0
+	// takes optimizer's defaults).
+	InnerSteps       int
+	WarmupInnerSteps int
+	OuterLR          float64
+	OuterMomentum    float64
 	// Codec compresses averaging traffic; Timeout bounds one all-reduce
 	// (RoundInterval with DHT matchmaking, else 20 s).
 	Codec   wire.Codec
@@ -428,7 +429,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		Algo: cfg.Algo, GroupSize: cfg.GroupSize, Tau: cfg.Tau, Period: cfg.Period,
 		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: node, RoundInterval: cfg.RoundInterval,
 		Model: sig, TargetBatchSize: cfg.TargetBatchSize,
-		InnerSteps: cfg.InnerSteps, OuterLR: cfg.OuterLR, OuterMomentum: cfg.OuterMomentum,
+		InnerSteps: cfg.InnerSteps, WarmupInnerSteps: cfg.WarmupInnerSteps, OuterLR: cfg.OuterLR, OuterMomentum: cfg.OuterMomentum,
 		Metrics: cfg.Metrics,
 	}
 	mm := averaging.NewMatchmaker(node, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})

@@ -179,7 +179,7 @@ func newPeerCmd() *cobra.Command {
 	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
 	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
 	fl.DurationVar(&c.RoundInterval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
-	registerOuterFlags(fl, &c.InnerSteps, &c.OuterLR, &c.OuterMomentum)
+	registerOuterFlags(fl, &c.InnerSteps, &c.WarmupInnerSteps, &c.OuterLR, &c.OuterMomentum)
 	fl.StringVar(&f.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.StringVar(&f.aggr, "aggregation", "mean", "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
 	fl.Float64Var(&c.MaxNormRatio, "max-norm-ratio", averaging.DefaultMaxNormRatio, "drop a contribution whose norm is over this multiple of the group's median (negative: keep every finite one)")
@@ -230,8 +230,8 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 	if c.Algo, err = optimizer.ParseAlgo(f.algo); err != nil {
 		return fmt.Errorf("--algo: %w", err)
 	}
-	if c.InnerSteps < 1 || !(c.OuterLR > 0) || math.IsInf(c.OuterLR, 0) {
-		return fmt.Errorf("--inner-steps must be at least 1 and --outer-lr positive (got %d and %v)", c.InnerSteps, c.OuterLR)
+	if err := checkOuterFlags(c.InnerSteps, c.WarmupInnerSteps, c.OuterLR); err != nil {
+		return err
 	}
 	if c.OuterMomentum == 0 {
 		c.OuterMomentum = optimizer.NoMomentum // the flag's 0 is no momentum; the optimizer's 0 is its default
@@ -405,14 +405,14 @@ type averagingFlags struct {
 	match    string
 	interval time.Duration
 	// DiLoCo's outer optimization, passed on to the peers.
-	innerSteps             int
-	outerLR, outerMomentum float64
-	runID                  string
-	dir                    string
-	small                  bool // retired --small
-	data                   dataFlags
-	lm                     averagingLMFlags
-	out                    outputFlags
+	innerSteps, warmupInnerSteps int
+	outerLR, outerMomentum       float64
+	runID                        string
+	dir                          string
+	small                        bool // retired --small
+	data                         dataFlags
+	lm                           averagingLMFlags
+	out                          outputFlags
 
 	metrics metricsFlags
 }
@@ -435,7 +435,7 @@ func (a *averagingFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&a.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.StringVar(&a.match, "matchmaking", "", "dht (default for wagma) or ranks (default for allreduce and local)")
 	fl.DurationVar(&a.interval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
-	registerOuterFlags(fl, &a.innerSteps, &a.outerLR, &a.outerMomentum)
+	registerOuterFlags(fl, &a.innerSteps, &a.warmupInnerSteps, &a.outerLR, &a.outerMomentum)
 	fl.StringVar(&a.runID, "run-id", "skyhive", "run name in DHT keys")
 	fl.StringVar(&a.dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
 	a.data.register(fl)
@@ -477,6 +477,9 @@ func newTrainAveragingCmd() *cobra.Command {
 func (a *averagingFlags) run(cmd *cobra.Command) error {
 	if _, err := optimizer.ParseAlgo(a.algo); err != nil {
 		return fmt.Errorf("--algo: %w", err)
+	}
+	if err := checkOuterFlags(a.innerSteps, a.warmupInnerSteps, a.outerLR); err != nil {
+		return err
 	}
 	switch {
 	case a.peers < 1 || a.peers > 64:
@@ -532,7 +535,7 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 	}
 	args = append(args, "--codec", a.codec, "--round-interval", a.interval.String(), "--run-id", a.runID,
 		"--group-size", strconv.Itoa(a.group), "--tau", strconv.Itoa(a.tau), "--period", strconv.Itoa(a.period),
-		"--inner-steps", strconv.Itoa(a.innerSteps), "--outer-lr", strconv.FormatFloat(a.outerLR, 'g', -1, 64),
+		"--inner-steps", strconv.Itoa(a.innerSteps), "--warmup-inner-steps", strconv.Itoa(a.warmupInnerSteps), "--outer-lr", strconv.FormatFloat(a.outerLR, 'g', -1, 64),
 		"--outer-momentum", strconv.FormatFloat(a.outerMomentum, 'g', -1, 64),
 		"--stats-every", "5s")
 	if duration > 0 {
@@ -631,10 +634,23 @@ func newDemoAveragingCmd() *cobra.Command {
 	return cmd
 }
 
+// checkOuterFlags checks the values of registerOuterFlags' flags that the
+// optimizer would refuse.
+func checkOuterFlags(innerSteps, warmupInnerSteps int, outerLR float64) error {
+	if innerSteps < 1 || !(outerLR > 0) || math.IsInf(outerLR, 0) {
+		return fmt.Errorf("--inner-steps must be at least 1 and --outer-lr positive (got %d and %v)", innerSteps, outerLR)
+	}
+	if warmupInnerSteps < 0 || warmupInnerSteps > innerSteps {
+		return fmt.Errorf("--warmup-inner-steps must be 0 (no warm-up) to --inner-steps (%d), got %d", innerSteps, warmupInnerSteps)
+	}
+	return nil
+}
+
 // registerOuterFlags registers DiLoCo's outer optimization flags, the
 // same in skyhive peer and in the commands that launch peers.
-func registerOuterFlags(fl *pflag.FlagSet, innerSteps *int, outerLR, outerMomentum *float64) {
+func registerOuterFlags(fl *pflag.FlagSet, innerSteps, warmupInnerSteps *int, outerLR, outerMomentum *float64) {
 	fl.IntVar(innerSteps, "inner-steps", optimizer.DefaultInnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
+	fl.IntVar(warmupInnerSteps, "warmup-inner-steps", 0, "diloco and wa-diloco: H of the first outer step, doubled at every outer step up to --inner-steps (0: no warm-up)")
 	fl.Float64Var(outerLR, "outer-lr", optimizer.DefaultOuterLR, "diloco and wa-diloco: outer learning rate")
 	fl.Float64Var(outerMomentum, "outer-momentum", optimizer.DefaultOuterMomentum, fmt.Sprintf("diloco and wa-diloco: outer Nesterov momentum in [0, 1) (0 or %d: none)", optimizer.NoMomentum))
 }

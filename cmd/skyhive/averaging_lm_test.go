@@ -64,6 +64,9 @@ func TestAveragingLanguageModelBadFlags(t *testing.T) {
 		{[]string{"peer", "--dht", dht, "--seq", "32"}, "--seq is for language models"},
 		{[]string{"peer", "--dht", dht, "--model", "gpt-mini", "--data", "images"}, "unknown data"},
 		{[]string{"peer", "--dht", dht, "--model", "gpt-mini", "--data", "text:/nonexistent/corpus.txt"}, "/nonexistent/corpus.txt"},
+		{[]string{"peer", "--dht", dht, "--algo", "diloco", "--inner-steps", "100", "--warmup-inner-steps", "500"}, "--warmup-inner-steps must be 0 (no warm-up) to --inner-steps (100)"},
+		{[]string{"train", "averaging", "--algo", "wa-diloco", "--warmup-inner-steps", "-1"}, "--warmup-inner-steps must be 0"},
+		{[]string{"train", "averaging", "--algo", "diloco", "--inner-steps", "0"}, "--inner-steps must be at least 1"},
 	}
 	for _, c := range cases {
 		var out syncBuffer

@@ -472,6 +472,10 @@ func geoTimeToTarget(curve []geoEval, target float64) (float64, bool) {
 	return 0, false
 }
 
+// geoTimeTarget names the target on the time to the target accuracy,
+// which repetitions judge on medians (geoRepeatedTargets).
+const geoTimeTarget = "wa-diloco-time"
+
 // geoTarget is one of the issue's targets and whether the runs met it.
 type geoTarget struct {
 	Name  string `json:"name"`
@@ -531,7 +535,7 @@ func geoTargets(runs []geoRun, target float64) []geoTarget {
 	}
 	out = append(out, bytesT)
 
-	timeT := geoTarget{Name: "wa-diloco-time", Claim: fmt.Sprintf("WA-DiLoCo reaches %.0f%% test accuracy (median peer) faster than both DiLoCo and WAGMA under heterogeneity", 100*target)}
+	timeT := geoTarget{Name: geoTimeTarget, Claim: fmt.Sprintf("WA-DiLoCo reaches %.0f%% test accuracy (median peer) faster than both DiLoCo and WAGMA under heterogeneity", 100*target)}
 	if need(&timeT, optimizer.WADiLoCo, optimizer.DiLoCo, optimizer.WAGMA) {
 		wa, dl, wg := by[string(optimizer.WADiLoCo)], by[string(optimizer.DiLoCo)], by[string(optimizer.WAGMA)]
 		timeT.Values = map[string]float64{}
@@ -667,9 +671,9 @@ func runGeo(ctx context.Context, o Options) error {
 	return geoWrite(o, c, reps)
 }
 
-// geoRunAlgo runs algo's swarm, with its files in dir, and summarizes it. A run whose peers
-// failed is recorded with its error; only a cancelled context or a swarm
-// that cannot start is an error.
+// geoRunAlgo runs algo's swarm, with its files in dir, and summarizes
+// it. A run whose peers failed is recorded with its error; only a
+// cancelled context or a swarm that cannot start is an error.
 func geoRunAlgo(ctx context.Context, o Options, c geoConfig, algo optimizer.Algo, slow []float64, bin, dir string) (geoRun, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return geoRun{}, fmt.Errorf("%s: %w", geoName, err)
@@ -861,7 +865,7 @@ func geoRepeatedTargets(reps []geoRepeat) []geoTarget {
 				notes = append(notes, fmt.Sprintf("seed %d: %s", rep.Seed, rt.Note))
 			}
 		}
-		if first.Name == "wa-diloco-time" && t.Evaluated {
+		if first.Name == geoTimeTarget && t.Evaluated {
 			t.Claim += ", in the median over the repetitions"
 			med := map[optimizer.Algo]float64{}
 			for _, a := range []optimizer.Algo{optimizer.WADiLoCo, optimizer.DiLoCo, optimizer.WAGMA} {
@@ -869,7 +873,7 @@ func geoRepeatedTargets(reps []geoRepeat) []geoTarget {
 				for _, rep := range reps {
 					times = append(times, geoSecondsOf(rep.Runs, a))
 				}
-				med[a] = geoMedianInf(times)
+				med[a] = stats.Median(times)
 				if !math.IsInf(med[a], 1) {
 					t.Values[string(a)+"_median_seconds"] = med[a]
 				}
@@ -897,18 +901,6 @@ func geoSecondsOf(runs []geoRun, algo optimizer.Algo) float64 {
 		}
 	}
 	return math.Inf(1)
-}
-
-// geoMedianInf is the median of xs, which may hold +Inf: the middle value,
-// or the mean of the two middle ones (+Inf if either is).
-func geoMedianInf(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // fmtBytes prints a byte count with a unit prefix.

@@ -18,7 +18,7 @@ type Number interface {
 
 // Summarize returns the median, minimum and maximum of xs (zero for an
 // empty xs). The median of an even count is the mean of the two middle
-// values. xs is not modified.
+// values (+Inf when either is +Inf). xs is not modified.
 func Summarize[T Number](xs []T) Summary[T] {
 	if len(xs) == 0 {
 		return Summary[T]{}
@@ -27,7 +27,9 @@ func Summarize[T Number](xs []T) Summary[T] {
 	slices.Sort(s)
 	n := len(s)
 	med := s[n/2]
-	if n%2 == 0 {
+	if n%2 == 0 && s[n/2-1] != s[n/2] {
+		// Equal middle values are the median as they are (two +Inf
+		// would give NaN below).
 		med = s[n/2-1] + (s[n/2]-s[n/2-1])/2
 	}
 	return Summary[T]{Median: med, Min: s[0], Max: s[n-1]}

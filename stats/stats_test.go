@@ -1,6 +1,7 @@
 package stats
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -18,6 +19,14 @@ func TestSummarize(t *testing.T) {
 	}
 	if s := Summarize[int](nil); s != (Summary[int]{}) {
 		t.Fatalf("empty: %+v", s)
+	}
+	// +Inf in the middle: the median is +Inf, not NaN (a time never
+	// reached counts as slower than any).
+	inf := math.Inf(1)
+	for _, xs := range [][]float64{{1, inf}, {inf, inf}, {1, inf, inf, inf}} {
+		if m := Median(xs); !math.IsInf(m, 1) {
+			t.Fatalf("median of %v: %v", xs, m)
+		}
 	}
 	// The middle of two large values does not overflow.
 	if m := Median([]int64{1<<62 + 2, 1<<62 + 4}); m != 1<<62+3 {

@@ -10,13 +10,13 @@ import (
 // repeats and names the ones that take them; a negative count is refused
 // by any. Both before anything runs.
 func TestLaunchRefusesRepeats(t *testing.T) {
-	sky, ok := Find("sky-computing")
-	if !ok || sky.Repeatable {
-		t.Fatalf("sky-computing: found %v, repeatable %v", ok, sky.Repeatable)
+	moe, ok := Find("moe-convergence")
+	if !ok || moe.Repeatable {
+		t.Fatalf("moe-convergence: found %v, repeatable %v", ok, moe.Repeatable)
 	}
-	err := sky.Launch(context.Background(), Options{Out: t.TempDir(), Repeats: 2})
-	if err == nil || !strings.Contains(err.Error(), "another seed") || !strings.Contains(err.Error(), geoName) {
-		t.Errorf("repeats on sky-computing: %v", err)
+	err := moe.Launch(context.Background(), Options{Out: t.TempDir(), Repeats: 2})
+	if err == nil || !strings.Contains(err.Error(), "another seed") || !strings.Contains(err.Error(), geoName) || !strings.Contains(err.Error(), "sky-computing") {
+		t.Errorf("repeats on moe-convergence: %v", err)
 	}
 	geo, _ := Find(geoName)
 	if err := geo.Launch(context.Background(), Options{Out: t.TempDir(), Repeats: -1}); err == nil || !strings.Contains(err.Error(), "-1 repeats") {

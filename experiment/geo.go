@@ -476,24 +476,13 @@ func geoTimeToTarget(curve []geoEval, target float64) (float64, bool) {
 // which repetitions judge on medians (geoRepeatedTargets).
 const geoTimeTarget = "wa-diloco-time"
 
-// geoTarget is one of the issue's targets and whether the runs met it.
-type geoTarget struct {
-	Name  string `json:"name"`
-	Claim string `json:"claim"`
-	// Evaluated is false when a run the target compares was not made.
-	Evaluated bool               `json:"evaluated"`
-	Met       bool               `json:"met"`
-	Values    map[string]float64 `json:"values,omitempty"`
-	Note      string             `json:"note,omitempty"`
-}
-
 // geoTargets evaluates the issue's three targets on the runs.
-func geoTargets(runs []geoRun, target float64) []geoTarget {
+func geoTargets(runs []geoRun, target float64) []targetResult {
 	by := map[string]*geoRun{}
 	for i := range runs {
 		by[runs[i].Algo] = &runs[i]
 	}
-	need := func(t *geoTarget, algos ...optimizer.Algo) bool {
+	need := func(t *targetResult, algos ...optimizer.Algo) bool {
 		var missing []string
 		for _, a := range algos {
 			if by[string(a)] == nil {
@@ -516,9 +505,9 @@ func geoTargets(runs []geoRun, target float64) []geoTarget {
 		}
 		return true
 	}
-	var out []geoTarget
+	var out []targetResult
 
-	bytesT := geoTarget{Name: "diloco-bytes", Claim: "DiLoCo sends at least 100x fewer bytes per sample than all-reduce SGD"}
+	bytesT := targetResult{Name: "diloco-bytes", Claim: "DiLoCo sends at least 100x fewer bytes per sample than all-reduce SGD"}
 	if need(&bytesT, optimizer.AllReduce, optimizer.DiLoCo) {
 		ar, dl := by[string(optimizer.AllReduce)], by[string(optimizer.DiLoCo)]
 		bytesT.Values = map[string]float64{
@@ -535,7 +524,7 @@ func geoTargets(runs []geoRun, target float64) []geoTarget {
 	}
 	out = append(out, bytesT)
 
-	timeT := geoTarget{Name: geoTimeTarget, Claim: fmt.Sprintf("WA-DiLoCo reaches %.0f%% test accuracy (median peer) faster than both DiLoCo and WAGMA under heterogeneity", 100*target)}
+	timeT := targetResult{Name: geoTimeTarget, Claim: fmt.Sprintf("WA-DiLoCo reaches %.0f%% test accuracy (median peer) faster than both DiLoCo and WAGMA under heterogeneity", 100*target)}
 	if need(&timeT, optimizer.WADiLoCo, optimizer.DiLoCo, optimizer.WAGMA) {
 		wa, dl, wg := by[string(optimizer.WADiLoCo)], by[string(optimizer.DiLoCo)], by[string(optimizer.WAGMA)]
 		timeT.Values = map[string]float64{}
@@ -558,7 +547,7 @@ func geoTargets(runs []geoRun, target float64) []geoTarget {
 	}
 	out = append(out, timeT)
 
-	utilT := geoTarget{Name: "wa-diloco-utilization", Claim: "WA-DiLoCo's compute utilization is at least 90%"}
+	utilT := targetResult{Name: "wa-diloco-utilization", Claim: "WA-DiLoCo's compute utilization is at least 90%"}
 	if need(&utilT, optimizer.WADiLoCo) {
 		wa := by[string(optimizer.WADiLoCo)]
 		utilT.Values = map[string]float64{"utilization": wa.Utilization, "min_utilization": wa.MinUtilization}
@@ -727,10 +716,10 @@ func geoRunAlgo(ctx context.Context, o Options, c geoConfig, algo optimizer.Algo
 // geoRepeat is one repetition of the runs: its seed, the slowdowns drawn
 // with it (the same for every algorithm), the runs and their targets.
 type geoRepeat struct {
-	Seed      uint64      `json:"seed"`
-	Slowdowns []float64   `json:"slowdowns"`
-	Runs      []geoRun    `json:"runs"`
-	Targets   []geoTarget `json:"targets"`
+	Seed      uint64         `json:"seed"`
+	Slowdowns []float64      `json:"slowdowns"`
+	Runs      []geoRun       `json:"runs"`
+	Targets   []targetResult `json:"targets"`
 }
 
 // geoWrite writes the results and the chart and logs the summary. One
@@ -804,16 +793,7 @@ func geoWrite(o Options, c geoConfig, reps []geoRepeat) error {
 	if len(reps) > 1 {
 		o.Logf("%s: targets over the %d repetitions:", geoName, len(reps))
 	}
-	for _, t := range targets {
-		verdict := "MISSED"
-		switch {
-		case !t.Evaluated:
-			verdict = "not evaluated"
-		case t.Met:
-			verdict = "met"
-		}
-		o.Logf("  target %s: %s — %s %s %s", t.Name, verdict, t.Claim, fmtValues(t.Values), t.Note)
-	}
+	logTargets(o, targets)
 	o.Logf("wrote %s and %s", jp, pp)
 	return nil
 }
@@ -845,10 +825,10 @@ const geoRepeatsDefinition = "with --repeats N the runs are made N times, with s
 // geoRepeatedTargets judges the targets over several repetitions (see
 // geoRepeatsDefinition). A target is evaluated only if every repetition
 // evaluated it.
-func geoRepeatedTargets(reps []geoRepeat) []geoTarget {
-	var out []geoTarget
+func geoRepeatedTargets(reps []geoRepeat) []targetResult {
+	var out []targetResult
 	for ti, first := range reps[0].Targets {
-		t := geoTarget{Name: first.Name, Claim: first.Claim, Evaluated: true, Met: true, Values: map[string]float64{}}
+		t := targetResult{Name: first.Name, Claim: first.Claim, Evaluated: true, Met: true, Values: map[string]float64{}}
 		met := 0
 		var notes []string
 		for _, rep := range reps {
@@ -914,21 +894,4 @@ func fmtBytes(b float64) string {
 		return fmt.Sprintf("%.1fk", b/1e3)
 	}
 	return fmt.Sprintf("%.0f", b)
-}
-
-// fmtValues prints a target's values in a stable order.
-func fmtValues(v map[string]float64) string {
-	if len(v) == 0 {
-		return ""
-	}
-	keys := make([]string, 0, len(v))
-	for k := range v {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s=%.4g", k, v[k])
-	}
-	return "(" + strings.Join(parts, ", ") + ")"
 }

@@ -276,8 +276,8 @@ func TestGeoTargets(t *testing.T) {
 		return geoRun{Algo: string(algo), BytesPerSample: perSample, PayloadBytesPerSample: perSample / 2,
 			SecondsToTarget: at, ReachedTarget: at > 0, Utilization: util, MinUtilization: util - 0.05, WithResult: 6}
 	}
-	byName := func(ts []geoTarget) map[string]geoTarget {
-		m := map[string]geoTarget{}
+	byName := func(ts []targetResult) map[string]targetResult {
+		m := map[string]targetResult{}
 		for _, tg := range ts {
 			m[tg.Name] = tg
 		}
@@ -431,8 +431,8 @@ func TestGeoRepeatedTargets(t *testing.T) {
 		runs[0].BytesPerSample, runs[0].PayloadBytesPerSample = 25000, 12000
 		return geoRepeat{Seed: seed, Runs: runs, Targets: geoTargets(runs, 0.85)}
 	}
-	byName := func(ts []geoTarget) map[string]geoTarget {
-		m := map[string]geoTarget{}
+	byName := func(ts []targetResult) map[string]targetResult {
+		m := map[string]targetResult{}
 		for _, tg := range ts {
 			m[tg.Name] = tg
 		}

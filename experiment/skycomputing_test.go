@@ -130,6 +130,9 @@ func TestSkyComputingTiny(t *testing.T) {
 		}
 	}
 	check("2x4", got.Points[0].Results, true)
+	if len(got.Targets) != 2 || !got.Targets[0].Evaluated || !got.Targets[1].Evaluated || got.Targets[1].Values["cells"] != float64(len(skyStrategies)) {
+		t.Errorf("targets %+v", got.Targets)
+	}
 	ex := got.Extrapolation
 	if ex == nil || ex.Model != "bert-large:12" || ex.Workers != 8 || len(ex.Slowdowns) != 8 || !(ex.Speed > 0) {
 		t.Fatalf("extrapolation %+v", ex)

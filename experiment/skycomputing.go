@@ -739,11 +739,16 @@ func skyExtrapolate(ctx context.Context, o Options, cfg skyConfig, ref float64, 
 // and prints the table.
 func skyWrite(o Options, cfg skyConfig, res *skyResults) error {
 	c := skySpeedupChart(res)
+	of := ""
+	if n := len(res.Repeats); n > 1 {
+		of = fmt.Sprintf(", medians over %d repetitions", n)
+		c.Title += of
+	}
 	jp, pp, err := WriteResults(o, "sky-computing", res, c)
 	if err != nil {
 		return err
 	}
-	bars := chart.Bars{Title: fmt.Sprintf("BERT stack (hidden %d), slowdowns U[1,%g]: iteration time (bars measured, rings predicted)", cfg.Hidden, cfg.MaxSlowdown),
+	bars := chart.Bars{Title: fmt.Sprintf("BERT stack (hidden %d), slowdowns U[1,%g]: iteration time (bars measured, rings predicted%s)", cfg.Hidden, cfg.MaxSlowdown, of),
 		YLabel: "iteration time (s)"}
 	for _, pt := range res.Points {
 		bars.Groups = append(bars.Groups, pt.Name)

@@ -343,9 +343,13 @@ func skyMedianPoints(reps []skyRepeat) []skyPoint {
 	var out []skyPoint
 	for _, first := range reps[0].Points {
 		pt := skyPoint{Name: first.Name, Workers: first.Workers, Layers: first.Layers, Model: first.Model, Batch: first.Batch, Micro: first.Micro}
+		// This point in every repetition that measured it, with its seed.
+		var same []skyPoint
+		var seeds []uint64
 		var secs []float64
 		for _, rep := range reps {
 			if i := slices.IndexFunc(rep.Points, func(p skyPoint) bool { return p.Name == first.Name }); i >= 0 {
+				same, seeds = append(same, rep.Points[i]), append(seeds, rep.Seed)
 				secs = append(secs, rep.Points[i].Seconds)
 			}
 		}
@@ -354,17 +358,13 @@ func skyMedianPoints(reps []skyRepeat) []skyPoint {
 			m := skyStrategyResult{Strategy: s}
 			var med, pred, al, exp, mop, inter, moi, sp, psp, stages []float64
 			var errs []string
-			for _, rep := range reps {
-				i := slices.IndexFunc(rep.Points, func(p skyPoint) bool { return p.Name == first.Name })
-				if i < 0 {
-					continue
-				}
-				r, ok := skyGet(rep.Points[i].Results, s)
+			for k, p := range same {
+				r, ok := skyGet(p.Results, s)
 				if !ok {
 					continue
 				}
 				if r.Error != "" {
-					errs = append(errs, fmt.Sprintf("seed %d: %s", rep.Seed, r.Error))
+					errs = append(errs, fmt.Sprintf("seed %d: %s", seeds[k], r.Error))
 					continue
 				}
 				med, pred, al, exp = append(med, r.Median), append(pred, r.Predicted), append(al, r.Alloc), append(exp, r.Expected)

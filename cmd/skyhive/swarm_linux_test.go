@@ -109,6 +109,19 @@ func checkTraining(t *testing.T, r *swarm.RunResult, minAcc float64, killed ...s
 	}
 }
 
+// finishedAccuracies are the test accuracies, sorted, of the training
+// peers (not services) that finished with one.
+func finishedAccuracies(r *swarm.RunResult) []float64 {
+	var accs []float64
+	for _, p := range r.Peers {
+		if p.State == swarm.StateExited && p.TestAccuracy != nil && !swarm.IsService(p.Role) {
+			accs = append(accs, *p.TestAccuracy)
+		}
+	}
+	slices.Sort(accs)
+	return accs
+}
+
 // TestSwarmAveragingWAGMA: a DHT, a relay and 8 WAGMA peers in 3 regions;
 // one peer behind a NAT takes part through the relay, one is killed, one
 // joins 30 s late and downloads the swarm's state.
@@ -149,13 +162,7 @@ func TestSwarmAveragingAllReduce(t *testing.T) {
 	// more often kept its own model and ended 1-2 points lower (83.5-85.2%
 	// in one CI run, median 84.75%); now the replicas end on one model.
 	checkTraining(t, r, 0.83, "peer-1")
-	var accs []float64
-	for _, p := range r.Peers {
-		if p.State == swarm.StateExited && p.TestAccuracy != nil && !swarm.IsService(p.Role) {
-			accs = append(accs, *p.TestAccuracy)
-		}
-	}
-	slices.Sort(accs)
+	accs := finishedAccuracies(r)
 	if len(accs) == 0 || accs[len(accs)/2] < 0.85 {
 		t.Errorf("median test accuracy of the finished peers %v < 0.85", accs)
 	}
@@ -181,14 +188,7 @@ func TestSwarmAveragingAllReduce(t *testing.T) {
 func TestSwarmMoE(t *testing.T) {
 	_, r := runSwarmExample(t, "moe")
 	checkTraining(t, r, 0.75, "server-3")
-	var accs []float64
-	for _, p := range r.Peers {
-		if p.Role == swarm.RoleTrainer && p.State == swarm.StateExited && p.TestAccuracy != nil {
-			accs = append(accs, *p.TestAccuracy)
-		}
-	}
-	slices.Sort(accs)
-	if len(accs) == 0 || accs[len(accs)/2] < 0.85 {
+	if accs := finishedAccuracies(r); len(accs) == 0 || accs[len(accs)/2] < 0.85 {
 		t.Errorf("median test accuracy of the trainers %v < 0.85", accs)
 	}
 }

@@ -31,22 +31,30 @@ type Chart struct {
 // WritePNG renders c as a PNG of the given size in inches at path, writing a
 // temporary file first and renaming it so a reader never sees half a file.
 func WritePNG(path string, c Chart, width, height float64) error {
+	p, err := c.plot()
+	if err != nil {
+		return err
+	}
+	return renderPNG(path, p, width, height)
+}
+
+// plot builds c's plot. A fixed y range is set after the lines are added
+// (adding a line widens the axes to its data); lines outside it are
+// clipped.
+func (c Chart) plot() (*plot.Plot, error) {
 	if len(c.Series) == 0 {
-		return errors.New("chart: no series to draw")
+		return nil, errors.New("chart: no series to draw")
 	}
 	p := plot.New()
 	p.Title.Text = c.Title
 	p.X.Label.Text = c.XLabel
 	p.Y.Label.Text = c.YLabel
-	if c.YMax > c.YMin {
-		p.Y.Min, p.Y.Max = c.YMin, c.YMax
-	}
 	p.Add(plotter.NewGrid())
 	p.Legend.Top = false
 	p.Legend.Left = false
 	for i, s := range c.Series {
 		if len(s.X) != len(s.Y) {
-			return fmt.Errorf("chart: series %q has %d x and %d y values", s.Name, len(s.X), len(s.Y))
+			return nil, fmt.Errorf("chart: series %q has %d x and %d y values", s.Name, len(s.X), len(s.Y))
 		}
 		pts := make(plotter.XYs, len(s.X))
 		for j := range s.X {
@@ -54,7 +62,7 @@ func WritePNG(path string, c Chart, width, height float64) error {
 		}
 		line, err := plotter.NewLine(pts)
 		if err != nil {
-			return fmt.Errorf("chart: series %q: %w", s.Name, err)
+			return nil, fmt.Errorf("chart: series %q: %w", s.Name, err)
 		}
 		line.Color = plotutil.Color(i)
 		line.Dashes = plotutil.Dashes(i / 7)
@@ -62,7 +70,10 @@ func WritePNG(path string, c Chart, width, height float64) error {
 		p.Add(line)
 		p.Legend.Add(s.Name, line)
 	}
-	return renderPNG(path, p, width, height)
+	if c.YMax > c.YMin {
+		p.Y.Min, p.Y.Max = c.YMin, c.YMax
+	}
+	return p, nil
 }
 
 // renderPNG renders p as a width×height-inch PNG and replaces path with it

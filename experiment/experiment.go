@@ -79,6 +79,7 @@ func All() []Experiment {
 		averagingConvergence(),
 		skyComputing(),
 		geoDataParallel(),
+		geoDataParallelLM(),
 	}
 }
 

@@ -25,10 +25,15 @@ import (
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/swarm"
+	"github.com/skyhive/skyhive/text"
 )
 
-// geoName names the experiment, its results and its run directory.
-const geoName = "geo-data-parallel"
+// geoName names the experiment, its results and its run directory;
+// geoLMName names its language-model variant.
+const (
+	geoName   = "geo-data-parallel"
+	geoLMName = "geo-data-parallel-lm"
+)
 
 // geoAlgos are the experiment's runs, in order; --only takes these names.
 var geoAlgos = []optimizer.Algo{optimizer.AllReduce, optimizer.Local, optimizer.WAGMA, optimizer.DiLoCo, optimizer.WADiLoCo}
@@ -39,16 +44,36 @@ var geoAlgos = []optimizer.Algo{optimizer.AllReduce, optimizer.Local, optimizer.
 // the time to a target accuracy, the bytes sent per sample and the
 // fraction of time the peers compute.
 func geoDataParallel() Experiment {
+	return geoExperiment(geoName, "Fashion-MNIST on peer processes in 3 emulated regions (100 Mbit/s, 100 ms), speeds U[1,4]: allreduce, local, wagma, diloco, wa-diloco; time to target, bytes/sample, utilization (root)", geoDefaults)
+}
+
+// geoDataParallelLM is geoDataParallel on text: a small GPT on GCIDE,
+// timed to a validation perplexity.
+func geoDataParallelLM() Experiment {
+	return geoExperiment(geoLMName, "geo-data-parallel on text: a small GPT on GCIDE, the same swarm and algorithms; time to a validation perplexity, bytes/sample, utilization (root)", geoLMDefaults)
+}
+
+// geoExperiment is a repeatable geo-data-parallel experiment whose setup
+// for a seed defaults gives.
+func geoExperiment(name, short string, defaults func(quick bool, seed uint64, dataDir string) geoConfig) Experiment {
 	return Experiment{
-		Name:       geoName,
-		Short:      "Fashion-MNIST on peer processes in 3 emulated regions (100 Mbit/s, 100 ms), speeds U[1,4]: allreduce, local, wagma, diloco, wa-diloco; time to target, bytes/sample, utilization (root)",
-		Repeatable: true,
-		Run:        runGeo,
+		Name: name, Short: short, Repeatable: true,
+		Run: func(ctx context.Context, o Options) error { return runGeo(ctx, o, defaults) },
 	}
 }
 
 // geoConfig is the experiment's setup; every algorithm runs with the same.
 type geoConfig struct {
+	// Name is the experiment's (geoName or geoLMName).
+	Name string
+	// Text makes the peers language models training on Data (GCIDE),
+	// with a BPE of Vocab tokens learned on CorpusBytes of it, evaluated
+	// on EvalTokens validation tokens; Target is then a validation
+	// perplexity to reach (at most). Otherwise they train Fashion-MNIST
+	// from DataDir and Target is a test accuracy (at least).
+	Text                           bool
+	Data                           string
+	Vocab, CorpusBytes, EvalTokens int
 	// Regions, each with PerRegion peers (peer k is in Regions[k%3]);
 	// links within a region have IntraLatency and IntraMbps, between
 	// regions InterLatency (one way) and InterMbps.
@@ -102,7 +127,8 @@ type geoConfig struct {
 	// without (seeds 2–4, 2026-11-26), and WA-DiLoCo in 72, 73 and 73 s
 	// against 67, 75 and 81 s.
 	WarmupInnerSteps int
-	// Target is the test accuracy whose time is measured.
+	// Target is the test accuracy (Text: validation perplexity) whose
+	// time is measured.
 	Target float64
 	// DataDir holds Fashion-MNIST.
 	DataDir string
@@ -120,6 +146,7 @@ type geoConfig struct {
 // does), so the target is 85%, which takes the swarm.
 func geoDefaults(quick bool, seed uint64, dataDir string) geoConfig {
 	c := geoConfig{
+		Name:    geoName,
 		Regions: []string{"us", "eu", "asia"}, PerRegion: 2,
 		IntraLatency: time.Millisecond, IntraMbps: 1000, InterLatency: 100 * time.Millisecond, InterMbps: 100,
 		MaxSlowdown: 4, Seed: seed,
@@ -135,6 +162,62 @@ func geoDefaults(quick bool, seed uint64, dataDir string) geoConfig {
 		c.Duration, c.EvalEvery, c.EvalExamples = 50*time.Second, 2*time.Second, 2000
 	}
 	return c
+}
+
+// geoLMDefaults is the language-model variant's setup: the same swarm,
+// network, budget and algorithms, with a GPT of 2 blocks of 64 units, a
+// 512-token BPE and a 32-token context (gpt-mini takes about a second a
+// step on a sixth of 2 cores: too few for DiLoCo's inner steps in 3
+// minutes), batches of 8 sequences, AdamW with skyhive peer's
+// language-model defaults at lr 3e-3, H = 100 for both DiLoCo variants
+// (their slowest peer takes about 20 steps a second here). dataDir is
+// unused: every peer reads GCIDE from its Debian package.
+func geoLMDefaults(quick bool, seed uint64, dataDir string) geoConfig {
+	c := geoDefaults(quick, seed, dataDir)
+	c.Name, c.Text, c.DataDir = geoLMName, true, ""
+	c.Model, c.Data, c.Vocab, c.CorpusBytes, c.EvalTokens = "gpt:2x64:512x32", "gcide", 512, 512<<10, 8192
+	c.Batch, c.LR, c.Momentum, c.EvalExamples = 8, 3e-3, 0, 0
+	c.InnerSteps, c.WAInnerSteps = 100, 100
+	c.Target = geoLMTarget
+	return c
+}
+
+// geoLMTarget is the language-model variant's target validation
+// perplexity (see docs/averaging.md for how it was chosen).
+const geoLMTarget = 35
+
+// goal is what the runs are timed to.
+func (c geoConfig) goal() geoGoal { return geoGoal{Target: c.Target, Text: c.Text} }
+
+// geoGoal is what a run is timed to: a test accuracy of at least Target,
+// or with Text a validation perplexity of at most Target.
+type geoGoal struct {
+	Target float64
+	Text   bool
+}
+
+// met reports whether evaluation e reaches the goal.
+func (g geoGoal) met(e geoEval) bool {
+	if g.Text {
+		return e.Perplexity > 0 && e.Perplexity <= g.Target
+	}
+	return e.Accuracy >= g.Target
+}
+
+// String is the goal in words.
+func (g geoGoal) String() string {
+	if g.Text {
+		return fmt.Sprintf("validation perplexity %g", g.Target)
+	}
+	return fmt.Sprintf("%.0f%% test accuracy", 100*g.Target)
+}
+
+// fmtFinal prints a run's final model quality.
+func (g geoGoal) fmtFinal(r geoRun) string {
+	if g.Text {
+		return fmt.Sprintf("%.2f ppl", r.FinalPerplexity)
+	}
+	return fmt.Sprintf("%.2f%%", 100*r.FinalAccuracy)
 }
 
 // peers is the swarm's number of training peers.
@@ -193,13 +276,21 @@ func (c geoConfig) peerArgs(algo optimizer.Algo, k, n int, statsFile string) []s
 	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 	a := []string{
 		"--gemm", "go", "--algo", string(algo), "--matchmaking", geoMatchmaking(algo), "--min-peers", strconv.Itoa(n),
-		"--model", c.Model, "--batch", strconv.Itoa(c.Batch), "--lr", f(c.LR), "--momentum", f(c.Momentum),
-		"--seed", strconv.FormatUint(c.Seed, 10), "--run-id", geoRunID(algo, c.Seed), "--shard", fmt.Sprintf("%d/%d", k, n),
-		"--duration", c.Duration.String(), "--eval-every", c.EvalEvery.String(), "--eval-examples", strconv.Itoa(c.EvalExamples),
+		"--model", c.Model, "--batch", strconv.Itoa(c.Batch), "--lr", f(c.LR),
+		"--seed", strconv.FormatUint(c.Seed, 10), "--run-id", geoRunID(algo, c.Seed),
+		"--duration", c.Duration.String(), "--eval-every", c.EvalEvery.String(),
 		"--codec", c.codec(algo), "--stats", statsFile,
 	}
-	if c.DataDir != "" {
-		a = append(a, "--data-dir", c.DataDir)
+	if c.Text {
+		// Every peer reads the same text and learns the same BPE; each
+		// samples its own windows (no shards).
+		a = append(a, "--data", c.Data, "--vocab", strconv.Itoa(c.Vocab), "--corpus-bytes", strconv.Itoa(c.CorpusBytes),
+			"--eval-tokens", strconv.Itoa(c.EvalTokens))
+	} else {
+		a = append(a, "--momentum", f(c.Momentum), "--shard", fmt.Sprintf("%d/%d", k, n), "--eval-examples", strconv.Itoa(c.EvalExamples))
+		if c.DataDir != "" {
+			a = append(a, "--data-dir", c.DataDir)
+		}
 	}
 	switch algo {
 	case optimizer.AllReduce, optimizer.Local:
@@ -239,7 +330,7 @@ func geoMatchmaking(algo optimizer.Algo) string {
 func (c geoConfig) spec(algo optimizer.Algo, slow []float64, dir string) (*swarm.Spec, error) {
 	n := len(slow)
 	s := &swarm.Spec{
-		Name: geoName + "-" + string(algo), Isolation: swarm.IsolationNamespaces,
+		Name: c.Name + "-" + string(algo), Isolation: swarm.IsolationNamespaces,
 		// Joining, loading the data and the last evaluation come on top of
 		// the training budget.
 		Timeout: c.Duration + 3*time.Minute,
@@ -258,7 +349,7 @@ func (c geoConfig) spec(algo optimizer.Algo, slow []float64, dir string) (*swarm
 
 // configJSON is the setup as recorded in the results.
 func (c geoConfig) configJSON(slow []float64) map[string]any {
-	return map[string]any{
+	m := map[string]any{
 		"regions": c.Regions, "peers_per_region": c.PerRegion, "peers": c.peers(), "dht_nodes": 1,
 		"network": map[string]any{
 			"intra_latency_ms": c.IntraLatency.Seconds() * 1e3, "intra_bandwidth_mbps": c.IntraMbps,
@@ -278,6 +369,16 @@ func (c geoConfig) configJSON(slow []float64) map[string]any {
 		"codecs":          geoPerAlgo(c.codec),
 		"target_accuracy": c.Target,
 	}
+	if c.Text {
+		delete(m, "target_accuracy")
+		delete(m, "momentum")
+		delete(m, "eval_examples")
+		m["target_perplexity"] = c.Target
+		m["data"] = c.Data + ": every peer reads the same text, learns the same BPE and samples its own windows"
+		m["vocab"], m["corpus_bytes"], m["eval_tokens"] = c.Vocab, c.CorpusBytes, c.EvalTokens
+		m["optimizer"] = "AdamW with skyhive peer's language-model defaults (warm-up 100 steps, clip 1, weight decay 0.01)"
+	}
+	return m
 }
 
 // geoPerAlgo maps every algorithm's name to f of it.
@@ -292,19 +393,21 @@ func geoPerAlgo(f func(optimizer.Algo) string) map[string]string {
 // geoDefinitions says what the reported numbers are.
 var geoDefinitions = map[string]string{
 	"t0":                       "the earliest start of a first training step among the run's peers (peer result train_start_unix); all times are from t0",
-	"median_curve":             "at every evaluation of any peer, the median over the peers with a result of each peer's latest evaluated test accuracy (0 before its first evaluation); the median of an even count is the mean of the middle two",
-	"seconds_to_target":        "the first time on the median curve at which it reached target_accuracy; absent (reached_target false) if it never did; resolution: eval_every_seconds",
-	"final_accuracy":           "median over peers of the test accuracy of the evaluation each peer made after it stopped",
+	"median_curve":             "at every evaluation of any peer, the median over the peers with a result of each peer's latest evaluated test accuracy (0 before its first evaluation); the median of an even count is the mean of the middle two; language models: the same with the validation perplexity (+Inf before a peer's first evaluation; points whose median is not finite have none)",
+	"seconds_to_target":        "the first time on the median curve at which it reached target_accuracy (at or above; language models: target_perplexity, at or below); absent (reached_target false) if it never did; resolution: eval_every_seconds",
+	"final_accuracy":           "median over peers of the test accuracy of the evaluation each peer made after it stopped (language models: final_perplexity, of the validation perplexity)",
 	"bytes_per_sample":         "per peer, the IP bytes it sent through the namespace router (model traffic, libp2p and DHT overhead included) divided by the samples it trained on; the median over peers",
 	"payload_bytes_per_sample": "as bytes_per_sample with the bytes the averager counted as sent: the chunks a peer sends to reducers, not the means it answers as a reducer (about half its averaging traffic)",
 	"bytes_sent_per_peer":      "median over peers of the IP bytes sent through the router",
 	"utilization":              "per peer, compute_seconds / train_seconds: compute is the forward and backward passes, the slowdown's emulated sleep and the local optimizer update of the completed steps; train_seconds is the wall time from the start of the peer's first step to the end of its last, less its evaluations in between; the mean over peers (min_utilization: the lowest peer)",
 }
 
-// geoEval is one evaluation on a curve: seconds since t0.
+// geoEval is one evaluation on a curve: seconds since t0; Perplexity is
+// a language model's validation perplexity (0: none).
 type geoEval struct {
-	Seconds  float64 `json:"seconds"`
-	Accuracy float64 `json:"accuracy"`
+	Seconds    float64 `json:"seconds"`
+	Accuracy   float64 `json:"accuracy"`
+	Perplexity float64 `json:"perplexity,omitempty"`
 }
 
 // geoPeer is one peer of a run in the results.
@@ -317,6 +420,7 @@ type geoPeer struct {
 	// HasResult is false when the peer left no final result.
 	HasResult             bool      `json:"has_result"`
 	FinalAccuracy         float64   `json:"final_accuracy"`
+	FinalPerplexity       float64   `json:"final_perplexity,omitempty"`
 	Steps                 int       `json:"steps"`
 	Rounds                int       `json:"rounds"`
 	Samples               int64     `json:"samples"`
@@ -347,6 +451,7 @@ type geoRun struct {
 	SecondsToTarget       float64   `json:"seconds_to_target,omitempty"`
 	ReachedTarget         bool      `json:"reached_target"`
 	FinalAccuracy         float64   `json:"final_accuracy"`
+	FinalPerplexity       float64   `json:"final_perplexity,omitempty"`
 	BytesSentPerPeer      float64   `json:"bytes_sent_per_peer"`
 	BytesPerSample        float64   `json:"bytes_per_sample"`
 	PayloadBytesPerSample float64   `json:"payload_bytes_per_sample"`
@@ -375,7 +480,7 @@ type geoInput struct {
 
 // geoSummarize computes a run's numbers from its peers (see
 // geoDefinitions).
-func geoSummarize(algo optimizer.Algo, codec string, in []geoInput, target float64) geoRun {
+func geoSummarize(algo optimizer.Algo, codec string, in []geoInput, goal geoGoal) geoRun {
 	r := geoRun{Algo: string(algo), Codec: codec}
 	t0 := math.Inf(1)
 	for _, p := range in {
@@ -386,13 +491,14 @@ func geoSummarize(algo optimizer.Algo, codec string, in []geoInput, target float
 	if math.IsInf(t0, 1) {
 		t0 = 0
 	}
-	var final, perSample, payloadPerSample, util, sent, steps []float64
+	var final, finalPPL, perSample, payloadPerSample, util, sent, steps []float64
 	var curves [][]geoEval
 	for _, p := range in {
 		gp := geoPeer{Name: p.Name, Region: p.Region, Slowdown: p.Slowdown, State: p.State, Error: p.Error, BytesSent: p.Sent}
 		if res := p.Result; res != nil {
 			gp.HasResult = true
 			gp.FinalAccuracy, gp.Steps, gp.Rounds, gp.Samples, gp.Failures = res.TestAccuracy, res.Steps, res.Rounds, res.Samples, res.Failures
+			gp.FinalPerplexity = res.ValPerplexity
 			gp.PayloadBytesSent = res.BytesSent
 			gp.ComputeSeconds, gp.TrainSeconds, gp.EvalSeconds, gp.MaxStepSeconds = res.ComputeSeconds, res.TrainSeconds, res.EvalSeconds, res.MaxStepSeconds
 			if res.Samples > 0 {
@@ -406,10 +512,13 @@ func geoSummarize(algo optimizer.Algo, codec string, in []geoInput, target float
 				util = append(util, gp.Utilization)
 			}
 			for _, e := range res.Curve {
-				gp.Curve = append(gp.Curve, geoEval{Seconds: e.Unix - t0, Accuracy: e.Accuracy})
+				gp.Curve = append(gp.Curve, geoEval{Seconds: e.Unix - t0, Accuracy: e.Accuracy, Perplexity: e.Perplexity})
 			}
 			curves = append(curves, gp.Curve)
 			final = append(final, res.TestAccuracy)
+			if goal.Text {
+				finalPPL = append(finalPPL, res.ValPerplexity)
+			}
 			sent = append(sent, float64(p.Sent))
 			steps = append(steps, float64(res.Steps))
 			r.Samples += res.Samples
@@ -419,6 +528,9 @@ func geoSummarize(algo optimizer.Algo, codec string, in []geoInput, target float
 		r.Peers = append(r.Peers, gp)
 	}
 	r.FinalAccuracy = stats.Median(final)
+	if len(finalPPL) > 0 {
+		r.FinalPerplexity = stats.Median(finalPPL)
+	}
 	r.BytesSentPerPeer = stats.Median(sent)
 	r.BytesPerSample = stats.Median(perSample)
 	r.PayloadBytesPerSample = stats.Median(payloadPerSample)
@@ -431,14 +543,16 @@ func geoSummarize(algo optimizer.Algo, codec string, in []geoInput, target float
 		r.Utilization = sum / float64(len(util))
 		r.MinUtilization = slices.Min(util)
 	}
-	r.Curve = geoMedianCurve(curves)
-	r.SecondsToTarget, r.ReachedTarget = geoTimeToTarget(r.Curve, target)
+	r.Curve = geoMedianCurve(curves, goal.Text)
+	r.SecondsToTarget, r.ReachedTarget = geoTimeToTarget(r.Curve, goal)
 	return r
 }
 
 // geoMedianCurve merges the peers' curves (sorted by time) into the
-// median curve: one point at every evaluation of any peer.
-func geoMedianCurve(curves [][]geoEval) []geoEval {
+// median curve: one point at every evaluation of any peer. For a
+// language model (lm) it has the median perplexity too, where that is finite (a peer counts as
+// +Inf before its first evaluation).
+func geoMedianCurve(curves [][]geoEval, lm bool) []geoEval {
 	var times []float64
 	for _, c := range curves {
 		for _, e := range c {
@@ -450,22 +564,30 @@ func geoMedianCurve(curves [][]geoEval) []geoEval {
 	out := make([]geoEval, 0, len(times))
 	next := make([]int, len(curves)) // per peer, its evaluations at or before t
 	acc := make([]float64, len(curves))
+	ppl := make([]float64, len(curves))
+	for i := range ppl {
+		ppl[i] = math.Inf(1)
+	}
 	for _, t := range times {
 		for i, c := range curves {
 			for next[i] < len(c) && c[next[i]].Seconds <= t {
-				acc[i] = c[next[i]].Accuracy
+				acc[i], ppl[i] = c[next[i]].Accuracy, c[next[i]].Perplexity
 				next[i]++
 			}
 		}
-		out = append(out, geoEval{Seconds: t, Accuracy: stats.Median(acc)})
+		e := geoEval{Seconds: t, Accuracy: stats.Median(acc)}
+		if m := stats.Median(ppl); lm && !math.IsInf(m, 0) && !math.IsNaN(m) {
+			e.Perplexity = m
+		}
+		out = append(out, e)
 	}
 	return out
 }
 
-// geoTimeToTarget returns the first time the curve reaches target.
-func geoTimeToTarget(curve []geoEval, target float64) (float64, bool) {
+// geoTimeToTarget returns the first time the curve reaches the goal.
+func geoTimeToTarget(curve []geoEval, goal geoGoal) (float64, bool) {
 	for _, e := range curve {
-		if e.Accuracy >= target {
+		if goal.met(e) {
 			return e.Seconds, true
 		}
 	}
@@ -477,7 +599,7 @@ func geoTimeToTarget(curve []geoEval, target float64) (float64, bool) {
 const geoTimeTarget = "wa-diloco-time"
 
 // geoTargets evaluates the issue's three targets on the runs.
-func geoTargets(runs []geoRun, target float64) []targetResult {
+func geoTargets(runs []geoRun, goal geoGoal) []targetResult {
 	by := map[string]*geoRun{}
 	for i := range runs {
 		by[runs[i].Algo] = &runs[i]
@@ -524,7 +646,7 @@ func geoTargets(runs []geoRun, target float64) []targetResult {
 	}
 	out = append(out, bytesT)
 
-	timeT := targetResult{Name: geoTimeTarget, Claim: fmt.Sprintf("WA-DiLoCo reaches %.0f%% test accuracy (median peer) faster than both DiLoCo and WAGMA under heterogeneity", 100*target)}
+	timeT := targetResult{Name: geoTimeTarget, Claim: fmt.Sprintf("WA-DiLoCo reaches %s (median peer) faster than both DiLoCo and WAGMA under heterogeneity", goal)}
 	if need(&timeT, optimizer.WADiLoCo, optimizer.DiLoCo, optimizer.WAGMA) {
 		wa, dl, wg := by[string(optimizer.WADiLoCo)], by[string(optimizer.DiLoCo)], by[string(optimizer.WAGMA)]
 		timeT.Values = map[string]float64{}
@@ -558,7 +680,7 @@ func geoTargets(runs []geoRun, target float64) []targetResult {
 }
 
 // geoBenchLines are the runs' numbers as benchmark protocol lines.
-func geoBenchLines(runs []geoRun) []bench.Result {
+func geoBenchLines(name string, runs []geoRun) []bench.Result {
 	var base *geoRun
 	for i := range runs {
 		if runs[i].Algo == string(optimizer.AllReduce) {
@@ -575,18 +697,22 @@ func geoBenchLines(runs []geoRun) []bench.Result {
 			}
 		}
 		u, b := stats.Summarize(utils), stats.Summarize(perSample)
-		bps := bench.Result{Suite: geoName, Case: r.Algo, Metric: "bytes_per_sample", Value: r.BytesPerSample, Unit: "bytes", Min: b.Min, Max: b.Max}
+		bps := bench.Result{Suite: name, Case: r.Algo, Metric: "bytes_per_sample", Value: r.BytesPerSample, Unit: "bytes", Min: b.Min, Max: b.Max}
 		if base != nil && base.Algo != r.Algo && base.BytesPerSample > 0 {
 			bps = bps.WithBaseline(base.Algo, base.BytesPerSample)
 		}
+		final := bench.Result{Suite: name, Case: r.Algo, Metric: "final_accuracy", Value: r.FinalAccuracy, Unit: "fraction"}
+		if r.FinalPerplexity > 0 {
+			final = bench.Result{Suite: name, Case: r.Algo, Metric: "final_perplexity", Value: r.FinalPerplexity, Unit: "perplexity"}
+		}
 		out = append(out,
-			bench.Result{Suite: geoName, Case: r.Algo, Metric: "final_accuracy", Value: r.FinalAccuracy, Unit: "fraction"},
+			final,
 			bps,
-			bench.Result{Suite: geoName, Case: r.Algo, Metric: "utilization", Value: r.Utilization, Unit: "fraction", Min: u.Min, Max: u.Max},
-			bench.Result{Suite: geoName, Case: r.Algo, Metric: "bytes_sent_per_peer", Value: r.BytesSentPerPeer, Unit: "bytes"},
+			bench.Result{Suite: name, Case: r.Algo, Metric: "utilization", Value: r.Utilization, Unit: "fraction", Min: u.Min, Max: u.Max},
+			bench.Result{Suite: name, Case: r.Algo, Metric: "bytes_sent_per_peer", Value: r.BytesSentPerPeer, Unit: "bytes"},
 		)
 		if r.ReachedTarget {
-			out = append(out, bench.Result{Suite: geoName, Case: r.Algo, Metric: "seconds_to_target", Value: r.SecondsToTarget, Unit: "s"})
+			out = append(out, bench.Result{Suite: name, Case: r.Algo, Metric: "seconds_to_target", Value: r.SecondsToTarget, Unit: "s"})
 		}
 	}
 	return out
@@ -613,10 +739,11 @@ func readFinal(path string) *peer.Result {
 
 // errNeedsRoot is the experiment's error where network namespaces are not
 // available.
-var errNeedsRoot = errors.New(geoName + " needs network namespaces (run it as root on Linux) to emulate the links between regions; on loopback the links would not be emulated and the comparison would be meaningless")
+var errNeedsRoot = errors.New("the experiment needs network namespaces (run it as root on Linux) to emulate the links between regions; on loopback the links would not be emulated and the comparison would be meaningless")
 
-func runGeo(ctx context.Context, o Options) error {
-	c := geoDefaults(o.Quick, o.Seed, o.DataDir)
+// runGeo runs the experiment whose setup for a seed defaults gives.
+func runGeo(ctx context.Context, o Options, defaults func(quick bool, seed uint64, dataDir string) geoConfig) error {
+	c := defaults(o.Quick, o.Seed, o.DataDir)
 	var algos []optimizer.Algo
 	for _, a := range geoAlgos {
 		if o.Selected(string(a)) {
@@ -624,29 +751,33 @@ func runGeo(ctx context.Context, o Options) error {
 		}
 	}
 	if len(algos) == 0 {
-		return fmt.Errorf("%s: no run is named %v (names: allreduce, local, wagma, diloco, wa-diloco)", geoName, o.Only)
+		return fmt.Errorf("%s: no run is named %v (names: allreduce, local, wagma, diloco, wa-diloco)", c.Name, o.Only)
 	}
 	if err := netem.NamespaceSupport(); err != nil {
-		return fmt.Errorf("%w: %v", errNeedsRoot, err)
+		return fmt.Errorf("%s: %w: %v", c.Name, errNeedsRoot, err)
 	}
-	if _, err := data.LoadFashionMNIST(c.DataDir, data.Test, data.LoadOptions{Limit: 1}); err != nil {
-		return fmt.Errorf("%s: %w", geoName, err)
+	if c.Text {
+		if _, err := text.LoadGCIDE("", 64<<10); err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+	} else if _, err := data.LoadFashionMNIST(c.DataDir, data.Test, data.LoadOptions{Limit: 1}); err != nil {
+		return fmt.Errorf("%s: %w", c.Name, err)
 	}
 	bin, err := swarm.Binary()
 	if err != nil {
-		return fmt.Errorf("%s: %w", geoName, err)
+		return fmt.Errorf("%s: %w", c.Name, err)
 	}
 	reps := make([]geoRepeat, max(o.Repeats, 1))
 	for i := range reps {
-		c := geoDefaults(o.Quick, o.Seed+uint64(i), o.DataDir)
-		dir := filepath.Join(o.Out, geoName)
+		c := defaults(o.Quick, o.Seed+uint64(i), o.DataDir)
+		dir := filepath.Join(o.Out, c.Name)
 		if len(reps) > 1 {
 			dir = filepath.Join(dir, fmt.Sprintf("seed%d", c.Seed))
-			o.Logf("%s: repetition %d of %d, seed %d", geoName, i+1, len(reps), c.Seed)
+			o.Logf("%s: repetition %d of %d, seed %d", c.Name, i+1, len(reps), c.Seed)
 		}
 		slow := c.slowdowns()
-		o.Logf("%s: %d peers in %v (%v apart, %g Mbit/s), slowdowns %s, %v per algorithm, target %.0f%%",
-			geoName, c.peers(), c.Regions, c.InterLatency, c.InterMbps, fmtFactors(slow), c.Duration, 100*c.Target)
+		o.Logf("%s: %d peers in %v (%v apart, %g Mbit/s), slowdowns %s, %v per algorithm, target %s",
+			c.Name, c.peers(), c.Regions, c.InterLatency, c.InterMbps, fmtFactors(slow), c.Duration, c.goal())
 		reps[i] = geoRepeat{Seed: c.Seed, Slowdowns: slow}
 		for _, algo := range algos {
 			r, err := geoRunAlgo(ctx, o, c, algo, slow, bin, filepath.Join(dir, string(algo)))
@@ -655,7 +786,7 @@ func runGeo(ctx context.Context, o Options) error {
 			}
 			reps[i].Runs = append(reps[i].Runs, r)
 		}
-		reps[i].Targets = geoTargets(reps[i].Runs, c.Target)
+		reps[i].Targets = geoTargets(reps[i].Runs, c.goal())
 	}
 	return geoWrite(o, c, reps)
 }
@@ -665,25 +796,25 @@ func runGeo(ctx context.Context, o Options) error {
 // cancelled context or a swarm that cannot start is an error.
 func geoRunAlgo(ctx context.Context, o Options, c geoConfig, algo optimizer.Algo, slow []float64, bin, dir string) (geoRun, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return geoRun{}, fmt.Errorf("%s: %w", geoName, err)
+		return geoRun{}, fmt.Errorf("%s: %w", c.Name, err)
 	}
 	for k := range slow {
 		// --stats appends: a previous run's final line must not count.
 		if err := os.Remove(geoStatsFile(dir, k)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return geoRun{}, fmt.Errorf("%s: %w", geoName, err)
+			return geoRun{}, fmt.Errorf("%s: %w", c.Name, err)
 		}
 	}
 	spec, err := c.spec(algo, slow, dir)
 	if err != nil {
-		return geoRun{}, fmt.Errorf("%s %s: %w", geoName, algo, err)
+		return geoRun{}, fmt.Errorf("%s %s: %w", c.Name, algo, err)
 	}
-	o.Logf("%s %s: %d peers for %v, codec %s, logs in %s", geoName, algo, len(slow), c.Duration, c.codec(algo), dir)
+	o.Logf("%s %s: %d peers for %v, codec %s, logs in %s", c.Name, algo, len(slow), c.Duration, c.codec(algo), dir)
 	res, runErr := swarm.Run(ctx, spec, swarm.RunConfig{Binary: bin, Dir: dir, Log: o.Log})
 	if ctx.Err() != nil {
 		return geoRun{}, ctx.Err()
 	}
 	if res == nil {
-		return geoRun{}, fmt.Errorf("%s %s: %w", geoName, algo, runErr)
+		return geoRun{}, fmt.Errorf("%s %s: %w", c.Name, algo, runErr)
 	}
 	var in []geoInput
 	k := 0
@@ -695,20 +826,20 @@ func geoRunAlgo(ctx context.Context, o Options, c geoConfig, algo optimizer.Algo
 			Sent: p.Sent, Result: readFinal(geoStatsFile(dir, k))})
 		k++
 	}
-	r := geoSummarize(algo, c.codec(algo), in, c.Target)
+	r := geoSummarize(algo, c.codec(algo), in, c.goal())
 	r.PeerArgs = c.peerArgs(algo, 0, len(slow), geoStatsFile(dir, 0))
 	r.WallSeconds = res.Seconds
 	r.Network = res.Network
 	if runErr != nil {
 		r.Error = runErr.Error()
-		o.Logf("%s %s: %v", geoName, algo, runErr)
+		o.Logf("%s %s: %v", c.Name, algo, runErr)
 	}
 	reached := "not reached"
 	if r.ReachedTarget {
 		reached = fmt.Sprintf("at %.0f s", r.SecondsToTarget)
 	}
-	o.Logf("%s %s: %.0f%% target %s, final %.2f%%, %.0f bytes/sample (%.0f averaging), utilization %.0f%% (min %.0f%%), %.0f steps per peer, %d failures, %d of %d peers with a result",
-		geoName, algo, 100*c.Target, reached, 100*r.FinalAccuracy, r.BytesPerSample, r.PayloadBytesPerSample,
+	o.Logf("%s %s: target (%s) %s, final %s, %.0f bytes/sample (%.0f averaging), utilization %.0f%% (min %.0f%%), %.0f steps per peer, %d failures, %d of %d peers with a result",
+		c.Name, algo, c.goal(), reached, c.goal().fmtFinal(r), r.BytesPerSample, r.PayloadBytesPerSample,
 		100*r.Utilization, 100*r.MinUtilization, r.StepsPerPeer, r.Failures, r.WithResult, len(slow))
 	return r, nil
 }
@@ -734,25 +865,40 @@ func geoWrite(o Options, c geoConfig, reps []geoRepeat) error {
 			if len(reps) > 1 {
 				name = fmt.Sprintf("%s, seed %d", r.Algo, rep.Seed)
 			}
-			if s := geoSeries(name, r); len(s.X) > 0 {
+			if s := geoSeries(name, r, c.Text); len(s.X) > 0 {
 				series = append(series, s)
 			}
 		}
 	}
 	if len(series) == 0 {
-		return fmt.Errorf("%s: no run left an accuracy curve (logs in %s)", geoName, filepath.Join(o.Out, geoName))
+		return fmt.Errorf("%s: no run left an evaluation curve (logs in %s)", c.Name, filepath.Join(o.Out, c.Name))
+	}
+	task, ylabel := "Fashion-MNIST", "test accuracy (%)"
+	if c.Text {
+		task, ylabel = fmt.Sprintf("%s on %s", c.Model, c.Data), "validation perplexity"
 	}
 	ch := chart.Chart{
-		Title: fmt.Sprintf("Fashion-MNIST, %d peers in %d regions (%g Mbit/s, %v apart), speeds U[1,%g]: median peer",
-			c.peers(), len(c.Regions), c.InterMbps, c.InterLatency, c.MaxSlowdown),
-		XLabel: "wall-clock time since the first step (s)", YLabel: "test accuracy (%)", Series: series,
+		Title: fmt.Sprintf("%s, %d peers in %d regions (%g Mbit/s, %v apart), speeds U[1,%g]: median peer",
+			task, c.peers(), len(c.Regions), c.InterMbps, c.InterLatency, c.MaxSlowdown),
+		XLabel: "wall-clock time since the first step (s)", YLabel: ylabel, Series: series,
+	}
+	if c.Text {
+		// Perplexity starts in the hundreds: show the range from the
+		// lowest point to twice the target, where the runs are told apart.
+		lo := math.Inf(1)
+		for _, s := range series {
+			for _, y := range s.Y {
+				lo = min(lo, y)
+			}
+		}
+		ch.YMin, ch.YMax = math.Floor(0.95*lo), 2*c.Target
 	}
 	var out map[string]any
 	targets := reps[0].Targets
 	if len(reps) == 1 {
 		out = map[string]any{
 			"config": c.configJSON(reps[0].Slowdowns), "definitions": geoDefinitions, "runs": reps[0].Runs, "targets": targets,
-			"results": geoBenchLines(reps[0].Runs),
+			"results": geoBenchLines(c.Name, reps[0].Runs),
 		}
 	} else {
 		targets = geoRepeatedTargets(reps)
@@ -761,7 +907,7 @@ func geoWrite(o Options, c geoConfig, reps []geoRepeat) error {
 		var lines []bench.Result
 		for i, rep := range reps {
 			seeds[i] = rep.Seed
-			for _, l := range geoBenchLines(rep.Runs) {
+			for _, l := range geoBenchLines(c.Name, rep.Runs) {
 				l.Note = fmt.Sprintf("seed %d", rep.Seed)
 				lines = append(lines, l)
 			}
@@ -771,14 +917,14 @@ func geoWrite(o Options, c geoConfig, reps []geoRepeat) error {
 		defs["repeats"] = geoRepeatsDefinition
 		out = map[string]any{"config": cfg, "definitions": defs, "repeats": reps, "targets": targets, "results": lines}
 	}
-	jp, pp, err := WriteResults(o, geoName, out, ch)
+	jp, pp, err := WriteResults(o, c.Name, out, ch)
 	if err != nil {
 		return err
 	}
 	for _, rep := range reps {
-		head := fmt.Sprintf("%s summary (target %.0f%%):", geoName, 100*c.Target)
+		head := fmt.Sprintf("%s summary (target: %s):", c.Name, c.goal())
 		if len(reps) > 1 {
-			head = fmt.Sprintf("%s summary, seed %d (target %.0f%%):", geoName, rep.Seed, 100*c.Target)
+			head = fmt.Sprintf("%s summary, seed %d (target: %s):", c.Name, rep.Seed, c.goal())
 		}
 		o.Logf("%s", head)
 		o.Logf("  %-10s %10s %10s %12s %12s %8s %8s", "algo", "to target", "final", "B/sample", "avg B/smpl", "busy", "fails")
@@ -787,21 +933,21 @@ func geoWrite(o Options, c geoConfig, reps []geoRepeat) error {
 			if r.ReachedTarget {
 				tt = fmt.Sprintf("%.0f s", r.SecondsToTarget)
 			}
-			o.Logf("  %-10s %10s %9.2f%% %12.0f %12.0f %7.0f%% %8d", r.Algo, tt, 100*r.FinalAccuracy, r.BytesPerSample, r.PayloadBytesPerSample, 100*r.Utilization, r.Failures)
+			o.Logf("  %-10s %10s %10s %12.0f %12.0f %7.0f%% %8d", r.Algo, tt, c.goal().fmtFinal(r), r.BytesPerSample, r.PayloadBytesPerSample, 100*r.Utilization, r.Failures)
 		}
 	}
 	if len(reps) > 1 {
-		o.Logf("%s: targets over the %d repetitions:", geoName, len(reps))
+		o.Logf("%s: targets over the %d repetitions:", c.Name, len(reps))
 	}
 	logTargets(o, targets)
 	o.Logf("wrote %s and %s", jp, pp)
 	return nil
 }
 
-// geoSeries is a run's median curve as a chart series, from the time
-// every peer has evaluated (the JSON's curve starts at the first
-// evaluation).
-func geoSeries(name string, r geoRun) chart.Series {
+// geoSeries is a run's median curve as a chart series (accuracy in %,
+// or for a language model the perplexity), from the time every peer has evaluated
+// (the JSON's curve starts at the first evaluation).
+func geoSeries(name string, r geoRun, lm bool) chart.Series {
 	s := chart.Series{Name: name}
 	from := 0.0
 	for _, p := range r.Peers {
@@ -810,11 +956,15 @@ func geoSeries(name string, r geoRun) chart.Series {
 		}
 	}
 	for _, e := range r.Curve {
-		if e.Seconds < from {
+		if e.Seconds < from || lm && e.Perplexity <= 0 {
 			continue
 		}
 		s.X = append(s.X, e.Seconds)
-		s.Y = append(s.Y, 100*e.Accuracy)
+		if lm {
+			s.Y = append(s.Y, e.Perplexity)
+		} else {
+			s.Y = append(s.Y, 100*e.Accuracy)
+		}
 	}
 	return s
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -158,18 +159,18 @@ func geoCurve(t0 float64, pts ...[2]float64) []peer.Eval {
 // first time it reaches the target.
 func TestGeoMedianCurveAndTimeToTarget(t *testing.T) {
 	curves := [][]geoEval{
-		{{1, 0.5}, {3, 0.8}, {5, 0.9}},
-		{{2, 0.6}, {4, 0.7}, {6, 0.85}},
-		{{2, 0.4}, {5, 0.82}},
+		{{Seconds: 1, Accuracy: 0.5}, {Seconds: 3, Accuracy: 0.8}, {Seconds: 5, Accuracy: 0.9}},
+		{{Seconds: 2, Accuracy: 0.6}, {Seconds: 4, Accuracy: 0.7}, {Seconds: 6, Accuracy: 0.85}},
+		{{Seconds: 2, Accuracy: 0.4}, {Seconds: 5, Accuracy: 0.82}},
 	}
-	got := geoMedianCurve(curves)
+	got := geoMedianCurve(curves, false)
 	want := []geoEval{
-		{1, 0},   // 0.5, -, -
-		{2, 0.5}, // 0.5, 0.6, 0.4
-		{3, 0.6}, // 0.8, 0.6, 0.4
-		{4, 0.7}, // 0.8, 0.7, 0.4
-		{5, 0.82},
-		{6, 0.85},
+		{Seconds: 1, Accuracy: 0},   // 0.5, -, -
+		{Seconds: 2, Accuracy: 0.5}, // 0.5, 0.6, 0.4
+		{Seconds: 3, Accuracy: 0.6}, // 0.8, 0.6, 0.4
+		{Seconds: 4, Accuracy: 0.7}, // 0.8, 0.7, 0.4
+		{Seconds: 5, Accuracy: 0.82},
+		{Seconds: 6, Accuracy: 0.85},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("curve %v, want %v", got, want)
@@ -184,17 +185,17 @@ func TestGeoMedianCurveAndTimeToTarget(t *testing.T) {
 		at     float64
 		ok     bool
 	}{{0.5, 2, true}, {0.8, 5, true}, {0.85, 6, true}, {0.9, 0, false}} {
-		at, ok := geoTimeToTarget(got, c.target)
+		at, ok := geoTimeToTarget(got, geoGoal{Target: c.target})
 		if at != c.at || ok != c.ok {
 			t.Errorf("target %v: %v, %v; want %v, %v", c.target, at, ok, c.at, c.ok)
 		}
 	}
 	// An even count of peers: the mean of the middle two.
-	even := geoMedianCurve([][]geoEval{{{1, 0.8}}, {{1, 0.9}}})
+	even := geoMedianCurve([][]geoEval{{{Seconds: 1, Accuracy: 0.8}}, {{Seconds: 1, Accuracy: 0.9}}}, false)
 	if len(even) != 1 || math.Abs(even[0].Accuracy-0.85) > 1e-12 {
 		t.Errorf("even median %v", even)
 	}
-	if geoMedianCurve(nil) == nil || len(geoMedianCurve(nil)) != 0 {
+	if geoMedianCurve(nil, false) == nil || len(geoMedianCurve(nil, false)) != 0 {
 		t.Error("no curves: want an empty curve")
 	}
 }
@@ -219,7 +220,7 @@ func TestGeoSummarize(t *testing.T) {
 		}},
 		{Name: "peer3-0", Region: "us", Slowdown: 4, State: "failed", Error: "exit status 1", Sent: 50},
 	}
-	r := geoSummarize(optimizer.DiLoCo, "uniform8", in, 0.85)
+	r := geoSummarize(optimizer.DiLoCo, "uniform8", in, geoGoal{Target: 0.85})
 	if r.Algo != "diloco" || r.Codec != "uniform8" || len(r.Peers) != 4 || r.WithResult != 3 {
 		t.Fatalf("%+v", r)
 	}
@@ -241,7 +242,7 @@ func TestGeoSummarize(t *testing.T) {
 		t.Errorf("samples %d, failures %d", r.Samples, r.Failures)
 	}
 	// From t0 (peer1's first step): 2 s 0.6; 3 s 0.7; 4 s 0.9; 5 s 0.84; 6 s 0.86.
-	wantCurve := []geoEval{{2, 0}, {3, 0.6}, {4, 0.7}, {5, 0.84}, {6, 0.86}}
+	wantCurve := []geoEval{{Seconds: 2, Accuracy: 0}, {Seconds: 3, Accuracy: 0.6}, {Seconds: 4, Accuracy: 0.7}, {Seconds: 5, Accuracy: 0.84}, {Seconds: 6, Accuracy: 0.86}}
 	if len(r.Curve) != len(wantCurve) {
 		t.Fatalf("curve %v, want %v", r.Curve, wantCurve)
 	}
@@ -260,7 +261,7 @@ func TestGeoSummarize(t *testing.T) {
 		t.Errorf("peer 3: %+v", p3)
 	}
 	// No peer left a result: zeros, not NaNs.
-	none := geoSummarize(optimizer.Local, "none", in[3:], 0.85)
+	none := geoSummarize(optimizer.Local, "none", in[3:], geoGoal{Target: 0.85})
 	b, err := json.Marshal(none)
 	if err != nil {
 		t.Fatalf("%v (NaN or Inf in %+v)", err, none)
@@ -290,7 +291,7 @@ func TestGeoTargets(t *testing.T) {
 		run(optimizer.DiLoCo, 25, 15, 0.6),
 		run(optimizer.WADiLoCo, 45, 12, 0.92),
 	}
-	ts := byName(geoTargets(all, 0.85))
+	ts := byName(geoTargets(all, geoGoal{Target: 0.85}))
 	if len(ts) != 3 {
 		t.Fatalf("%d targets", len(ts))
 	}
@@ -308,7 +309,7 @@ func TestGeoTargets(t *testing.T) {
 	missed := slices.Clone(all)
 	missed[3] = run(optimizer.DiLoCo, 500, 10, 0.6)
 	missed[4] = run(optimizer.WADiLoCo, 45, 12, 0.8)
-	ts = byName(geoTargets(missed, 0.85))
+	ts = byName(geoTargets(missed, geoGoal{Target: 0.85}))
 	for name, tg := range ts {
 		if !tg.Evaluated || tg.Met {
 			t.Errorf("%s: %+v, want evaluated and missed", name, tg)
@@ -322,23 +323,23 @@ func TestGeoTargets(t *testing.T) {
 	// reaching it while WA-DiLoCo does is met.
 	never := slices.Clone(all)
 	never[4] = run(optimizer.WADiLoCo, 45, 0, 0.95)
-	if tg := byName(geoTargets(never, 0.85))["wa-diloco-time"]; tg.Met || !strings.Contains(tg.Note, "wa-diloco") {
+	if tg := byName(geoTargets(never, geoGoal{Target: 0.85}))["wa-diloco-time"]; tg.Met || !strings.Contains(tg.Note, "wa-diloco") {
 		t.Errorf("%+v", tg)
 	}
 	slowOthers := slices.Clone(all)
 	slowOthers[2], slowOthers[3] = run(optimizer.WAGMA, 40, 0, 0.95), run(optimizer.DiLoCo, 25, 0, 0.6)
-	if tg := byName(geoTargets(slowOthers, 0.85))["wa-diloco-time"]; !tg.Met || !strings.Contains(tg.Note, "diloco") {
+	if tg := byName(geoTargets(slowOthers, geoGoal{Target: 0.85}))["wa-diloco-time"]; !tg.Met || !strings.Contains(tg.Note, "diloco") {
 		t.Errorf("%+v", tg)
 	}
 	// A run with an error is evaluated with what it measured, and said.
 	broken := slices.Clone(all)
 	broken[0].Error = "swarm: 1 peer(s) failed"
-	if tg := byName(geoTargets(broken, 0.85))["diloco-bytes"]; !tg.Met || !strings.Contains(tg.Note, "allreduce") {
+	if tg := byName(geoTargets(broken, geoGoal{Target: 0.85}))["diloco-bytes"]; !tg.Met || !strings.Contains(tg.Note, "allreduce") {
 		t.Errorf("%+v", tg)
 	}
 
 	// Only some runs: the targets that need the others are not evaluated.
-	ts = byName(geoTargets([]geoRun{all[4]}, 0.85))
+	ts = byName(geoTargets([]geoRun{all[4]}, geoGoal{Target: 0.85}))
 	if tg := ts["diloco-bytes"]; tg.Evaluated || tg.Met || !strings.Contains(tg.Note, "allreduce, diloco") {
 		t.Errorf("%+v", tg)
 	}
@@ -348,7 +349,7 @@ func TestGeoTargets(t *testing.T) {
 	if tg := ts["wa-diloco-utilization"]; !tg.Evaluated || !tg.Met {
 		t.Errorf("%+v", tg)
 	}
-	lines := geoBenchLines(all)
+	lines := geoBenchLines(geoName, all)
 	var ratios int
 	for _, l := range lines {
 		if l.Suite != geoName || l.Case == "" || l.Metric == "" {
@@ -429,7 +430,7 @@ func TestGeoRepeatedTargets(t *testing.T) {
 			run(optimizer.DiLoCo, dl, 0.6), run(optimizer.WADiLoCo, wa, util),
 		}
 		runs[0].BytesPerSample, runs[0].PayloadBytesPerSample = 25000, 12000
-		return geoRepeat{Seed: seed, Runs: runs, Targets: geoTargets(runs, 0.85)}
+		return geoRepeat{Seed: seed, Runs: runs, Targets: geoTargets(runs, geoGoal{Target: 0.85})}
 	}
 	byName := func(ts []targetResult) map[string]targetResult {
 		m := map[string]targetResult{}
@@ -480,9 +481,113 @@ func TestGeoRepeatedTargets(t *testing.T) {
 	// A repetition without DiLoCo's run: the time target is not evaluated.
 	partial := rep(3, 60, 79, 76, 0.95)
 	partial.Runs = slices.Delete(slices.Clone(partial.Runs), 2, 3)
-	partial.Targets = geoTargets(partial.Runs, 0.85)
+	partial.Targets = geoTargets(partial.Runs, geoGoal{Target: 0.85})
 	tt = byName(geoRepeatedTargets([]geoRepeat{rep(1, 60, 67, 77, 0.95), partial}))["wa-diloco-time"]
 	if tt.Evaluated || tt.Met || strings.Contains(tt.Note, "met in") || !strings.Contains(tt.Note, "seed 3: not evaluated") {
 		t.Errorf("partial: %+v", tt)
+	}
+}
+
+// TestGeoLMSpecs: the language-model variant runs the same swarm and
+// algorithms with text flags (the same data on every peer, no shards or
+// image flags) and is timed to a validation perplexity.
+func TestGeoLMSpecs(t *testing.T) {
+	if _, ok := Find(geoLMName); !ok {
+		t.Fatalf("%s is not registered", geoLMName)
+	}
+	c, img := geoLMDefaults(false, 7, "/data"), geoDefaults(false, 7, "/data")
+	if c.Name != geoLMName || !c.Text || c.Target != geoLMTarget || c.goal() != (geoGoal{Target: geoLMTarget, Text: true}) {
+		t.Fatalf("config %+v", c)
+	}
+	if !slices.Equal(c.slowdowns(), img.slowdowns()) || c.Duration != img.Duration || c.InterMbps != img.InterMbps {
+		t.Error("the text variant's swarm differs from the image one's")
+	}
+	dir := t.TempDir()
+	for _, algo := range geoAlgos {
+		spec, err := c.spec(algo, c.slowdowns(), dir)
+		if err != nil {
+			t.Fatalf("%s: %v", algo, err)
+		}
+		if !strings.HasPrefix(spec.Name, geoLMName+"-") {
+			t.Errorf("%s: swarm %q", algo, spec.Name)
+		}
+		a := spec.Peers()[1].Args
+		for flag, want := range map[string]string{"--model": "gpt:2x64:512x32", "--data": "gcide", "--vocab": "512",
+			"--corpus-bytes": "524288", "--eval-tokens": "8192", "--batch": "8", "--lr": "0.003"} {
+			if got := flagValue(a, flag); got != want {
+				t.Errorf("%s: %s %q, want %q", algo, flag, got, want)
+			}
+		}
+		for _, flag := range []string{"--shard", "--momentum", "--eval-examples", "--data-dir"} {
+			if flagValue(a, flag) != "" {
+				t.Errorf("%s: image flag %s given to a language model: %v", algo, flag, a)
+			}
+		}
+		if h := flagValue(a, "--inner-steps"); (algo == optimizer.DiLoCo || algo == optimizer.WADiLoCo) != (h == "100") {
+			t.Errorf("%s: --inner-steps %q", algo, h)
+		}
+	}
+	cfg := c.configJSON(c.slowdowns())
+	if _, ok := cfg["target_accuracy"]; ok || cfg["target_perplexity"] != float64(geoLMTarget) || cfg["vocab"] != 512 {
+		t.Errorf("config JSON %v", cfg)
+	}
+	if got := c.goal().String(); got != "validation perplexity 35" {
+		t.Errorf("goal %q", got)
+	}
+}
+
+// TestGeoPerplexityCurve: a language model's median curve has the median
+// perplexity once most peers have evaluated (a peer counts as +Inf
+// before its first evaluation), its time to target is the first point at
+// or below the target, and the final perplexity is the median of the
+// peers'.
+func TestGeoPerplexityCurve(t *testing.T) {
+	curves := [][]geoEval{
+		{{Seconds: 1, Perplexity: 90}, {Seconds: 3, Perplexity: 50}, {Seconds: 5, Perplexity: 38}},
+		{{Seconds: 2, Perplexity: 80}, {Seconds: 4, Perplexity: 45}},
+		{{Seconds: 2, Perplexity: 100}, {Seconds: 5, Perplexity: 41}},
+	}
+	got := geoMedianCurve(curves, true)
+	want := []float64{0, 90, 80, 50, 41} // 90,-,-; 90,80,100; 50,80,100; 50,45,100; 38,45,41
+	if len(got) != len(want) {
+		t.Fatalf("curve %v", got)
+	}
+	for i, w := range want {
+		if got[i].Perplexity != w {
+			t.Errorf("point %d: %v, want perplexity %v", i, got[i], w)
+		}
+	}
+	goal := geoGoal{Target: 45, Text: true}
+	if at, ok := geoTimeToTarget(got, goal); !ok || at != 5 {
+		t.Errorf("time to perplexity 45: %v, %v; want 5", at, ok)
+	}
+	if _, ok := geoTimeToTarget(got, geoGoal{Target: 40, Text: true}); ok {
+		t.Error("perplexity 40 reached by a curve whose lowest median is 41")
+	}
+	// An accuracy goal ignores perplexities (the accuracy is 0 here).
+	if _, ok := geoTimeToTarget(got, geoGoal{Target: 0.5}); ok {
+		t.Error("an accuracy goal was met by perplexities")
+	}
+	const t0 = 1_700_000_000.0
+	var in []geoInput
+	for k, ppl := range []float64{39, 44, 41} {
+		in = append(in, geoInput{Name: fmt.Sprintf("peer%d-0", k), State: "exited", Sent: 100, Result: &peer.Result{
+			TrainStartUnix: t0, ValPerplexity: ppl, Steps: 10, Samples: 80, TrainSeconds: 10, ComputeSeconds: 9,
+			Curve: []peer.Eval{{Unix: t0 + 2, Perplexity: ppl + 10}, {Unix: t0 + 4, Perplexity: ppl}},
+		}})
+	}
+	r := geoSummarize(optimizer.DiLoCo, "uniform8", in, goal)
+	if r.FinalPerplexity != 41 || !r.ReachedTarget || r.SecondsToTarget != 4 {
+		t.Errorf("summary: final %v, reached %v at %v", r.FinalPerplexity, r.ReachedTarget, r.SecondsToTarget)
+	}
+	if got := goal.fmtFinal(r); got != "41.00 ppl" {
+		t.Errorf("final %q", got)
+	}
+	lines := geoBenchLines(geoLMName, []geoRun{r})
+	if lines[0].Metric != "final_perplexity" || lines[0].Value != 41 || lines[0].Suite != geoLMName {
+		t.Errorf("bench line %+v", lines[0])
+	}
+	if s := geoSeries("diloco", r, true); len(s.Y) != 2 || s.Y[1] != 41 {
+		t.Errorf("chart series %+v", s)
 	}
 }

@@ -27,10 +27,10 @@ func newExperimentCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&o.Out, "out", "results", "directory for NAME.json and NAME.png")
 	cmd.Flags().BoolVar(&o.Quick, "quick", false, "a shrunken smoke run")
-	cmd.Flags().StringSliceVar(&o.Only, "only", nil, "run only these of the experiment's runs, comma-separated (moe-convergence: dmoe-64-100ms, ..., large-ffn; averaging-convergence: wagma, allreduce, local; sky-computing: grid points WORKERSxLAYERS, e.g. 4x8,16x48; geo-data-parallel: allreduce, local, wagma, diloco, wa-diloco)")
+	cmd.Flags().StringSliceVar(&o.Only, "only", nil, "run only these of the experiment's runs, comma-separated (moe-convergence: dmoe-64-100ms, ..., large-ffn; averaging-convergence: wagma, allreduce, local; sky-computing: grid points WORKERSxLAYERS, e.g. 4x8,16x48; geo-data-parallel and geo-data-parallel-lm: allreduce, local, wagma, diloco, wa-diloco)")
 	cmd.Flags().Uint64Var(&o.Seed, "seed", 1, "seed for everything random")
-	cmd.Flags().IntVar(&o.Repeats, "repeats", 1, "geo-data-parallel and sky-computing: run everything this many times, with seeds --seed, --seed+1, ..., and judge the targets over the repetitions (geo-data-parallel: medians of the times to target; sky-computing: medians of every cell)")
-	cmd.Flags().StringVar(&o.DataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
+	cmd.Flags().IntVar(&o.Repeats, "repeats", 1, "geo-data-parallel, geo-data-parallel-lm and sky-computing: run everything this many times, with seeds --seed, --seed+1, ..., and judge the targets over the repetitions (geo-data-parallel[-lm]: medians of the times to target; sky-computing: medians of every cell)")
+	cmd.Flags().StringVar(&o.DataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files (experiments on text read GCIDE from its Debian package)")
 	return cmd
 }
 

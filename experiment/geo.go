@@ -576,8 +576,10 @@ func geoMedianCurve(curves [][]geoEval, lm bool) []geoEval {
 			}
 		}
 		e := geoEval{Seconds: t, Accuracy: stats.Median(acc)}
-		if m := stats.Median(ppl); lm && !math.IsInf(m, 0) && !math.IsNaN(m) {
-			e.Perplexity = m
+		if lm {
+			if m := stats.Median(ppl); !math.IsInf(m, 0) && !math.IsNaN(m) {
+				e.Perplexity = m
+			}
 		}
 		out = append(out, e)
 	}
@@ -679,8 +681,10 @@ func geoTargets(runs []geoRun, goal geoGoal) []targetResult {
 	return out
 }
 
-// geoBenchLines are the runs' numbers as benchmark protocol lines.
-func geoBenchLines(name string, runs []geoRun) []bench.Result {
+// geoBenchLines are the runs' numbers as benchmark protocol lines of
+// experiment name; a language model's (lm) final quality is its
+// perplexity.
+func geoBenchLines(name string, lm bool, runs []geoRun) []bench.Result {
 	var base *geoRun
 	for i := range runs {
 		if runs[i].Algo == string(optimizer.AllReduce) {
@@ -702,7 +706,7 @@ func geoBenchLines(name string, runs []geoRun) []bench.Result {
 			bps = bps.WithBaseline(base.Algo, base.BytesPerSample)
 		}
 		final := bench.Result{Suite: name, Case: r.Algo, Metric: "final_accuracy", Value: r.FinalAccuracy, Unit: "fraction"}
-		if r.FinalPerplexity > 0 {
+		if lm {
 			final = bench.Result{Suite: name, Case: r.Algo, Metric: "final_perplexity", Value: r.FinalPerplexity, Unit: "perplexity"}
 		}
 		out = append(out,
@@ -898,7 +902,7 @@ func geoWrite(o Options, c geoConfig, reps []geoRepeat) error {
 	if len(reps) == 1 {
 		out = map[string]any{
 			"config": c.configJSON(reps[0].Slowdowns), "definitions": geoDefinitions, "runs": reps[0].Runs, "targets": targets,
-			"results": geoBenchLines(c.Name, reps[0].Runs),
+			"results": geoBenchLines(c.Name, c.Text, reps[0].Runs),
 		}
 	} else {
 		targets = geoRepeatedTargets(reps)
@@ -907,7 +911,7 @@ func geoWrite(o Options, c geoConfig, reps []geoRepeat) error {
 		var lines []bench.Result
 		for i, rep := range reps {
 			seeds[i] = rep.Seed
-			for _, l := range geoBenchLines(c.Name, rep.Runs) {
+			for _, l := range geoBenchLines(c.Name, c.Text, rep.Runs) {
 				l.Note = fmt.Sprintf("seed %d", rep.Seed)
 				lines = append(lines, l)
 			}

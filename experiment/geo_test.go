@@ -349,7 +349,7 @@ func TestGeoTargets(t *testing.T) {
 	if tg := ts["wa-diloco-utilization"]; !tg.Evaluated || !tg.Met {
 		t.Errorf("%+v", tg)
 	}
-	lines := geoBenchLines(geoName, all)
+	lines := geoBenchLines(geoName, false, all)
 	var ratios int
 	for _, l := range lines {
 		if l.Suite != geoName || l.Case == "" || l.Metric == "" {
@@ -583,7 +583,7 @@ func TestGeoPerplexityCurve(t *testing.T) {
 	if got := goal.fmtFinal(r); got != "41.00 ppl" {
 		t.Errorf("final %q", got)
 	}
-	lines := geoBenchLines(geoLMName, []geoRun{r})
+	lines := geoBenchLines(geoLMName, true, []geoRun{r})
 	if lines[0].Metric != "final_perplexity" || lines[0].Value != 41 || lines[0].Suite != geoLMName {
 		t.Errorf("bench line %+v", lines[0])
 	}

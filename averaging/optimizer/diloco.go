@@ -76,6 +76,10 @@ type outer struct {
 	local int       // inner steps since the last outer step
 	pg    []float32 // a synchronous outer step's vector; Δ̄ first after it
 
+	// st is Streaming DiLoCo's schedule (Config.Fragments,
+	// OverlapSteps); nil for whole-model blocking outer steps.
+	st *stream
+
 	// Under Optimizer.mu.
 	anchor []float32 // θ_start
 	mom    []float32 // v
@@ -128,6 +132,10 @@ func newOuter(cfg *Config, params []*nn.Param, n int) (*outer, error) {
 		anchor: make([]float32, n), mom: make([]float32, n),
 	}
 	nn.FlatValues(params, d.anchor)
+	var err error
+	if d.st, err = newStream(*cfg, n); err != nil {
+		return nil, err
+	}
 	if d.wa {
 		d.base = append([]float32(nil), d.anchor...)
 		d.pg = make([]float32, waStateVectors*n)
@@ -221,6 +229,9 @@ func (o *Optimizer) stepOuter(ctx context.Context, samples, round int) error {
 	o.stats.Samples += int64(samples)
 	o.progress.add(int64(samples))
 	o.mu.Unlock()
+	if d.st != nil {
+		return o.stepStreaming(ctx)
+	}
 	d.local++
 	next := round + 1
 	if d.wa && o.cfg.Tau == 1 {
@@ -339,7 +350,7 @@ func (o *Optimizer) applyGlobalLocked(vec []float32) {
 	copy(d.anchor, d.base)
 	copy(d.mom, vec[n:])
 	o.syncs++
-	o.outerUpdateLocked(vec[:n])
+	o.outerUpdateLocked(0, vec[:n])
 	copy(d.base, d.anchor)
 }
 
@@ -385,7 +396,7 @@ func (o *Optimizer) globalOuter(ctx context.Context, target int) error {
 	if d.wa {
 		o.applyGlobalLocked(d.pg)
 	} else {
-		o.outerUpdateLocked(d.pg[:n])
+		o.outerUpdateLocked(0, d.pg[:n])
 	}
 	nn.SetFlatValues(o.params, d.anchor)
 	copy(o.published, d.anchor)
@@ -394,11 +405,12 @@ func (o *Optimizer) globalOuter(ctx context.Context, target int) error {
 }
 
 // outerUpdateLocked takes the outer Nesterov step with the averaged
-// pseudo-gradient g on the anchor; Optimizer.mu must be held.
-func (o *Optimizer) outerUpdateLocked(g []float32) {
+// pseudo-gradient g on the anchor's elements from lo (all of them for a
+// whole-model g); Optimizer.mu must be held.
+func (o *Optimizer) outerUpdateLocked(lo int, g []float32) {
 	d := o.dl
 	lr, mu := d.lr, d.mu
-	a, v := d.anchor, d.mom
+	a, v := d.anchor[lo:lo+len(g)], d.mom[lo:lo+len(g)]
 	for j, gj := range g {
 		if mu != 0 {
 			v[j] = mu*v[j] + gj

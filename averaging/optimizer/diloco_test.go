@@ -109,6 +109,20 @@ func (blobTask) build() *nn.Sequential {
 	return nn.MLP([]int{20, 16, 3}, 0, rand.New(rand.NewPCG(3, 4)))
 }
 
+// replicas are a one-process reference's models, one per peer, each with
+// its own SGD, and their common initial parameters.
+func (b blobTask) replicas(sgd optim.SGDConfig) ([]*nn.Sequential, []*optim.SGD, []float32) {
+	reps := make([]*nn.Sequential, b.peers)
+	opts := make([]*optim.SGD, b.peers)
+	for p := range reps {
+		reps[p] = b.build()
+		opts[p] = optim.NewSGD(reps[p].Params(), sgd)
+	}
+	start := make([]float32, nn.NumParams(reps[0].Params()))
+	nn.FlatValues(reps[0].Params(), start)
+	return reps, opts, start
+}
+
 // batch is peer p's batch of step s.
 func (b blobTask) batch(s, p int) []int {
 	idx := make([]int, b.per)
@@ -215,15 +229,8 @@ func testDiLoCoMatchesReference(t *testing.T, cfg Config, schedule []int) {
 	sgd := optim.SGDConfig{LR: 0.05, Momentum: 0.9}
 
 	// Reference: replicas with their own inner optimizers.
-	reps := make([]*nn.Sequential, peers)
-	repOpts := make([]*optim.SGD, peers)
-	for p := range peers {
-		reps[p] = task.build()
-		repOpts[p] = optim.NewSGD(reps[p].Params(), sgd)
-	}
-	n := int(nn.NumParams(reps[0].Params()))
-	start := make([]float32, n)
-	nn.FlatValues(reps[0].Params(), start)
+	reps, repOpts, start := task.replicas(sgd)
+	n := len(start)
 	v := make([]float32, n)
 	theta := make([]float32, n)
 	done := 0
@@ -665,6 +672,13 @@ func TestDiLoCoRefusesBadConfig(t *testing.T) {
 		{Config{Algo: WADiLoCo, OuterMomentum: math.NaN()}, "outer momentum"},
 		{Config{Algo: DiLoCo, InnerSteps: 10, WarmupInnerSteps: -1}, "warm-up"},
 		{Config{Algo: WADiLoCo, InnerSteps: 10, WarmupInnerSteps: 11}, "warm-up"},
+		{Config{Algo: DiLoCo, InnerSteps: 10, Fragments: 11}, "fragments"},
+		{Config{Algo: DiLoCo, InnerSteps: 10, Fragments: -1}, "fragments"},
+		{Config{Algo: WADiLoCo, InnerSteps: 10, Fragments: 2}, "fragments"},
+		{Config{Algo: WAGMA, Fragments: 2}, "fragments"},
+		{Config{Algo: DiLoCo, InnerSteps: 10, WarmupInnerSteps: 2, Fragments: 2}, "warm-up"},
+		{Config{Algo: DiLoCo, InnerSteps: 10, OverlapSteps: 10}, "overlap"},
+		{Config{Algo: DiLoCo, InnerSteps: 10, OverlapSteps: -1}, "overlap"},
 	} {
 		o, err := mk(c.cfg)
 		if err == nil {

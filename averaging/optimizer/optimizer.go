@@ -153,7 +153,8 @@ type Config struct {
 
 	// InnerSteps is DiLoCo's H: steps of the wrapped optimizer between
 	// outer steps (0: DefaultInnerSteps; negative is refused). DiLoCo and
-	// WA-DiLoCo only, as are the two fields below.
+	// WA-DiLoCo only, as are WarmupInnerSteps, OuterLR and OuterMomentum;
+	// Fragments and OverlapSteps are DiLoCo's only.
 	InnerSteps int
 	// WarmupInnerSteps, if positive, is the H of the first outer step,
 	// doubled at every outer step until it reaches InnerSteps. Replicas
@@ -170,6 +171,18 @@ type Config struct {
 	// DefaultOuterMomentum; NoMomentum: plain outer SGD; anything else
 	// outside [0, 1) is refused).
 	OuterMomentum float64
+	// Fragments, if above 1, makes DiLoCo's outer steps Streaming
+	// DiLoCo's: the parameters are cut into this many contiguous
+	// fragments that take their outer steps in turn, one every
+	// InnerSteps/Fragments inner steps (see streaming.go). At most
+	// InnerSteps; DiLoCo without a warm-up only; 0 or 1: whole-model
+	// outer steps.
+	Fragments int
+	// OverlapSteps is how many inner steps a (fragment's) outer step's
+	// all-reduce may overlap before Step waits for it and applies it,
+	// keeping the progress made meanwhile (0: Step waits at once, as
+	// DiLoCo; below InnerSteps; DiLoCo without a warm-up only).
+	OverlapSteps int
 
 	// Metrics, if set, receives the optimizer's Prometheus collector
 	// (rounds, group sizes, bytes, stragglers dropped, staleness; see
@@ -370,6 +383,8 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 		if dl, err = newOuter(&cfg, params, n); err != nil {
 			return nil, err
 		}
+	} else if cfg.Fragments > 1 || cfg.OverlapSteps != 0 {
+		return nil, fmt.Errorf("%w: fragments and overlap steps are for diloco, not %s", ErrConfig, cfg.Algo)
 	}
 	layout := NewLayout(params, dl.withState(inner.State()))
 	if cfg.Model == "" {

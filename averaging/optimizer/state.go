@@ -127,6 +127,11 @@ func (o *Optimizer) LoadState(s State) error {
 	copy(o.published, s.Vector[:o.n])
 	clear(o.delta)
 	o.round, o.stats.Round = s.Round, s.Round
+	if o.dl != nil && o.dl.st != nil {
+		// Streaming DiLoCo's fragments follow the inner steps: resume at
+		// the start of the round's cycle.
+		o.dl.st.step = s.Round * o.dl.st.h
+	}
 	o.progress.epoch = s.Epoch
 	return nil
 }

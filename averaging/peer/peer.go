@@ -66,6 +66,9 @@ type Config struct {
 	WarmupInnerSteps int
 	OuterLR          float64
 	OuterMomentum    float64
+	// Fragments and OverlapSteps make DiLoCo's outer steps Streaming
+	// DiLoCo's (optimizer.Config; 0: whole-model, blocking).
+	Fragments, OverlapSteps int
 	// Codec compresses averaging traffic; Timeout bounds one all-reduce
 	// (RoundInterval with DHT matchmaking, else 20 s).
 	Codec   wire.Codec
@@ -430,6 +433,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: node, RoundInterval: cfg.RoundInterval,
 		Model: sig, TargetBatchSize: cfg.TargetBatchSize,
 		InnerSteps: cfg.InnerSteps, WarmupInnerSteps: cfg.WarmupInnerSteps, OuterLR: cfg.OuterLR, OuterMomentum: cfg.OuterMomentum,
+		Fragments: cfg.Fragments, OverlapSteps: cfg.OverlapSteps,
 		Metrics: cfg.Metrics,
 	}
 	mm := averaging.NewMatchmaker(node, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})

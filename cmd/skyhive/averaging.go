@@ -179,7 +179,7 @@ func newPeerCmd() *cobra.Command {
 	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
 	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
 	fl.DurationVar(&c.RoundInterval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
-	registerOuterFlags(fl, &c.InnerSteps, &c.WarmupInnerSteps, &c.OuterLR, &c.OuterMomentum)
+	registerOuterFlags(fl, outerFlags{&c.InnerSteps, &c.WarmupInnerSteps, &c.Fragments, &c.OverlapSteps, &c.OuterLR, &c.OuterMomentum})
 	fl.StringVar(&f.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.StringVar(&f.aggr, "aggregation", "mean", "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
 	fl.Float64Var(&c.MaxNormRatio, "max-norm-ratio", averaging.DefaultMaxNormRatio, "drop a contribution whose norm is over this multiple of the group's median (negative: keep every finite one)")
@@ -230,7 +230,7 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 	if c.Algo, err = optimizer.ParseAlgo(f.algo); err != nil {
 		return fmt.Errorf("--algo: %w", err)
 	}
-	if err := checkOuterFlags(c.InnerSteps, c.WarmupInnerSteps, c.OuterLR); err != nil {
+	if err := checkOuterFlags(f.algo, c.InnerSteps, c.WarmupInnerSteps, c.Fragments, c.OverlapSteps, c.OuterLR); err != nil {
 		return err
 	}
 	if c.OuterMomentum == 0 {
@@ -406,6 +406,7 @@ type averagingFlags struct {
 	interval time.Duration
 	// DiLoCo's outer optimization, passed on to the peers.
 	innerSteps, warmupInnerSteps int
+	fragments, overlapSteps      int
 	outerLR, outerMomentum       float64
 	runID                        string
 	dir                          string
@@ -435,7 +436,7 @@ func (a *averagingFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&a.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.StringVar(&a.match, "matchmaking", "", "dht (default for wagma) or ranks (default for allreduce and local)")
 	fl.DurationVar(&a.interval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
-	registerOuterFlags(fl, &a.innerSteps, &a.warmupInnerSteps, &a.outerLR, &a.outerMomentum)
+	registerOuterFlags(fl, outerFlags{&a.innerSteps, &a.warmupInnerSteps, &a.fragments, &a.overlapSteps, &a.outerLR, &a.outerMomentum})
 	fl.StringVar(&a.runID, "run-id", "skyhive", "run name in DHT keys")
 	fl.StringVar(&a.dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
 	a.data.register(fl)
@@ -478,7 +479,7 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 	if _, err := optimizer.ParseAlgo(a.algo); err != nil {
 		return fmt.Errorf("--algo: %w", err)
 	}
-	if err := checkOuterFlags(a.innerSteps, a.warmupInnerSteps, a.outerLR); err != nil {
+	if err := checkOuterFlags(a.algo, a.innerSteps, a.warmupInnerSteps, a.fragments, a.overlapSteps, a.outerLR); err != nil {
 		return err
 	}
 	switch {
@@ -537,6 +538,7 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 		"--group-size", strconv.Itoa(a.group), "--tau", strconv.Itoa(a.tau), "--period", strconv.Itoa(a.period),
 		"--inner-steps", strconv.Itoa(a.innerSteps), "--warmup-inner-steps", strconv.Itoa(a.warmupInnerSteps), "--outer-lr", strconv.FormatFloat(a.outerLR, 'g', -1, 64),
 		"--outer-momentum", strconv.FormatFloat(a.outerMomentum, 'g', -1, 64),
+		"--fragments", strconv.Itoa(a.fragments), "--overlap-steps", strconv.Itoa(a.overlapSteps),
 		"--stats-every", "5s")
 	if duration > 0 {
 		args = append(args, "--eval-every", (duration / 4).String())
@@ -635,22 +637,36 @@ func newDemoAveragingCmd() *cobra.Command {
 }
 
 // checkOuterFlags checks the values of registerOuterFlags' flags that the
-// optimizer would refuse.
-func checkOuterFlags(innerSteps, warmupInnerSteps int, outerLR float64) error {
+// optimizer would refuse, for --algo algo.
+func checkOuterFlags(algo string, innerSteps, warmupInnerSteps, fragments, overlapSteps int, outerLR float64) error {
 	if innerSteps < 1 || !(outerLR > 0) || math.IsInf(outerLR, 0) {
 		return fmt.Errorf("--inner-steps must be at least 1 and --outer-lr positive (got %d and %v)", innerSteps, outerLR)
 	}
 	if warmupInnerSteps < 0 || warmupInnerSteps > innerSteps {
 		return fmt.Errorf("--warmup-inner-steps must be 0 (no warm-up) to --inner-steps (%d), got %d", innerSteps, warmupInnerSteps)
 	}
+	if fragments < 0 || fragments > innerSteps || overlapSteps < 0 || overlapSteps >= innerSteps {
+		return fmt.Errorf("--fragments must be 0 to --inner-steps (%d) and --overlap-steps 0 to %d, got %d and %d", innerSteps, innerSteps-1, fragments, overlapSteps)
+	}
+	if a, _ := optimizer.ParseAlgo(algo); (fragments > 1 || overlapSteps > 0) && (a != optimizer.DiLoCo || warmupInnerSteps > 0) {
+		return fmt.Errorf("--fragments and --overlap-steps are for --algo diloco without --warmup-inner-steps (got --algo %s, --warmup-inner-steps %d)", algo, warmupInnerSteps)
+	}
 	return nil
+}
+
+// outerFlags are where registerOuterFlags stores DiLoCo's settings.
+type outerFlags struct {
+	innerSteps, warmupInnerSteps, fragments, overlapSteps *int
+	outerLR, outerMomentum                                *float64
 }
 
 // registerOuterFlags registers DiLoCo's outer optimization flags, the
 // same in skyhive peer and in the commands that launch peers.
-func registerOuterFlags(fl *pflag.FlagSet, innerSteps, warmupInnerSteps *int, outerLR, outerMomentum *float64) {
-	fl.IntVar(innerSteps, "inner-steps", optimizer.DefaultInnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
-	fl.IntVar(warmupInnerSteps, "warmup-inner-steps", 0, "diloco and wa-diloco: H of the first outer step, doubled at every outer step up to --inner-steps (0: no warm-up)")
-	fl.Float64Var(outerLR, "outer-lr", optimizer.DefaultOuterLR, "diloco and wa-diloco: outer learning rate")
-	fl.Float64Var(outerMomentum, "outer-momentum", optimizer.DefaultOuterMomentum, fmt.Sprintf("diloco and wa-diloco: outer Nesterov momentum in [0, 1) (0 or %d: none)", optimizer.NoMomentum))
+func registerOuterFlags(fl *pflag.FlagSet, o outerFlags) {
+	fl.IntVar(o.innerSteps, "inner-steps", optimizer.DefaultInnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
+	fl.IntVar(o.warmupInnerSteps, "warmup-inner-steps", 0, "diloco and wa-diloco: H of the first outer step, doubled at every outer step up to --inner-steps (0: no warm-up)")
+	fl.Float64Var(o.outerLR, "outer-lr", optimizer.DefaultOuterLR, "diloco and wa-diloco: outer learning rate")
+	fl.Float64Var(o.outerMomentum, "outer-momentum", optimizer.DefaultOuterMomentum, fmt.Sprintf("diloco and wa-diloco: outer Nesterov momentum in [0, 1) (0 or %d: none)", optimizer.NoMomentum))
+	fl.IntVar(o.fragments, "fragments", 0, "diloco: Streaming DiLoCo, the parameters in this many fragments that take their outer steps in turn, one every --inner-steps/N steps (0 or 1: the whole model at once)")
+	fl.IntVar(o.overlapSteps, "overlap-steps", 0, "diloco: inner steps an outer step's all-reduce runs behind before it is applied (0: wait for it)")
 }

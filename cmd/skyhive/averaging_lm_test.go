@@ -67,6 +67,10 @@ func TestAveragingLanguageModelBadFlags(t *testing.T) {
 		{[]string{"peer", "--dht", dht, "--algo", "diloco", "--inner-steps", "100", "--warmup-inner-steps", "500"}, "--warmup-inner-steps must be 0 (no warm-up) to --inner-steps (100)"},
 		{[]string{"train", "averaging", "--algo", "wa-diloco", "--warmup-inner-steps", "-1"}, "--warmup-inner-steps must be 0"},
 		{[]string{"train", "averaging", "--algo", "diloco", "--inner-steps", "0"}, "--inner-steps must be at least 1"},
+		{[]string{"train", "averaging", "--algo", "wa-diloco", "--fragments", "2"}, "--fragments and --overlap-steps are for --algo diloco"},
+		{[]string{"peer", "--dht", dht, "--algo", "diloco", "--overlap-steps", "1", "--warmup-inner-steps", "5"}, "without --warmup-inner-steps"},
+		{[]string{"train", "averaging", "--algo", "diloco", "--inner-steps", "10", "--overlap-steps", "10"}, "--overlap-steps 0 to 9"},
+		{[]string{"peer", "--dht", dht, "--algo", "diloco", "--inner-steps", "4", "--fragments", "5"}, "--fragments must be 0 to --inner-steps (4)"},
 	}
 	for _, c := range cases {
 		var out syncBuffer
@@ -97,6 +101,30 @@ func TestTrainAveragingDiLoCo(t *testing.T) {
 	}
 	if a, b := res.Peers[0].ValLoss, res.Peers[1].ValLoss; math.Abs(a-b) > 1e-3*a {
 		t.Errorf("the replicas' validation losses differ after the last outer step: %v and %v", a, b)
+	}
+}
+
+// Streaming DiLoCo from the command line: two peer processes, the model
+// in 2 fragments that take their outer steps in turn every 5 of the 10
+// inner steps, each all-reduce running behind 2 inner steps. Both peers
+// evaluate the same outer model, and it beats the unigram.
+func TestTrainAveragingStreamingDiLoCo(t *testing.T) {
+	data := "gcide"
+	if _, err := os.Stat(text.DefaultGCIDEPath); err != nil {
+		data = "text:" + writeText(t)
+	}
+	res := trainAveragingLM(t, data, "--algo", "diloco", "--inner-steps", "10", "--fragments", "2", "--overlap-steps", "2", "--outer-lr", "0.7", "--outer-momentum", "0.5")
+	for i, r := range res.Peers {
+		if r.Steps != 60 || r.Algo != "diloco" || r.Failures != 0 || r.Rounds != 6 {
+			t.Fatalf("peer %d: %+v", i, r)
+		}
+		if !(r.ValPerplexity > 1) || !(r.ValPerplexity < r.UnigramPerplexity) {
+			t.Fatalf("peer %d: validation perplexity %v, unigram %v", i, r.ValPerplexity, r.UnigramPerplexity)
+		}
+		t.Logf("peer %d: validation perplexity %.2f, unigram %.2f, %d bytes sent, %.1fs", i, r.ValPerplexity, r.UnigramPerplexity, r.BytesSent, r.Seconds)
+	}
+	if a, b := res.Peers[0].ValLoss, res.Peers[1].ValLoss; math.Abs(a-b) > 1e-3*a {
+		t.Errorf("the peers' outer models differ: validation losses %v and %v", a, b)
 	}
 }
 

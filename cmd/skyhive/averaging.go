@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -51,12 +52,8 @@ type peerFlags struct {
 // `skyhive train averaging`, with the names, meanings and defaults of
 // `skyhive train`'s.
 type averagingLMFlags struct {
+	lmDataFlags
 	data        string
-	vocab       int
-	seq         int
-	corpusBytes int64
-	tokenWidth  int
-	evalTokens  int
 	warmup      int
 	clip        float64
 	weightDecay float64
@@ -65,17 +62,13 @@ type averagingLMFlags struct {
 // averagingLMOnly name the flags averagingLMFlags adds, which image models
 // refuse; averagingImageOnly those that language models refuse.
 var (
-	averagingLMOnly    = []string{"vocab", "seq", "corpus-bytes", "token-width", "eval-tokens", "warmup", "clip", "weight-decay"}
+	averagingLMOnly    = slices.Concat(lmDataOnly, []string{"warmup", "clip", "weight-decay"})
 	averagingImageOnly = []string{"data-dir", "limit", "momentum", "shard", "eval-examples"}
 )
 
 func (l *averagingLMFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&l.data, "data", "fashion-mnist", "data: fashion-mnist for image models; for language models "+train.TextDataUsage+" (gcide by default; every peer of a run must read the same)")
-	fl.IntVar(&l.vocab, "vocab", lmVocab, "language models: BPE vocabulary trained on text (the same on every peer); with tokens:PATH, the file's vocabulary (required)")
-	fl.IntVar(&l.seq, "seq", lmSeq, "language models: context length in tokens (of a spec without one, like gpt-mini)")
-	fl.Int64Var(&l.corpusBytes, "corpus-bytes", lmCorpusBytes, "language models: bytes of the data to read (of GCIDE, decompressed)")
-	fl.IntVar(&l.tokenWidth, "token-width", 2, "language models: bytes per id of a tokens:PATH file (2: uint16, 4: uint32)")
-	fl.IntVar(&l.evalTokens, "eval-tokens", 0, "language models: validation tokens to evaluate (0: all)")
+	l.lmDataFlags.register(fl, 0)
 	fl.IntVar(&l.warmup, "warmup", lmWarmup, "language models: linear learning-rate warm-up steps")
 	fl.Float64Var(&l.clip, "clip", lmClip, "language models: global norm clip of the (averaged) gradients (0 disables)")
 	fl.Float64Var(&l.weightDecay, "weight-decay", 0.01, "language models: AdamW decoupled weight decay")

@@ -58,11 +58,9 @@ type moeFlags struct {
 
 // moeLMFlags are the options of a DMoE language model (--data gcide).
 type moeLMFlags struct {
-	seq, vocab, heads int
-	corpusBytes       int64
-	tokenWidth        int
-	evalTokens        int
-	clip              float64
+	lmDataFlags
+	heads int
+	clip  float64
 }
 
 // register adds the flags of both MoE commands; latency is the default
@@ -86,12 +84,8 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	fl.DurationVar(&m.rtt, "rtt", 0, "retired: use --latency, the one-way latency (half the round trip)")
 	_ = fl.MarkDeprecated("rtt", "use --latency with the one-way latency (half of --rtt)")
 	fl.StringVar(&m.dataset, "data", "fashion-mnist", "fashion-mnist (a DMoE classifier) or text for a DMoE transformer language model: "+train.TextDataUsage)
-	fl.IntVar(&m.lm.seq, "seq", 64, "language model: context length in tokens")
-	fl.IntVar(&m.lm.vocab, "vocab", lmVocab, "language model: BPE vocabulary trained on text; with tokens:PATH, the file's vocabulary")
+	m.lm.lmDataFlags.register(fl, 20000)
 	fl.IntVar(&m.lm.heads, "heads", 2, "language model: attention heads (dividing --hidden)")
-	fl.Int64Var(&m.lm.corpusBytes, "corpus-bytes", lmCorpusBytes, "language model: bytes of the data to read (of GCIDE, decompressed)")
-	fl.IntVar(&m.lm.tokenWidth, "token-width", 2, "language model: bytes per id of a tokens:PATH file (2 or 4)")
-	fl.IntVar(&m.lm.evalTokens, "eval-tokens", 20000, "language model: validation tokens to evaluate (0: all)")
 	fl.Float64Var(&m.lm.clip, "clip", 1, "language model: global norm clip of the local gradients (0 disables)")
 	renameFlags(fl, map[string]string{"moe-grids": "grids", "moe-hidden": "hidden", "moe-steps": "steps", "moe-listen": "listen", "emulated-rtt": "rtt"})
 }

@@ -85,7 +85,7 @@ func newTrainPipelineCmd() *cobra.Command {
 	p.train.register(fl)
 	p.train.registerModel(fl, "fashion-mnist or blobs; language models: "+train.TextDataUsage+", default gcide")
 	fl.Lookup("model").Usage = "model: " + models.Usage() + "; or a language model: " + models.LMUsage() + " (a size without parameters, gpt-mini, takes --vocab and --seq)"
-	p.train.lm.registerPipeline(fl)
+	p.train.lm.lmDataFlags.register(fl, 0)
 	p.train.out.register(fl, "the result (plan, workers, events, last iteration)", "one per iteration, with per-stage times")
 	fl.IntVar(&p.train.steps, "steps", 0, "stop after N iterations (0: --epochs)")
 	fl.IntVar(&p.workers, "workers", 0, "launch N local skyhive worker processes on loopback")
@@ -548,24 +548,10 @@ func fmtFloats(xs []float64) string {
 	return strings.Join(parts, ",")
 }
 
-// pipelineLMFlags are the language-model flags `train pipeline` has: the
-// data's, not the run length's (--steps is the pipeline's own).
-var pipelineLMFlags = []string{"corpus-bytes", "vocab", "seq", "token-width", "eval-tokens"}
-
-// registerPipeline adds the language-model flags of `train pipeline`, with
-// the defaults of `skyhive train`.
-func (l *lmFlags) registerPipeline(fl *pflag.FlagSet) {
-	fl.Int64Var(&l.corpusBytes, "corpus-bytes", lmCorpusBytes, "language models: bytes of the data to read (of GCIDE, decompressed)")
-	fl.IntVar(&l.vocab, "vocab", lmVocab, "language models: BPE vocabulary trained on text; with tokens:PATH, the file's vocabulary (required)")
-	fl.IntVar(&l.seq, "seq", lmSeq, "language models: context length in tokens")
-	fl.IntVar(&l.tokenWidth, "token-width", 2, "language models: bytes per id of a tokens:PATH file (2: uint16, 4: uint32)")
-	fl.IntVar(&l.evalTokens, "eval-tokens", 0, "language models: validation tokens to evaluate (0: all)")
-}
-
 // checkPipelineImageFlags refuses the language-model flags for an image
 // model.
 func checkPipelineImageFlags(fl *pflag.FlagSet, model string) error {
-	for _, name := range pipelineLMFlags {
+	for _, name := range lmDataOnly {
 		if fl.Changed(name) {
 			return fmt.Errorf("--%s is for language models; %s is an image classifier (language models: %s)", name, model, models.LMUsage())
 		}

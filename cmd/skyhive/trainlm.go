@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,31 +37,46 @@ const (
 	mlmLR = 1e-3
 )
 
+// lmDataFlags are the language-model data flags of every command that
+// trains a language model (train, train pipeline, train averaging, peer,
+// train moe, server): the same names, meanings and defaults everywhere.
+type lmDataFlags struct {
+	corpusBytes int64
+	vocab       int
+	seq         int
+	tokenWidth  int
+	evalTokens  int
+}
+
+// lmDataOnly names lmDataFlags' flags.
+var lmDataOnly = []string{"corpus-bytes", "vocab", "seq", "token-width", "eval-tokens"}
+
+// register adds the flags; evalTokens is --eval-tokens' default.
+func (l *lmDataFlags) register(fl *pflag.FlagSet, evalTokens int) {
+	fl.Int64Var(&l.corpusBytes, "corpus-bytes", lmCorpusBytes, "language models: bytes of the data to read (of GCIDE, decompressed)")
+	fl.IntVar(&l.vocab, "vocab", lmVocab, "language models: BPE vocabulary trained on text (the same on every peer of a swarm); with tokens:PATH, the file's vocabulary (required)")
+	fl.IntVar(&l.seq, "seq", lmSeq, "language models: context length in tokens")
+	fl.IntVar(&l.tokenWidth, "token-width", 2, "language models: bytes per id of a tokens:PATH file (2: uint16, 4: uint32)")
+	fl.IntVar(&l.evalTokens, "eval-tokens", evalTokens, "language models: validation tokens to evaluate (0: all)")
+}
+
 // lmFlags are the options only language models have.
 type lmFlags struct {
+	lmDataFlags
 	duration     time.Duration
 	steps        int64
-	corpusBytes  int64
-	vocab        int
-	seq          int
-	tokenWidth   int
-	evalTokens   int
 	prompt       string
 	sampleTokens int
 	temperature  float64
 }
 
 // lmOnly names the flags lmFlags adds, which image models refuse.
-var lmOnly = []string{"duration", "steps", "corpus-bytes", "vocab", "seq", "token-width", "eval-tokens", "prompt", "sample-tokens", "temperature"}
+var lmOnly = slices.Concat([]string{"duration", "steps"}, lmDataOnly, generationOnly)
 
 func (l *lmFlags) register(fl *pflag.FlagSet) {
 	fl.DurationVar(&l.duration, "duration", lmDuration, "language models: training time (0: --steps); --time is the same flag")
 	fl.Int64Var(&l.steps, "steps", 0, "language models: stop after N steps (0: --duration)")
-	fl.Int64Var(&l.corpusBytes, "corpus-bytes", lmCorpusBytes, "language models: bytes of the data to read (of GCIDE, decompressed)")
-	fl.IntVar(&l.vocab, "vocab", lmVocab, "language models: BPE vocabulary trained on text; with tokens:PATH, the file's vocabulary (required)")
-	fl.IntVar(&l.seq, "seq", lmSeq, "language models: context length in tokens")
-	fl.IntVar(&l.tokenWidth, "token-width", 2, "language models: bytes per id of a tokens:PATH file (2: uint16, 4: uint32)")
-	fl.IntVar(&l.evalTokens, "eval-tokens", 0, "language models: validation tokens to evaluate (0: all)")
+	l.lmDataFlags.register(fl, 0)
 	fl.StringVar(&l.prompt, "prompt", lmPrompt, "language models: text the generated sample starts from")
 	fl.IntVar(&l.sampleTokens, "sample-tokens", 60, "language models: tokens to generate after training (0: no sample)")
 	fl.Float64Var(&l.temperature, "temperature", 0.8, "language models: sampling temperature (0: greedy)")

@@ -39,7 +39,7 @@ const (
 
 // lmDataFlags are the language-model data flags of every command that
 // trains a language model (train, train pipeline, train averaging, peer,
-// train moe, server): the same names, meanings and defaults everywhere.
+// train moe, demo moe): the same names, meanings and defaults everywhere.
 type lmDataFlags struct {
 	corpusBytes int64
 	vocab       int

@@ -383,8 +383,8 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 		if dl, err = newOuter(&cfg, params, n); err != nil {
 			return nil, err
 		}
-	} else if cfg.Fragments > 1 || cfg.OverlapSteps != 0 {
-		return nil, fmt.Errorf("%w: fragments and overlap steps are for diloco, not %s", ErrConfig, cfg.Algo)
+	} else if _, err := newStream(cfg, n); err != nil {
+		return nil, err // fragments or overlap steps given to another algorithm
 	}
 	layout := NewLayout(params, dl.withState(inner.State()))
 	if cfg.Model == "" {

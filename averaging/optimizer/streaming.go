@@ -49,9 +49,9 @@ type fragSync struct {
 }
 
 // newStream checks cfg's Fragments and OverlapSteps (DiLoCo without a
-// warm-up only) and returns the schedule for n parameters, or nil when
-// the outer steps are whole-model and blocking (Fragments ≤ 1 and no
-// overlap).
+// warm-up only; New asks it for every algorithm) and returns the schedule
+// for n parameters, or nil when the outer steps are whole-model and
+// blocking (Fragments ≤ 1 and no overlap).
 func newStream(cfg Config, n int) (*stream, error) {
 	f, o := cfg.Fragments, cfg.OverlapSteps
 	switch {
@@ -78,8 +78,8 @@ func newStream(cfg Config, n int) (*stream, error) {
 	return s, nil
 }
 
-// fragments returns the fragments due after inner step t, and for each
-// its outer step count (1 for its first).
+// due returns the fragments due after inner step t, and for each its
+// outer step count (1 for its first).
 func (s *stream) due(t int) (ps, ks []int) {
 	f := len(s.bounds) - 1
 	for p := range f {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +25,7 @@ func TestTrainAveragingLanguageModel(t *testing.T) {
 	if _, err := os.Stat(text.DefaultGCIDEPath); err != nil {
 		data = "text:" + writeText(t)
 	}
-	res := trainAveragingLM(t, data, "--algo", "allreduce")
+	res := trainAveragingLM(t, data, 60, "--algo", "allreduce")
 	for i, r := range res.Peers {
 		if r.Steps != 60 || r.Model != fmt.Sprintf("gpt-mini:%dx16", r.Vocab) || r.Vocab < 257 || r.Vocab > 300 || r.Algo != "allreduce" || r.EvalTokens == 0 || r.Failures != 0 {
 			t.Fatalf("peer %d: %+v", i, r)
@@ -84,14 +85,18 @@ func TestAveragingLanguageModelBadFlags(t *testing.T) {
 // DiLoCo from the command line: two peer processes take 10 AdamW steps
 // alone between outer steps on their averaged pseudo-gradients; after the
 // last outer step both hold the same model, and it beats the unigram.
+// 200 steps: the peers' batch orders depend on their random IDs, and after
+// 60 steps the outer model's perplexity ranged from 51 to 68 over 8 runs
+// against the unigram's 69.3 (Streaming DiLoCo's, below, 54 to 71; after
+// 200 steps 30–42 and 29–58).
 func TestTrainAveragingDiLoCo(t *testing.T) {
 	data := "gcide"
 	if _, err := os.Stat(text.DefaultGCIDEPath); err != nil {
 		data = "text:" + writeText(t)
 	}
-	res := trainAveragingLM(t, data, "--algo", "diloco", "--inner-steps", "10", "--outer-lr", "0.7", "--outer-momentum", "0.5")
+	res := trainAveragingLM(t, data, 200, "--algo", "diloco", "--inner-steps", "10", "--outer-lr", "0.7", "--outer-momentum", "0.5")
 	for i, r := range res.Peers {
-		if r.Steps != 60 || r.Algo != "diloco" || r.Failures != 0 || r.Rounds != 6 {
+		if r.Steps != 200 || r.Algo != "diloco" || r.Failures != 0 || r.Rounds != 20 {
 			t.Fatalf("peer %d: %+v", i, r)
 		}
 		if !(r.ValPerplexity > 1) || !(r.ValPerplexity < r.UnigramPerplexity) {
@@ -113,9 +118,9 @@ func TestTrainAveragingStreamingDiLoCo(t *testing.T) {
 	if _, err := os.Stat(text.DefaultGCIDEPath); err != nil {
 		data = "text:" + writeText(t)
 	}
-	res := trainAveragingLM(t, data, "--algo", "diloco", "--inner-steps", "10", "--fragments", "2", "--overlap-steps", "2", "--outer-lr", "0.7", "--outer-momentum", "0.5")
+	res := trainAveragingLM(t, data, 200, "--algo", "diloco", "--inner-steps", "10", "--fragments", "2", "--overlap-steps", "2", "--outer-lr", "0.7", "--outer-momentum", "0.5")
 	for i, r := range res.Peers {
-		if r.Steps != 60 || r.Algo != "diloco" || r.Failures != 0 || r.Rounds != 6 {
+		if r.Steps != 200 || r.Algo != "diloco" || r.Failures != 0 || r.Rounds != 20 {
 			t.Fatalf("peer %d: %+v", i, r)
 		}
 		if !(r.ValPerplexity > 1) || !(r.ValPerplexity < r.UnigramPerplexity) {
@@ -129,14 +134,14 @@ func TestTrainAveragingStreamingDiLoCo(t *testing.T) {
 }
 
 // trainAveragingLM runs `skyhive train averaging` with two peers training
-// gpt-mini for 60 steps on data, with the extra arguments, and returns its
+// gpt-mini for steps steps on data, with the extra arguments, and returns its
 // JSON result.
-func trainAveragingLM(t *testing.T, data string, args ...string) peer.Launched {
+func trainAveragingLM(t *testing.T, data string, steps int, args ...string) peer.Launched {
 	t.Helper()
 	var stdout syncBuffer
 	p := startCLI(t, &stdout, append([]string{"train", "averaging", "--model", "gpt-mini", "--data", data, "--corpus-bytes", "65536",
 		"--vocab", "300", "--seq", "16", "--batch", "8", "--eval-tokens", "2000", "--warmup", "5",
-		"--peers", "2", "--steps", "60", "--slowdown-max", "1", "--logs", t.TempDir(), "--json"}, args...)...)
+		"--peers", "2", "--steps", strconv.Itoa(steps), "--slowdown-max", "1", "--logs", t.TempDir(), "--json"}, args...)...)
 	if err := p.wait(t, 90*time.Second); err != nil {
 		t.Fatalf("%v\nstderr:\n%s", err, tail(p.stderr.String()))
 	}

@@ -28,8 +28,9 @@ type Bars struct {
 	Title, YLabel string
 	Groups        []string
 	Series        []BarSeries
-	// YMax, when above the data, fixes the top of the y axis (e.g. to
-	// leave room for the legend); 0 fits the data.
+	// YMax, when above the data, fixes the top of the y axis (e.g. the
+	// same for several charts); 0 fits the data. The legend is drawn
+	// below the plot.
 	YMax float64
 }
 
@@ -43,8 +44,8 @@ func WriteBarsPNG(path string, b Bars, width, height float64) error {
 	p.Title.Text = b.Title
 	p.Y.Label.Text = b.YLabel
 	p.Add(plotter.NewGrid())
-	p.Legend.Top = true
-	p.Legend.Left = false
+	p.Y.Tick.Marker = niceTicks{max: 8}
+	var legend []legendEntry
 	n := len(b.Series)
 	w := vg.Points(min(16, 300/float64(n*len(b.Groups))))
 	for i, s := range b.Series {
@@ -59,7 +60,7 @@ func WriteBarsPNG(path string, b Bars, width, height float64) error {
 		bars.LineStyle.Width = 0
 		bars.Offset = w * vg.Length(float64(i)-float64(n-1)/2)
 		p.Add(bars)
-		p.Legend.Add(s.Name, bars)
+		legend = append(legend, legendEntry{name: s.Name, thumbs: []plot.Thumbnailer{bars}})
 		if s.Marks == nil {
 			continue
 		}
@@ -87,7 +88,7 @@ func WriteBarsPNG(path string, b Bars, width, height float64) error {
 	p.X.Min, p.X.Max = -0.5, float64(len(b.Groups))-0.5
 	p.Y.Min = 0
 	p.Y.Max = max(p.Y.Max, b.YMax)
-	return renderPNG(path, p, width, height)
+	return renderPNG(path, width, height, func(dc draw.Canvas) { drawWithLegend(dc, p, legend, nil, true) })
 }
 
 // offsetGlyph draws its glyph dx to the right of the point.

@@ -37,8 +37,18 @@ type Bars struct {
 // WriteBarsPNG renders b as a PNG of the given size in inches at path,
 // atomically as WritePNG does.
 func WriteBarsPNG(path string, b Bars, width, height float64) error {
+	p, legend, err := b.plot()
+	if err != nil {
+		return err
+	}
+	return renderPNG(path, width, height, func(dc draw.Canvas) { drawWithLegend(dc, p, legend, nil, true) })
+}
+
+// plot builds b's plot and legend (drawn below the plot: bars fill their
+// groups from the bottom and leave no corner reliably free).
+func (b Bars) plot() (*plot.Plot, []legendEntry, error) {
 	if len(b.Series) == 0 || len(b.Groups) == 0 {
-		return errors.New("chart: no bars to draw")
+		return nil, nil, errors.New("chart: no bars to draw")
 	}
 	p := plot.New()
 	p.Title.Text = b.Title
@@ -50,11 +60,11 @@ func WriteBarsPNG(path string, b Bars, width, height float64) error {
 	w := vg.Points(min(16, 300/float64(n*len(b.Groups))))
 	for i, s := range b.Series {
 		if len(s.Values) != len(b.Groups) || (s.Marks != nil && len(s.Marks) != len(b.Groups)) {
-			return fmt.Errorf("chart: series %q has %d values and %d marks for %d groups", s.Name, len(s.Values), len(s.Marks), len(b.Groups))
+			return nil, nil, fmt.Errorf("chart: series %q has %d values and %d marks for %d groups", s.Name, len(s.Values), len(s.Marks), len(b.Groups))
 		}
 		bars, err := plotter.NewBarChart(plotter.Values(s.Values), w)
 		if err != nil {
-			return fmt.Errorf("chart: series %q: %w", s.Name, err)
+			return nil, nil, fmt.Errorf("chart: series %q: %w", s.Name, err)
 		}
 		bars.Color = plotutil.Color(i)
 		bars.LineStyle.Width = 0
@@ -75,7 +85,7 @@ func WriteBarsPNG(path string, b Bars, width, height float64) error {
 		}
 		sc, err := plotter.NewScatter(pts)
 		if err != nil {
-			return fmt.Errorf("chart: series %q marks: %w", s.Name, err)
+			return nil, nil, fmt.Errorf("chart: series %q marks: %w", s.Name, err)
 		}
 		// Bars are offset in canvas units: draw each ring over its bar.
 		// Black rings show over any bar, including their own.
@@ -88,7 +98,7 @@ func WriteBarsPNG(path string, b Bars, width, height float64) error {
 	p.X.Min, p.X.Max = -0.5, float64(len(b.Groups))-0.5
 	p.Y.Min = 0
 	p.Y.Max = max(p.Y.Max, b.YMax)
-	return renderPNG(path, width, height, func(dc draw.Canvas) { drawWithLegend(dc, p, legend, nil, true) })
+	return p, legend, nil
 }
 
 // offsetGlyph draws its glyph dx to the right of the point.

@@ -33,18 +33,28 @@ func render(t *testing.T, c Chart, withLegend bool) rendered {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var data draw.Canvas
+	rd := renderWith(func(dc draw.Canvas) layout {
+		lay := f.draw(dc, withLegend)
+		data = draw.Canvas{Canvas: dc.Canvas, Rectangle: lay.data}
+		return lay
+	})
+	tx, ty := f.p.Transforms(&data)
+	rd.pixel = func(x, y float64) image.Point { return rd.toPix(vg.Point{X: tx(x), Y: ty(y)}) }
+	return rd
+}
+
+// renderWith draws with drawFn at 8×5 inches.
+func renderWith(drawFn func(draw.Canvas) layout) rendered {
 	cv := vgimg.New(8*vg.Inch, 5*vg.Inch)
-	lay := f.draw(draw.New(cv), withLegend)
+	lay := drawFn(draw.New(cv))
 	img := cv.Image()
 	h := img.Bounds().Dy()
 	scale := cv.DPI() / 72
 	toPix := func(p vg.Point) image.Point {
 		return image.Pt(int(math.Round(float64(p.X)*scale)), h-int(math.Round(float64(p.Y)*scale)))
 	}
-	data := draw.Canvas{Canvas: cv, Rectangle: lay.data}
-	tx, ty := f.p.Transforms(&data)
-	return rendered{img: img, lay: lay, height: h, toPix: toPix,
-		pixel: func(x, y float64) image.Point { return toPix(vg.Point{X: tx(x), Y: ty(y)}) }}
+	return rendered{img: img, lay: lay, height: h, toPix: toPix}
 }
 
 // coloured reports whether c is a colour rather than white, grey or
@@ -180,6 +190,17 @@ func TestLegendCoversNoData(t *testing.T) {
 			t.Errorf("%s: legend drawn with %d coloured pixels", name, n)
 		}
 	}
+	// Bars: the legend goes below them.
+	b := Bars{Title: "t", YLabel: "s", Groups: []string{"a", "b"}, Series: []BarSeries{
+		{Name: "even", Values: []float64{2, 3}}, {Name: "skyhive", Values: []float64{3, 1}}}}
+	p, legend, err := b.plot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := renderWith(func(dc draw.Canvas) layout { return drawWithLegend(dc, p, legend, nil, false) })
+	if box := rd.lay.legend; box.Max.Y >= rd.lay.data.Min.Y || colouredIn(rd, box) > 0 {
+		t.Errorf("bars: legend %v over the data area %v", box, rd.lay.data)
+	}
 }
 
 // TestTickLabels: ticks are at round steps with no more decimals than
@@ -200,6 +221,7 @@ func TestTickLabels(t *testing.T) {
 		{-1, 1, 8, false, []string{"-1.0", "-0.5", "0.0", "0.5", "1.0"}},
 		{3, 5, 8, true, []string{"3", "4", "5"}},
 		{0, 2e6, 8, false, []string{"0", "500000", "1000000", "1500000", "2000000"}},
+		{1e20, 1e20, 8, false, []string{"100000000000000000000"}},
 	} {
 		var got []string
 		for _, tk := range (niceTicks{max: tc.max, integer: tc.integer}).Ticks(tc.lo, tc.hi) {

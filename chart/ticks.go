@@ -25,9 +25,18 @@ func (t niceTicks) Ticks(lo, hi float64) []plot.Tick {
 	}
 	dec := decimals(step)
 	eps := step * 1e-9
+	// An integer count bounds the loop where k*step cannot tell k from
+	// k+1 (huge values, tiny range).
+	first := math.Ceil(lo/step - 0.5)
+	n := min(int((hi-lo)/step)+2, 4*max(t.max, 1)+4)
 	var ticks []plot.Tick
-	for k := math.Ceil(lo/step - 0.5); k*step-step/2 <= hi+eps; k++ {
-		v := k * step
+	last := math.Inf(-1)
+	for i := range n {
+		v := (first + float64(i)) * step
+		if v == last {
+			continue
+		}
+		last = v
 		if m := v - step/2; m >= lo-eps && m <= hi+eps {
 			ticks = append(ticks, plot.Tick{Value: m})
 		}

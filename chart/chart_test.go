@@ -36,18 +36,18 @@ func TestWritePNG(t *testing.T) {
 // the axis covers the data.
 func TestChartFixedRange(t *testing.T) {
 	series := []Series{{Name: "ppl", X: []float64{0, 1, 2}, Y: []float64{250, 60, 31}}}
-	p, err := Chart{Series: series, YMin: 29, YMax: 70}.plot()
+	f, err := Chart{Series: series, YMin: 29, YMax: 70}.plot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Y.Min != 29 || p.Y.Max != 70 {
+	if p := f.p; p.Y.Min != 29 || p.Y.Max != 70 {
 		t.Errorf("fixed range: y axis [%v, %v], want [29, 70]", p.Y.Min, p.Y.Max)
 	}
-	p, err = Chart{Series: series}.plot()
+	f, err = Chart{Series: series}.plot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Y.Min > 31 || p.Y.Max < 250 {
+	if p := f.p; p.Y.Min > 31 || p.Y.Max < 250 {
 		t.Errorf("free range: y axis [%v, %v] does not cover the data", p.Y.Min, p.Y.Max)
 	}
 	if err := WritePNG(filepath.Join(t.TempDir(), "ppl.png"), Chart{Series: series, YMin: 29, YMax: 70}, 6, 4); err != nil {

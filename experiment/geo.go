@@ -862,40 +862,9 @@ type geoRepeat struct {
 // the top); several list theirs under repeats, with the targets judged
 // over all of them (geoRepeatedTargets) at the top.
 func geoWrite(o Options, c geoConfig, reps []geoRepeat) error {
-	var series []chart.Series
-	for _, rep := range reps {
-		for _, r := range rep.Runs {
-			name := fmt.Sprintf("%s (%s B/sample, %.0f%% busy)", r.Algo, fmtBytes(r.BytesPerSample), 100*r.Utilization)
-			if len(reps) > 1 {
-				name = fmt.Sprintf("%s, seed %d", r.Algo, rep.Seed)
-			}
-			if s := geoSeries(name, r, c.Text); len(s.X) > 0 {
-				series = append(series, s)
-			}
-		}
-	}
-	if len(series) == 0 {
-		return fmt.Errorf("%s: no run left an evaluation curve (logs in %s)", c.Name, filepath.Join(o.Out, c.Name))
-	}
-	task, ylabel := "Fashion-MNIST", "test accuracy (%)"
-	if c.Text {
-		task, ylabel = fmt.Sprintf("%s on %s", c.Model, c.Data), "validation perplexity"
-	}
-	ch := chart.Chart{
-		Title: fmt.Sprintf("%s, %d peers in %d regions (%g Mbit/s, %v apart), speeds U[1,%g]: median peer",
-			task, c.peers(), len(c.Regions), c.InterMbps, c.InterLatency, c.MaxSlowdown),
-		XLabel: "wall-clock time since the first step (s)", YLabel: ylabel, Series: series,
-	}
-	if c.Text {
-		// Perplexity starts in the hundreds: show the range from the
-		// lowest point to twice the target, where the runs are told apart.
-		lo := math.Inf(1)
-		for _, s := range series {
-			for _, y := range s.Y {
-				lo = min(lo, y)
-			}
-		}
-		ch.YMin, ch.YMax = math.Floor(0.95*lo), 2*c.Target
+	ch, err := geoChart(o, c, reps)
+	if err != nil {
+		return err
 	}
 	var out map[string]any
 	targets := reps[0].Targets
@@ -946,6 +915,84 @@ func geoWrite(o Options, c geoConfig, reps []geoRepeat) error {
 	logTargets(o, targets)
 	o.Logf("wrote %s and %s", jp, pp)
 	return nil
+}
+
+// geoChart draws the runs' curves against time: one line per algorithm,
+// or with several repetitions one median line per algorithm in a band
+// from the lowest to the highest of its seeds' curves (one line per seed
+// where their curves share no time range).
+func geoChart(o Options, c geoConfig, reps []geoRepeat) (chart.Chart, error) {
+	var series []chart.Series
+	if len(reps) == 1 {
+		for _, r := range reps[0].Runs {
+			name := fmt.Sprintf("%s (%s B/sample, %.0f%% busy)", r.Algo, fmtBytes(r.BytesPerSample), 100*r.Utilization)
+			if s := geoSeries(name, r, c.Text); len(s.X) > 0 {
+				series = append(series, s)
+			}
+		}
+	} else {
+		series = geoSeedBands(c, reps)
+	}
+	if len(series) == 0 {
+		return chart.Chart{}, fmt.Errorf("%s: no run left an evaluation curve (logs in %s)", c.Name, filepath.Join(o.Out, c.Name))
+	}
+	task, ylabel := "Fashion-MNIST", "test accuracy (%)"
+	if c.Text {
+		task, ylabel = fmt.Sprintf("%s on %s", c.Model, c.Data), "validation perplexity"
+	}
+	ch := chart.Chart{
+		Title: fmt.Sprintf("%s, %d peers in %d regions (%g Mbit/s, %v apart), speeds U[1,%g]: median peer",
+			task, c.peers(), len(c.Regions), c.InterMbps, c.InterLatency, c.MaxSlowdown),
+		XLabel: "wall-clock time since the first step (s)", YLabel: ylabel, Series: series,
+	}
+	if c.Text {
+		// Perplexity starts in the hundreds: show the range from the
+		// lowest point to twice the target, where the runs are told apart.
+		lo := math.Inf(1)
+		for _, s := range series {
+			for _, y := range append(s.Lo, s.Y...) {
+				lo = min(lo, y)
+			}
+		}
+		ch.YMin, ch.YMax = math.Floor(0.95*lo), 2*c.Target
+	}
+	return ch, nil
+}
+
+// geoSeedBands is, per algorithm (in the order of the first repetition),
+// the median of its seeds' curves in a band from their minimum to their
+// maximum; one line per seed where the curves share no time range, and
+// a plain line for an algorithm with a single curve.
+func geoSeedBands(c geoConfig, reps []geoRepeat) []chart.Series {
+	var algos []string
+	curves := map[string][]chart.Series{}
+	for _, rep := range reps {
+		for _, r := range rep.Runs {
+			s := geoSeries(fmt.Sprintf("%s, seed %d", r.Algo, rep.Seed), r, c.Text)
+			if len(s.X) == 0 {
+				continue
+			}
+			if _, ok := curves[r.Algo]; !ok {
+				algos = append(algos, r.Algo)
+			}
+			curves[r.Algo] = append(curves[r.Algo], s)
+		}
+	}
+	var series []chart.Series
+	for _, a := range algos {
+		runs := curves[a]
+		if len(runs) == 1 {
+			series = append(series, runs[0])
+			continue
+		}
+		band, err := chart.MedianBand(fmt.Sprintf("%s: median of %d seeds, band min-max", a, len(runs)), runs)
+		if err != nil {
+			series = append(series, runs...)
+			continue
+		}
+		series = append(series, band)
+	}
+	return series
 }
 
 // geoSeries is a run's median curve as a chart series (accuracy in %,

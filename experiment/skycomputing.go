@@ -762,7 +762,6 @@ func skyWrite(o Options, cfg skyConfig, res *skyResults) error {
 		}
 		bars.Series = append(bars.Series, b)
 	}
-	bars.YMax *= 1.25 // room for the legend above the tallest bar
 	bp := filepath.Join(o.Out, "sky-computing-times.png")
 	if err := chart.WriteBarsPNG(bp, bars, 10, 5); err != nil {
 		return err
@@ -778,7 +777,9 @@ func skyWrite(o Options, cfg skyConfig, res *skyResults) error {
 
 // skySpeedupChart draws even/skyhive, measured and predicted, against
 // the layer count with one pair of lines per worker count, or against the
-// worker count when the grid has a single layer count.
+// worker count when the grid has a single layer count. A grid of one
+// point is drawn as two marks. With repetitions the points are their
+// medians, in a band from the lowest to the highest repetition.
 func skySpeedupChart(res *skyResults) chart.Chart {
 	var workers, layers []int
 	for _, pt := range res.Points {
@@ -790,8 +791,12 @@ func skySpeedupChart(res *skyResults) chart.Chart {
 		}
 	}
 	c := chart.Chart{Title: "Sky Computing on worker processes: even / skyhive iteration time", XLabel: "encoder layers", YLabel: "speed-up of skyhive over even"}
+	band := ""
+	if n := len(res.Repeats); n > 1 {
+		band = fmt.Sprintf(" (band: min-max of %d repetitions)", n)
+	}
 	add := func(name string, keep func(skyPoint) bool, x func(skyPoint) int) {
-		meas, pred := chart.Series{Name: name + "measured"}, chart.Series{Name: name + "predicted"}
+		meas, pred := chart.Series{Name: name + "measured" + band}, chart.Series{Name: name + "predicted" + band}
 		for _, pt := range res.Points {
 			r, ok := skyGet(pt.Results, "skyhive")
 			if !keep(pt) || !ok || r.Error != "" {
@@ -799,6 +804,12 @@ func skySpeedupChart(res *skyResults) chart.Chart {
 			}
 			meas.X, meas.Y = append(meas.X, float64(x(pt))), append(meas.Y, r.SpeedupOnEven)
 			pred.X, pred.Y = append(pred.X, float64(x(pt))), append(pred.Y, r.PredictedSpeedup)
+			if band != "" {
+				lo, hi := skyRepeatRange(res.Repeats, pt.Name, func(r skyStrategyResult) float64 { return r.SpeedupOnEven }, r.SpeedupOnEven)
+				meas.Lo, meas.Hi = append(meas.Lo, lo), append(meas.Hi, hi)
+				lo, hi = skyRepeatRange(res.Repeats, pt.Name, func(r skyStrategyResult) float64 { return r.PredictedSpeedup }, r.PredictedSpeedup)
+				pred.Lo, pred.Hi = append(pred.Lo, lo), append(pred.Hi, hi)
+			}
 		}
 		if len(meas.X) > 0 {
 			c.Series = append(c.Series, meas, pred)
@@ -813,6 +824,26 @@ func skySpeedupChart(res *skyResults) chart.Chart {
 		add(fmt.Sprintf("%d workers, ", w), func(pt skyPoint) bool { return pt.Workers == w }, func(pt skyPoint) int { return pt.Layers })
 	}
 	return c
+}
+
+// skyRepeatRange is the lowest and highest value v of skyhive's result at
+// the point called name over the repetitions that measured it without an
+// error; def for both where none did.
+func skyRepeatRange(reps []skyRepeat, name string, v func(skyStrategyResult) float64, def float64) (lo, hi float64) {
+	lo, hi = math.Inf(1), math.Inf(-1)
+	for _, rep := range reps {
+		i := slices.IndexFunc(rep.Points, func(p skyPoint) bool { return p.Name == name })
+		if i < 0 {
+			continue
+		}
+		if r, ok := skyGet(rep.Points[i].Results, "skyhive"); ok && r.Error == "" {
+			lo, hi = min(lo, v(r)), max(hi, v(r))
+		}
+	}
+	if lo > hi {
+		return def, def
+	}
+	return lo, hi
 }
 
 // skyTable prints the measured and predicted times per point and strategy.

@@ -333,6 +333,8 @@ func runDocOneShot(t *testing.T, c docCommand, r docRun, dir, dht string) {
 	for i := 1; i < r.copies; i++ {
 		ps = append(ps, startDocProc(t, dir, args))
 	}
+	start := time.Now()
+	defer func() { t.Logf("%s:%d: %.1f s", c.file, c.line, time.Since(start).Seconds()) }()
 	timeout := time.After(3 * time.Minute)
 	for _, p := range ps {
 		select {

@@ -54,11 +54,11 @@ func newHost(t testing.TB, transport string, cfg Config) *Host {
 }
 
 const (
-	echoProto  protocol.ID = "/skyhive/test/echo/1"
-	failProto  protocol.ID = "/skyhive/test/fail/1"
-	panicProto protocol.ID = "/skyhive/test/panic/1"
-	slowProto  protocol.ID = "/skyhive/test/slow/1"
-	bigProto   protocol.ID = "/skyhive/test/big/1"
+	echoProto  protocol.ID = "/skyhive/test/echo/1.0.0"
+	failProto  protocol.ID = "/skyhive/test/fail/1.0.0"
+	panicProto protocol.ID = "/skyhive/test/panic/1.0.0"
+	slowProto  protocol.ID = "/skyhive/test/slow/1.0.0"
+	bigProto   protocol.ID = "/skyhive/test/big/1.0.0"
 )
 
 func echo(_ context.Context, _ peer.ID, req []byte) ([]byte, error) { return req, nil }
@@ -145,7 +145,7 @@ func TestRemoteErrorAndPanic(t *testing.T) {
 	if _, err := a.Call(ctx, b.AddrInfo(), echoProto, []byte("still up")); err != nil {
 		t.Fatalf("after panic: %v", err)
 	}
-	if _, err := a.Call(ctx, b.AddrInfo(), "/skyhive/test/none/1", nil); err == nil {
+	if _, err := a.Call(ctx, b.AddrInfo(), "/skyhive/test/none/1.0.0", nil); err == nil {
 		t.Fatal("call to an unregistered protocol succeeded")
 	}
 }

@@ -77,7 +77,7 @@ func TestRemoteErrorAndUnknownProtocol(t *testing.T) {
 	if !errors.As(err, &re) || re.Msg != "nope" || re.Peer != ps[1].ID() {
 		t.Fatalf("got %v, want RemoteError nope", err)
 	}
-	_, err = ps[0].Call(context.Background(), ps[1].AddrInfo(), "/other", nil)
+	_, err = ps[0].Call(context.Background(), ps[1].AddrInfo(), "/test/other/1.0.0", nil)
 	if !errors.Is(err, ErrProtocolNotSupported) {
 		t.Fatalf("got %v, want ErrProtocolNotSupported", err)
 	}

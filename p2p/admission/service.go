@@ -91,9 +91,6 @@ func (s *Service) Close() {
 	s.running.Wait()
 }
 
-// Timeout is the configured handshake timeout.
-func (s *Service) Timeout() time.Duration { return s.cfg.Timeout }
-
 // track registers a running handler or handshake; it reports false once
 // the service closed.
 func (s *Service) track() bool {

@@ -249,7 +249,9 @@ func TestAllReducePeerKilledMidway(t *testing.T) {
 			start := time.Now()
 			res, errs := s.runAll(context.Background(), s.session("kill", nil), vs)
 			elapsed := time.Since(start)
-			if elapsed > timeout+500*time.Millisecond {
+			// Timeout bounds the call; the margin is for a loaded
+			// machine, the check for calls that hang in the blackhole.
+			if elapsed > timeout+20*time.Second {
 				t.Fatalf("all-reduce took %v with timeout %v", elapsed, timeout)
 			}
 			bounds, _ := Partition(20000, []float64{1, 1, 1, 1, 1})
@@ -288,35 +290,59 @@ func TestAllReducePeerKilledMidway(t *testing.T) {
 // raceEnabled is set under the race detector, which makes timing tests meaningless.
 var raceEnabled bool
 
+// TestAllReduceBandwidthBound checks that the butterfly all-reduce sends
+// each member's share of the optimum, 2·(n−1)/n of the vector, counted
+// on the link (which a loaded machine does not change), and that over
+// emulated NICs it is no faster than that many bytes allow.
 func TestAllReduceBandwidthBound(t *testing.T) {
 	if testing.Short() || raceEnabled {
-		t.Skip("timing test")
+		t.Skip("moves 16 MiB per member")
 	}
 	const n, elems = 4, 4 << 20 // 16 MiB
 	bw := 1e9
-	s := newTestSwarm(t, n, Config{}, memnet.WithLink(netem.NewNICLink(bw, 0)))
+	link := &sentBytes{inner: netem.NewNICLink(bw, 0), sent: map[peer.ID]int64{}}
+	s := newTestSwarm(t, n, Config{}, memnet.WithLink(link))
 	vs := randomVectors(n, elems, 5)
-	bound := 2 * float64(n-1) / n * elems * 4 * 8 / bw
-	// The best of three attempts: CPU load only slows an attempt down.
-	got := math.Inf(1)
-	for try := range 3 {
-		start := time.Now()
-		_, errs := s.runAll(context.Background(), s.session(fmt.Sprint("bw", try), nil), vs)
-		for _, err := range errs {
-			if err != nil {
-				t.Fatal(err)
-			}
+	optimum := 2 * float64(n-1) / n * elems * 4
+	bound := optimum * 8 / bw
+	start := time.Now()
+	_, errs := s.runAll(context.Background(), s.session("bw", nil), vs)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
 		}
-		el := time.Since(start).Seconds()
-		if el < bound*0.98 {
-			t.Fatalf("faster than the bandwidth bound: %v < %v", el, bound)
+	}
+	if el := time.Since(start).Seconds(); el < bound*0.98 {
+		t.Fatalf("faster than the bandwidth bound: %v < %v", el, bound)
+	}
+	for _, p := range s.peers {
+		got := float64(link.of(p.ID()))
+		t.Logf("%s sent %.0f bytes, %.3f of the optimum", p.ID().ShortString(), got, got/optimum)
+		// Headers and leave notices cost a little more than the optimum.
+		if got < optimum || got > 1.01*optimum {
+			t.Errorf("%s sent %.0f bytes, the optimum is %.0f", p.ID().ShortString(), got, optimum)
 		}
-		got = min(got, el)
 	}
-	t.Logf("all-reduce %.3fs, bound %.3fs, ratio %.2f", got, bound, got/bound)
-	if got > bound*3 {
-		t.Fatalf("ratio %.2f to the bandwidth bound", got/bound)
-	}
+}
+
+// sentBytes is a link that counts the bytes each peer sends.
+type sentBytes struct {
+	inner memnet.Link
+	mu    sync.Mutex
+	sent  map[peer.ID]int64
+}
+
+func (l *sentBytes) Deliver(ctx context.Context, from, to peer.ID, size int) error {
+	l.mu.Lock()
+	l.sent[from] += int64(size)
+	l.mu.Unlock()
+	return l.inner.Deliver(ctx, from, to, size)
+}
+
+func (l *sentBytes) of(p peer.ID) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sent[p]
 }
 
 // ban at ReduceWait drops a member that went quiet while missing from a
@@ -356,23 +382,19 @@ func TestBanStalledMember(t *testing.T) {
 // the others, who then finish without it at once instead of waiting for
 // ReduceWait, whether they had joined the session yet or not.
 func TestLeaveNoticeEndsWaitAtOnce(t *testing.T) {
-	s := newTestSwarm(t, 3, Config{Timeout: 20 * time.Second, ChunkElems: 50})
+	s := newTestSwarm(t, 3, Config{Timeout: longWait, ChunkElems: 50})
 	sess := s.session("leave", nil)
 	vecs := constVectors(3, 300)
 	// Member 2 joins, then is stopped before the others arrive.
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { _, err := s.avg[2].AllReduce(ctx, sess, vecs[2]); done <- err }()
-	time.Sleep(50 * time.Millisecond)
+	waitJoined(t, s.avg[2], sess.ID)
 	cancel()
 	if err := <-done; err == nil {
 		t.Fatal("the stopped member's all-reduce succeeded")
 	}
-	start := time.Now()
-	s.reduceFirst(t, 2, sess, vecs)()
-	if el := time.Since(start); el > 2*time.Second {
-		t.Fatalf("the others took %v (ReduceWait is %v): the leave notice was not honoured", el, s.avg[0].Config().ReduceWait)
-	}
+	finishes(t, "the others, after the leave notice", s.reduceFirst(t, 2, sess, vecs))
 	// Parts 0 and 1 are the mean of members 0 and 1; member 2's part stays local.
 	for i := range 2 {
 		if vecs[i][0] != 0.5 || vecs[i][150] != 0.5 {
@@ -388,7 +410,7 @@ func TestLeaveNoticeEndsWaitAtOnce(t *testing.T) {
 // decliner cannot join the session afterwards.
 func TestDeclineEndsWaitAtOnce(t *testing.T) {
 	for _, early := range []bool{true, false} {
-		s := newTestSwarm(t, 3, Config{Timeout: 20 * time.Second, ChunkElems: 50})
+		s := newTestSwarm(t, 3, Config{Timeout: longWait, ChunkElems: 50})
 		sess := s.session(fmt.Sprintf("decline-%v", early), nil)
 		vecs := constVectors(3, 300)
 		decline := func() {
@@ -399,16 +421,14 @@ func TestDeclineEndsWaitAtOnce(t *testing.T) {
 		if early {
 			decline()
 		}
-		start := time.Now()
 		wait := s.reduceFirst(t, 2, sess, vecs)
 		if !early {
-			time.Sleep(50 * time.Millisecond)
+			// The others wait for member 2 when it declines.
+			waitJoined(t, s.avg[0], sess.ID)
+			waitJoined(t, s.avg[1], sess.ID)
 			decline()
 		}
-		res := wait()
-		if el := time.Since(start); el > 3*time.Second {
-			t.Fatalf("early %v: the others took %v (ReduceWait is %v): the decline was not honoured", early, el, s.avg[0].Config().ReduceWait)
-		}
+		res := finishes(t, fmt.Sprintf("early %v: the others, after the decline", early), wait)
 		for i := range 2 {
 			r := res[i]
 			if len(r.Declined) != 1 || r.Declined[0] != s.peers[2].ID() || len(r.Missing) != 0 || len(r.Failed) != 0 {
@@ -432,11 +452,10 @@ func TestDeclineEndsWaitAtOnce(t *testing.T) {
 // reports the member it lists so too; nobody waits ReduceWait for it, and the members
 // that agree still average.
 func TestDisagreeingMemberListsAreReported(t *testing.T) {
-	s := newTestSwarm(t, 3, Config{Timeout: 20 * time.Second, ChunkElems: 50})
+	s := newTestSwarm(t, 3, Config{Timeout: longWait, ChunkElems: 50})
 	full := s.session("views", nil)
 	short := Session{ID: full.ID, Members: []Member{full.Members[0], full.Members[2]}}
 	vecs := constVectors(3, 300)
-	start := time.Now()
 	var wg sync.WaitGroup
 	res := make([]Result, 3)
 	for i := range 3 {
@@ -451,10 +470,7 @@ func TestDisagreeingMemberListsAreReported(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
-	if el := time.Since(start); el > 3*time.Second {
-		t.Fatalf("took %v (ReduceWait %v): the disagreement was not noticed", el, s.avg[0].Config().ReduceWait)
-	}
+	finishes(t, "the members that disagree", func() struct{} { wg.Wait(); return struct{}{} })
 	id := func(i int) peer.ID { return s.peers[i].ID() }
 	// Member 2 lists member 0 and hears of member 1 only if member 1's
 	// chunk arrives before member 2's all-reduce ends.
@@ -487,6 +503,50 @@ func (s *testSwarm) reduceFirst(t *testing.T, k int, sess Session, vecs [][]floa
 		})
 	}
 	return func() []Result { wg.Wait(); return res }
+}
+
+// longWait is the Timeout of the tests that check that something ends a
+// wait at once: their ReduceWait (half of it) is minutes, so a test that
+// waits for it fails by finishes' bound, however loaded the machine.
+const longWait = 20 * time.Minute
+
+// finishes returns wait's result, failing the test if wait has not
+// returned within a minute: a bound that only a wait for ReduceWait
+// (minutes under longWait) reaches, not a timing.
+func finishes[T any](t *testing.T, what string, wait func() T) T {
+	t.Helper()
+	done := make(chan T, 1)
+	go func() { done <- wait() }()
+	select {
+	case r := <-done:
+		return r
+	case <-time.After(time.Minute):
+		t.Fatalf("%s did not finish within a minute: they wait for ReduceWait", what)
+		var zero T
+		return zero
+	}
+}
+
+// waitJoined waits until a has joined the session id.
+func waitJoined(t *testing.T, a *Averager, id string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		a.mu.Lock()
+		sess := a.sessions[id]
+		a.mu.Unlock()
+		if sess != nil {
+			select {
+			case <-sess.joined:
+				return
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not join session %q", a.t.ID(), id)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // constVectors returns n vectors of the given length, vector i all i.
@@ -523,7 +583,7 @@ func (d *dropOnce) Deliver(_ context.Context, from, to peer.ID, size int) error 
 // sent once more, so the all-reduce completes with every member.
 func TestAllReduceRetriesALostChunk(t *testing.T) {
 	link := &dropOnce{}
-	s := newTestSwarm(t, 3, Config{ChunkElems: 500, Timeout: 20 * time.Second}, memnet.WithLink(link))
+	s := newTestSwarm(t, 3, Config{ChunkElems: 500, Timeout: longWait}, memnet.WithLink(link))
 	link.from, link.to = s.peers[0].ID(), s.peers[1].ID()
 	vs := randomVectors(3, 3000, 5)
 	want := exactMean(vs)
@@ -531,11 +591,10 @@ func TestAllReduceRetriesALostChunk(t *testing.T) {
 	res := make([]Result, 3)
 	errs := make([]error, 3)
 	var wg sync.WaitGroup
-	start := time.Now()
 	for i := range 3 {
 		wg.Go(func() { res[i], errs[i] = s.avg[i].AllReduce(context.Background(), sess, vs[i]) })
 	}
-	wg.Wait()
+	finishes(t, "the all-reduce with a lost chunk", func() struct{} { wg.Wait(); return struct{}{} })
 	if link.dropped != 1 {
 		t.Fatalf("no chunk was dropped (%d)", link.dropped)
 	}
@@ -548,8 +607,5 @@ func TestAllReduceRetriesALostChunk(t *testing.T) {
 				t.Fatalf("member %d element %d = %v, want %v", i, j, x, want[j])
 			}
 		}
-	}
-	if el := time.Since(start); el > 5*time.Second {
-		t.Fatalf("took %v: the lost chunk was waited for instead of resent", el)
 	}
 }

@@ -28,8 +28,8 @@ func rpcSuite() Suite {
 }
 
 const (
-	rpcEcho   = "/skyhive/bench/echo/1"
-	rpcTensor = "/skyhive/bench/tensor/1"
+	rpcEcho   = "/skyhive/bench/echo/1.0.0"
+	rpcTensor = "/skyhive/bench/tensor/1.0.0"
 )
 
 func runRPC(o Options) ([]Result, error) {

@@ -103,7 +103,7 @@ type AttackTally struct {
 	Refused int64 `json:"refused"`
 	// Blocked counts those of Refused that went to a victim that had
 	// blocked the sending identity: it reads none of them (see
-	// p2p.Host.Block), so they wait in the attacker's own buffers.
+	// p2p.Host.BlockList), so they wait in the attacker's own buffers.
 	Blocked int64 `json:"blocked,omitempty"`
 	// Unanswered counts requests the victim held past CallTimeout.
 	Unanswered int64 `json:"unanswered"`

@@ -399,11 +399,10 @@ func TestProxyEchoAndHalfClose(t *testing.T) {
 	}
 	// 40 ms round trip plus 2 × 5.6 ms serialization. This goes through
 	// real loopback sockets and the kernel, so it stays on the wall clock:
-	// the lower bound is firm (the emulated delays never end early), the
-	// upper one only catches a proxy that is far too slow, generous enough
-	// for a loaded machine.
-	if d := time.Since(t0); d < 45*time.Millisecond || d > 2*time.Second {
-		t.Errorf("echo through proxy took %v", d)
+	// only the lower bound is checked (the emulated delays never end
+	// early); a loaded machine may take any longer.
+	if d := time.Since(t0); d < 45*time.Millisecond {
+		t.Errorf("echo through proxy took %v, less than the emulated link allows", d)
 	}
 	n.Partition([]peer.ID{"a"}, []peer.ID{"b"})
 	c2, err := net.Dial("tcp", px.Addr())

@@ -26,7 +26,7 @@ func TestTransportDelaysCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.SetHandler("/echo", func(_ context.Context, _ peer.ID, req []byte) ([]byte, error) { return req, nil })
+	b.SetHandler("/skyhive/test/echo/1.0.0", func(_ context.Context, _ peer.ID, req []byte) ([]byte, error) { return req, nil })
 	const oneWay = 30 * time.Millisecond
 	n, err := netem.Delay(oneWay)
 	if err != nil {
@@ -39,7 +39,7 @@ func TestTransportDelaysCalls(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	t0 := time.Now()
-	resp, err := tr.Call(ctx, b.AddrInfo(), "/echo", []byte("hi"))
+	resp, err := tr.Call(ctx, b.AddrInfo(), "/skyhive/test/echo/1.0.0", []byte("hi"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestTransportDelaysCalls(t *testing.T) {
 		t.Fatalf("callee region %q, %v; want default", r, ok)
 	}
 	n.Block(a.ID(), b.ID())
-	if _, err := tr.Call(ctx, b.AddrInfo(), "/echo", nil); !errors.Is(err, netem.ErrUnreachable) {
+	if _, err := tr.Call(ctx, b.AddrInfo(), "/skyhive/test/echo/1.0.0", nil); !errors.Is(err, netem.ErrUnreachable) {
 		t.Fatalf("call over a blocked link: %v, want ErrUnreachable", err)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -31,6 +30,9 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/skyhive/skyhive/p2p/admission"
+	"github.com/skyhive/skyhive/p2p/blocklist"
 )
 
 // Security selects the handshake used on TCP connections. QUIC always uses
@@ -134,8 +136,8 @@ type Config struct {
 	MemoryBudget int64
 
 	// Admission, when set, closes the swarm to peers that cannot prove
-	// they belong to it (see Admission); nil is an open swarm.
-	Admission *Admission
+	// they belong to it (see package admission); nil is an open swarm.
+	Admission *admission.Config
 
 	// Logger receives handler panics and other events; nil discards them.
 	Logger *slog.Logger
@@ -194,6 +196,11 @@ type Host struct {
 	ctx    context.Context // ends when the host closes; parent of handler ctxs
 	cancel context.CancelFunc
 
+	// adm runs the admission protocol (nil: an open swarm); blocks are
+	// the blocked peers (see BlockList).
+	adm    *admission.Service
+	blocks *blocklist.List
+
 	mu       sync.Mutex
 	closed   bool
 	seen     Reachability       // AutoNAT's last verdict (reachSub drained)
@@ -201,11 +208,6 @@ type Host struct {
 	handlers sync.WaitGroup     // running stream handlers
 	circuits []ma.Multiaddr     // relayed addresses of granted reservations
 	renewing sync.WaitGroup     // the reservation renewal loop
-	admitted map[peer.ID]*admitState
-	blocked  map[peer.ID]*block // see Block
-	// anyBlocked is set by the first Block: until then no connection
-	// looks a peer up in blocked.
-	anyBlocked atomic.Bool
 
 	m *hostMetrics // nil without Config.Metrics
 }
@@ -214,29 +216,65 @@ var _ Transport = (*Host)(nil)
 
 // New starts a host as configured. ctx bounds only the start-up; the host
 // runs until Close. With StaticRelays, New reserves a slot on them and fails
-// with ErrRelay if none grants one.
+// with ErrRelay if none grants one. With Admission it runs the admission
+// protocol (package admission) and consults it before it serves or opens a
+// stream; the block list (package blocklist) is always wired in.
 func New(ctx context.Context, cfg Config) (*Host, error) {
 	cfg = cfg.withDefaults()
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("p2p: new host: %w", err)
 	}
-	if cfg.Admission != nil {
-		a := *cfg.Admission
-		if a.Timeout <= 0 {
-			a.Timeout = DefaultAdmitTimeout
-		}
-		if err := a.validate(); err != nil {
+	key, err := identityKey(cfg.IdentityFile)
+	if err != nil {
+		return nil, err
+	}
+	self, err := peer.IDFromPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("p2p: peer ID: %w", err)
+	}
+	h := &Host{cfg: cfg, log: cfg.Logger}
+	h.blocks = blocklist.New(self, blocklist.Options{Warn: h.warnPeer})
+	acl := &admission.RelayACL{}
+	lh, err := startLibp2p(cfg, key, acl, h.blocks)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := lh.EventBus().Subscribe(new(event.EvtLocalReachabilityChanged), eventbus.BufSize(16))
+	if err != nil {
+		lh.Close()
+		return nil, fmt.Errorf("p2p: subscribe to reachability: %w", err)
+	}
+	h.h, h.reachSub = lh, sub
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	h.blocks.Attach(lh.Network())
+	if cfg.Metrics != nil {
+		if h.m, err = newHostMetrics(h, cfg.Metrics); err != nil {
+			h.Close()
 			return nil, err
 		}
-		cfg.Admission = &a
 	}
+	if cfg.Admission != nil {
+		if h.adm, err = admission.New(lh, *cfg.Admission, admission.Options{Logger: h.log, Warn: h.warnPeer}); err != nil {
+			h.Close()
+			return nil, fmt.Errorf("p2p: %w", err)
+		}
+		acl.Use(h.adm)
+	}
+	if err := h.checkRelays(ctx); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+// startLibp2p starts the libp2p host with Skyhive's options, its
+// connection manager and resource manager, and the block list wired in.
+func startLibp2p(cfg Config, key crypto.PrivKey, acl *admission.RelayACL, blocks *blocklist.List) (host.Host, error) {
 	cm, err := connmgr.NewConnManager(cfg.ConnLow, cfg.ConnHigh, connmgr.WithGracePeriod(cfg.ConnGrace))
 	if err != nil {
 		return nil, fmt.Errorf("p2p: connection manager: %w", err)
 	}
-	acl := &relayACL{}
-	gate := &gater{}
-	opts, err := libp2pOptions(cfg, acl, gate)
+	opts, err := libp2pOptions(cfg, key, acl, blocks)
 	if err != nil {
 		cm.Close()
 		return nil, err
@@ -246,53 +284,30 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		cm.Close()
 		return nil, err
 	}
-	rm = &blockingRM{ResourceManager: rm, g: gate}
-	lh, err := libp2p.New(append(opts, libp2p.ConnectionManager(cm), libp2p.ResourceManager(rm), libp2p.ConnectionGater(gate))...)
+	rm = blocks.ResourceManager(rm)
+	lh, err := libp2p.New(append(opts, libp2p.ConnectionManager(cm), libp2p.ResourceManager(rm), libp2p.ConnectionGater(blocks.Gater()))...)
 	if err != nil {
 		cm.Close()
 		rm.Close()
 		return nil, fmt.Errorf("p2p: start libp2p: %w", err)
 	}
-	sub, err := lh.EventBus().Subscribe(new(event.EvtLocalReachabilityChanged), eventbus.BufSize(16))
-	if err != nil {
-		lh.Close()
-		return nil, fmt.Errorf("p2p: subscribe to reachability: %w", err)
-	}
-	hctx, cancel := context.WithCancel(context.Background())
-	h := &Host{h: lh, cfg: cfg, log: cfg.Logger, ctx: hctx, cancel: cancel, reachSub: sub, admitted: map[peer.ID]*admitState{}}
-	gate.h = h
-	if cfg.Metrics != nil {
-		if h.m, err = newHostMetrics(h, cfg.Metrics); err != nil {
-			h.Close()
-			return nil, err
-		}
-	}
-	if a := cfg.Admission; a != nil {
-		if err := a.checkToken(lh.ID(), h.now()); err != nil {
-			h.Close()
-			return nil, err
-		}
-		acl.h = h
-		h.watchAdmission()
-	}
-	if err := h.checkRelays(ctx); err != nil {
-		h.Close()
-		return nil, err
-	}
-	return h, nil
+	return lh, nil
 }
 
-func libp2pOptions(cfg Config, acl *relayACL, gate *gater) ([]libp2p.Option, error) {
-	var key crypto.PrivKey
-	var err error
-	if cfg.IdentityFile != "" {
-		key, err = LoadOrCreateIdentity(cfg.IdentityFile)
-	} else {
-		key, _, err = crypto.GenerateEd25519Key(rand.Reader)
+// identityKey loads the identity file, or makes an ephemeral key without
+// one.
+func identityKey(file string) (crypto.PrivKey, error) {
+	if file != "" {
+		return LoadOrCreateIdentity(file)
 	}
+	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("p2p: generate identity: %w", err)
 	}
+	return key, nil
+}
+
+func libp2pOptions(cfg Config, key crypto.PrivKey, acl *admission.RelayACL, blocks *blocklist.List) ([]libp2p.Option, error) {
 	listen := cfg.ListenAddrs
 	if len(listen) == 0 {
 		listen = []string{"/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"}
@@ -314,8 +329,8 @@ func libp2pOptions(cfg Config, acl *relayACL, gate *gater) ([]libp2p.Option, err
 		libp2p.DisableMetrics(),
 		libp2p.UserAgent("skyhive"),
 	}
-	tlsSec := libp2p.Security(libp2ptls.ID, stalling(libp2ptls.New, gate))
-	noiseSec := libp2p.Security(noise.ID, stalling(noise.New, gate))
+	tlsSec := libp2p.Security(libp2ptls.ID, blocklist.Stalling(libp2ptls.New, blocks))
+	noiseSec := libp2p.Security(noise.ID, blocklist.Stalling(noise.New, blocks))
 	switch cfg.Security {
 	case SecurityTLS:
 		opts = append(opts, tlsSec)
@@ -413,6 +428,31 @@ func (h *Host) Connect(ctx context.Context, to peer.AddrInfo) error {
 	return nil
 }
 
+// Admission is the host's admission protocol, nil in an open swarm (on
+// which Admitted reports true for everyone).
+func (h *Host) Admission() *admission.Service { return h.adm }
+
+// BlockList is the host's list of blocked peers: protocols block a peer
+// that sent what no honest peer sends (see blocklist.List.Block).
+func (h *Host) BlockList() *blocklist.List { return h.blocks }
+
+// gate decides whether a stream from p may be served: p is not blocked,
+// and it is admitted or its handshake admits it within the timeout.
+func (h *Host) gate(p peer.ID) bool {
+	if h.blocks.Blocked(p) {
+		return false
+	}
+	return h.adm == nil || h.adm.Allow(p)
+}
+
+// refusal says why a stream of p is refused; a blocked peer is told once.
+func (h *Host) refusal(p peer.ID) string {
+	if h.blocks.Refuse(p) {
+		return blocklist.Refusal
+	}
+	return admission.Refusal
+}
+
 // NumConns returns the number of open connections to the peer.
 func (h *Host) NumConns(p peer.ID) int { return len(h.h.Network().ConnsToPeer(p)) }
 
@@ -433,6 +473,9 @@ func (h *Host) Close() error {
 	h.renewing.Wait()
 	h.reachSub.Close()
 	err := h.h.Close()
+	if h.adm != nil {
+		h.adm.Close()
+	}
 	h.handlers.Wait()
 	if err != nil {
 		return fmt.Errorf("p2p: close: %w", err)
@@ -464,8 +507,10 @@ func (h *Host) openStream(ctx context.Context, to peer.AddrInfo, proto protocol.
 	if len(to.Addrs) > 0 {
 		h.h.Peerstore().AddAddrs(to.ID, to.Addrs, peerstore.TempAddrTTL)
 	}
-	if err := h.admit(ctx, to.ID); err != nil {
-		return nil, nil, ctxErr(ctx, err)
+	if h.adm != nil {
+		if err := h.adm.Admit(ctx, to.ID); err != nil {
+			return nil, nil, ctxErr(ctx, err)
+		}
 	}
 	// Relayed (limited) connections are allowed: behind NATs they may be
 	// all there is, and the relay enforces its own data limits.

@@ -54,11 +54,11 @@ func newHost(t testing.TB, transport string, cfg Config) *Host {
 }
 
 const (
-	echoProto  protocol.ID = "/skyhive/test/echo/1"
-	failProto  protocol.ID = "/skyhive/test/fail/1"
-	panicProto protocol.ID = "/skyhive/test/panic/1"
-	slowProto  protocol.ID = "/skyhive/test/slow/1"
-	bigProto   protocol.ID = "/skyhive/test/big/1"
+	echoProto  protocol.ID = "/skyhive/test/echo/1.0.0"
+	failProto  protocol.ID = "/skyhive/test/fail/1.0.0"
+	panicProto protocol.ID = "/skyhive/test/panic/1.0.0"
+	slowProto  protocol.ID = "/skyhive/test/slow/1.0.0"
+	bigProto   protocol.ID = "/skyhive/test/big/1.0.0"
 )
 
 func echo(_ context.Context, _ peer.ID, req []byte) ([]byte, error) { return req, nil }
@@ -145,7 +145,7 @@ func TestRemoteErrorAndPanic(t *testing.T) {
 	if _, err := a.Call(ctx, b.AddrInfo(), echoProto, []byte("still up")); err != nil {
 		t.Fatalf("after panic: %v", err)
 	}
-	if _, err := a.Call(ctx, b.AddrInfo(), "/skyhive/test/none/1", nil); err == nil {
+	if _, err := a.Call(ctx, b.AddrInfo(), "/skyhive/test/none/1.0.0", nil); err == nil {
 		t.Fatal("call to an unregistered protocol succeeded")
 	}
 }
@@ -159,7 +159,7 @@ func TestDeadlineAndCancel(t *testing.T) {
 				select {
 				case <-ctx.Done():
 					handlerDone <- ctx.Err()
-				case <-time.After(3 * time.Second):
+				case <-time.After(time.Minute): // a bound: Close must end ctx first
 					handlerDone <- nil
 				}
 				return []byte("late"), nil
@@ -168,23 +168,23 @@ func TestDeadlineAndCancel(t *testing.T) {
 			if _, err := a.Call(ctxT(t, 5*time.Second), b.AddrInfo(), echoProto, nil); err != nil {
 				t.Fatal(err)
 			}
-			start := time.Now()
-			_, err := a.Call(ctxT(t, 200*time.Millisecond), b.AddrInfo(), slowProto, []byte("x"))
+			// The handler answers only when its ctx ends: a call returns
+			// before that only if it honours its own deadline or cancel.
+			err := callReturns(t, func() error {
+				_, err := a.Call(ctxT(t, 200*time.Millisecond), b.AddrInfo(), slowProto, []byte("x"))
+				return err
+			})
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("err %v, want DeadlineExceeded", err)
 			}
-			if d := time.Since(start); d > 2*time.Second {
-				t.Fatalf("deadline of 200ms returned after %v", d)
-			}
 			ctx, cancel := context.WithCancel(context.Background())
 			time.AfterFunc(100*time.Millisecond, cancel)
-			start = time.Now()
-			_, err = a.Call(ctx, b.AddrInfo(), slowProto, []byte("x"))
+			err = callReturns(t, func() error {
+				_, err := a.Call(ctx, b.AddrInfo(), slowProto, []byte("x"))
+				return err
+			})
 			if !errors.Is(err, context.Canceled) {
 				t.Fatalf("err %v, want Canceled", err)
-			}
-			if d := time.Since(start); d > 2*time.Second {
-				t.Fatalf("cancel after 100ms returned after %v", d)
 			}
 			// Host close ends the still running handlers' contexts.
 			if err := b.Close(); err != nil {
@@ -201,6 +201,21 @@ func TestDeadlineAndCancel(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// callReturns runs call and returns its error; it fails the test if call
+// has not returned after 20 s (a bound on a hang, not a timing).
+func callReturns(t *testing.T, call func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("the call did not return")
+		return nil
 	}
 }
 
@@ -277,14 +292,15 @@ func TestSilentPeer(t *testing.T) {
 		if _, err := s.Write(partial); err != nil {
 			t.Fatal(err)
 		}
-		start := time.Now()
-		s.SetReadDeadline(time.Now().Add(5 * time.Second))
+		// The handler gives up on its own: the stream ends before this
+		// read deadline (a bound on a hang, not a timing).
+		s.SetReadDeadline(time.Now().Add(20 * time.Second))
 		got, err := io.ReadAll(s)
 		if err == nil && proto == slowProto {
 			t.Fatalf("%s: stream ended cleanly with %q", proto, got)
 		}
-		if d := time.Since(start); d > 3*time.Second {
-			t.Fatalf("%s: silent caller held the handler for %v", proto, d)
+		if isTimeout(err) {
+			t.Fatalf("%s: the silent caller held the handler: %v", proto, err)
 		}
 		s.Reset()
 	}
@@ -317,17 +333,20 @@ func TestSlowSenderCutOff(t *testing.T) {
 	if _, err := s.Write([]byte{0, 16, 0, 0}); err != nil {
 		t.Fatal(err)
 	}
+	// Without the rate bound the trickle would go on for ever; with it the
+	// cut comes no sooner than the request is due. The loop's 20 s only
+	// turn a hang into a failure.
 	start := time.Now()
 	cut := false
-	for time.Since(start) < 5*time.Second {
+	for time.Since(start) < 20*time.Second {
 		if _, err := s.Write([]byte{1}); err != nil {
 			cut = true
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if d := time.Since(start); !cut || d < time.Second || d > 3*time.Second {
-		t.Fatalf("cut off %v after %v, want after about 1.5 s", cut, d)
+	if d := time.Since(start); !cut || d < time.Second {
+		t.Fatalf("cut off %v after %v, want after the request was due (1.5 s)", cut, d)
 	}
 	select {
 	case <-called:

@@ -4,17 +4,12 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"os"
-	"path/filepath"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
-)
 
-// maxKeyFile bounds the identity, swarm key, secret and token files read
-// from disk.
-const maxKeyFile = 16 << 10
+	"github.com/skyhive/skyhive/p2p/internal/keyfile"
+)
 
 // LoadOrCreateIdentity returns the private key stored at path, creating an
 // Ed25519 key there (mode 0600, written atomically) if the file does not
@@ -30,7 +25,7 @@ func LoadOrCreateIdentity(path string) (crypto.PrivKey, error) {
 
 // readPrivateKey reads a private key file (the identity format).
 func readPrivateKey(path string) (crypto.PrivKey, error) {
-	b, err := readKeyFile(path, true)
+	b, err := keyfile.Read(path, true)
 	if err != nil {
 		return nil, fmt.Errorf("p2p: identity: %w", err)
 	}
@@ -52,73 +47,10 @@ func createIdentity(path string) (crypto.PrivKey, error) {
 	}
 	// Two processes racing to create the identity agree on one key: the
 	// loser loads the winner's file.
-	if err := writeKeyFile(path, b, 0o600); errors.Is(err, fs.ErrExist) {
+	if err := keyfile.Write(path, b, 0o600); errors.Is(err, fs.ErrExist) {
 		return readPrivateKey(path)
 	} else if err != nil {
 		return nil, fmt.Errorf("p2p: create identity: %w", err)
 	}
 	return k, nil
-}
-
-// readKeyFile reads a file of at most maxKeyFile bytes; a private one
-// readable by group or others is refused, as ssh does. A missing file is
-// an error wrapping fs.ErrNotExist.
-func readKeyFile(path string, private bool) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	if private {
-		st, err := f.Stat()
-		if err != nil {
-			return nil, err
-		}
-		if st.Mode().Perm()&0o077 != 0 {
-			return nil, fmt.Errorf("%s has mode %v; it must not be accessible by group or others (chmod 600)", path, st.Mode().Perm())
-		}
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxKeyFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	if len(b) > maxKeyFile {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxKeyFile)
-	}
-	return b, nil
-}
-
-// writeKeyFile writes b to a new file at path with mode: a synced temporary
-// file in the same directory, linked into place, so that a reader never
-// sees a partial file. An existing file is left alone and the error wraps
-// fs.ErrExist.
-func writeKeyFile(path string, b []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // the link, if made, keeps the file
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	// Link, unlike rename, fails if path exists.
-	if err := os.Link(tmp.Name(), path); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("%s exists; remove it or choose another file: %w", path, fs.ErrExist)
-		}
-		return err
-	}
-	return nil
 }

@@ -52,7 +52,7 @@ func (l *logLimit) allow(kind string, now time.Time) (ok bool, suppressed int) {
 // warnPeer logs a warning a remote peer provoked, rate-limited by msg
 // (the kinds are this package's constant messages).
 func (h *Host) warnPeer(msg string, args ...any) {
-	ok, suppressed := h.logs.allow(msg, h.now())
+	ok, suppressed := h.logs.allow(msg, time.Now())
 	if !ok {
 		return
 	}

@@ -159,7 +159,7 @@ func TestHostMetricsBoundProtocols(t *testing.T) {
 		dur:  prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "d_seconds", Help: "d"}, []string{"protocol", "side"}),
 	}
 	for i := range 2 * maxMetricProtocols {
-		m.of(protocol.ID(fmt.Sprintf("/skyhive/test/%d", i)))
+		m.of(protocol.ID(fmt.Sprintf("/skyhive/test/%d/1.0.0", i)))
 	}
 	if n := testutil.CollectAndCount(m.sent); n != maxMetricProtocols+1 {
 		t.Errorf("%d protocol labels, want %d and other", n, maxMetricProtocols)

@@ -23,7 +23,7 @@ import (
 // (one length byte, then the ID), a uint32 big-endian length and the
 // message. Response: a uint32 big-endian length and the reply; a handler's
 // error ends the stream with an error frame.
-const ProtoControl protocol.ID = "/skyhive/pipeline/control/1"
+const ProtoControl protocol.ID = "/skyhive/pipeline/control/1.0.0"
 
 // callBytes bounds a plain request/response message on the hosts the
 // coordinator and the workers start: a link probe's payload (at most

@@ -21,20 +21,20 @@ import (
 // (one stream per iteration and direction) or, on transports without
 // streams, act (one call each).
 const (
-	ProtoRegister protocol.ID = "/skyhive/pipeline/register/1"
-	ProtoPing     protocol.ID = "/skyhive/pipeline/ping/1"
-	ProtoProfile  protocol.ID = "/skyhive/pipeline/profile/1"
-	ProtoSetup    protocol.ID = "/skyhive/pipeline/setup/1"
-	ProtoIter     protocol.ID = "/skyhive/pipeline/iter/1"
-	ProtoCommit   protocol.ID = "/skyhive/pipeline/commit/1"
-	ProtoAbort    protocol.ID = "/skyhive/pipeline/abort/1"
-	ProtoFetch    protocol.ID = "/skyhive/pipeline/fetch/1"
-	ProtoActs     protocol.ID = "/skyhive/pipeline/acts/1"
+	ProtoRegister protocol.ID = "/skyhive/pipeline/register/1.0.0"
+	ProtoPing     protocol.ID = "/skyhive/pipeline/ping/1.0.0"
+	ProtoProfile  protocol.ID = "/skyhive/pipeline/profile/1.0.0"
+	ProtoSetup    protocol.ID = "/skyhive/pipeline/setup/1.0.0"
+	ProtoIter     protocol.ID = "/skyhive/pipeline/iter/1.0.0"
+	ProtoCommit   protocol.ID = "/skyhive/pipeline/commit/1.0.0"
+	ProtoAbort    protocol.ID = "/skyhive/pipeline/abort/1.0.0"
+	ProtoFetch    protocol.ID = "/skyhive/pipeline/fetch/1.0.0"
+	ProtoActs     protocol.ID = "/skyhive/pipeline/acts/1.0.0"
 	// ProtoAct carries one activation per call, for transports without
 	// streams (memnet).
-	ProtoAct      protocol.ID = "/skyhive/pipeline/act/1"
-	ProtoShutdown protocol.ID = "/skyhive/pipeline/shutdown/1"
-	ProtoProbe    protocol.ID = "/skyhive/pipeline/probe/1"
+	ProtoAct      protocol.ID = "/skyhive/pipeline/act/1.0.0"
+	ProtoShutdown protocol.ID = "/skyhive/pipeline/shutdown/1.0.0"
+	ProtoProbe    protocol.ID = "/skyhive/pipeline/probe/1.0.0"
 )
 
 // streamIdleTimeout bounds the silence on a worker's activation stream (a

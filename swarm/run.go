@@ -21,6 +21,7 @@ import (
 
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/admission"
 )
 
 // RunConfig configures Run.
@@ -207,7 +208,7 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 	if spec.Closed {
 		// One secret per run directory: a rejoining peer keeps it.
 		secret = filepath.Join(cfg.Dir, "swarm.secret")
-		if err := p2p.NewSwarmSecret(secret); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := admission.NewSwarmSecret(secret); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, err
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/dialback"
 	"github.com/skyhive/skyhive/swarm"
 	"github.com/skyhive/skyhive/train"
 	"github.com/skyhive/skyhive/wire"
@@ -400,7 +401,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	defer h.Close()
-	h.ServeDialback()
+	dialback.Serve(h)
 	if cfg.Reach != nil {
 		wctx, stop := context.WithCancel(ctx)
 		watched := make(chan struct{})

@@ -18,6 +18,7 @@ import (
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/dialback"
 )
 
 // dhtFlags are the options of the dht commands.
@@ -212,7 +213,7 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 	}
 	defer h.Close()
 	defer n.Close()
-	h.ServeDialback()
+	dialback.Serve(h)
 	var jsonOut io.Writer
 	if f.out.json {
 		jsonOut = cmd.OutOrStdout()

@@ -12,13 +12,14 @@ import (
 
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/dialback"
 )
 
 // doctorReport is what doctor --json prints.
 type doctorReport struct {
-	Peer  string                      `json:"peer"`
-	Reach p2p.Reach                   `json:"reach"`
-	Seen  map[string][]p2p.DialResult `json:"seen"` // by the dialling peer's ID
+	Peer  string                       `json:"peer"`
+	Reach p2p.Reach                    `json:"reach"`
+	Seen  map[string][]dialback.Result `json:"seen"` // by the dialling peer's ID
 	// Reachable reports whether some peer connected to some address.
 	Reachable bool   `json:"reachable"`
 	Verdict   string `json:"verdict"`
@@ -86,7 +87,7 @@ func newDoctorCmd() *cobra.Command {
 // askDialback asks up to peers of the swarm node has joined, the seeds
 // first, to dial h back.
 func askDialback(ctx context.Context, h *p2p.Host, node *dht.Node, seeds []peer.AddrInfo, peers int) (doctorReport, error) {
-	rep := doctorReport{Peer: h.ID().String(), Reach: h.Reach(), Seen: map[string][]p2p.DialResult{}}
+	rep := doctorReport{Peer: h.ID().String(), Reach: h.Reach(), Seen: map[string][]dialback.Result{}}
 	asked := map[peer.ID]bool{}
 	candidates := slices.Clone(seeds)
 	for _, id := range node.Peers() {
@@ -98,7 +99,7 @@ func askDialback(ctx context.Context, h *p2p.Host, node *dht.Node, seeds []peer.
 			continue
 		}
 		asked[c.ID] = true
-		res, err := p2p.AskDialback(ctx, h, c, rep.Reach.Addrs)
+		res, err := dialback.Ask(ctx, h, c, rep.Reach.Addrs)
 		if err != nil {
 			lastErr = err
 			continue

@@ -18,6 +18,7 @@ import (
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/admission"
 )
 
 // Flag groups shared by the commands, so that one name means one thing,
@@ -241,7 +242,7 @@ func (c *connectFlags) config() (p2p.Config, error) {
 
 // admission reads --swarm-secret or --swarm-key and --member-token; nil is
 // an open swarm.
-func (c *connectFlags) admission() (*p2p.Admission, error) {
+func (c *connectFlags) admission() (*admission.Config, error) {
 	switch {
 	case c.swarmSecret != "" && c.swarmKey != "":
 		return nil, errors.New("--swarm-secret and --swarm-key: choose one way to close the swarm")
@@ -249,24 +250,24 @@ func (c *connectFlags) admission() (*p2p.Admission, error) {
 		if c.memberToken != "" {
 			return nil, errors.New("--member-token goes with --swarm-key, not --swarm-secret")
 		}
-		s, err := p2p.ReadSwarmSecret(c.swarmSecret)
+		s, err := admission.ReadSwarmSecret(c.swarmSecret)
 		if err != nil {
 			return nil, fmt.Errorf("--swarm-secret: %w", err)
 		}
-		return &p2p.Admission{Secret: s}, nil
+		return &admission.Config{Secret: s}, nil
 	case c.swarmKey != "":
 		if c.memberToken == "" {
 			return nil, errors.New("--swarm-key needs --member-token: this peer's token, made with skyhive keygen token --peer ID")
 		}
-		k, err := p2p.ReadSwarmPublicKey(c.swarmKey)
+		k, err := admission.ReadSwarmPublicKey(c.swarmKey)
 		if err != nil {
 			return nil, fmt.Errorf("--swarm-key: %w", err)
 		}
-		t, err := p2p.ReadMemberToken(c.memberToken)
+		t, err := admission.ReadMemberToken(c.memberToken)
 		if err != nil {
 			return nil, fmt.Errorf("--member-token: %w", err)
 		}
-		return &p2p.Admission{SwarmKey: k, Token: t}, nil
+		return &admission.Config{SwarmKey: k, Token: t}, nil
 	case c.memberToken != "":
 		return nil, errors.New("--member-token needs --swarm-key")
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/admission"
 )
 
 // newKeygenCmd makes the keys that close a swarm to strangers and the
@@ -34,7 +35,7 @@ Two ways to close a swarm:
 		Short: "Write a new random swarm secret (mode 0600) for --swarm-secret",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := p2p.NewSwarmSecret(args[0]); err != nil {
+			if err := admission.NewSwarmSecret(args[0]); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "swarm secret written to %s: give it to every peer of the swarm (--swarm-secret %s)\n", args[0], args[0])
@@ -46,7 +47,7 @@ Two ways to close a swarm:
 		Short: "Write a new swarm key pair: FILE (private, signs tokens) and FILE.pub (for --swarm-key)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if _, err := p2p.NewSwarmKey(args[0]); err != nil {
+			if _, err := admission.NewSwarmKey(args[0]); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "swarm key written to %s (keep it private) and %s.pub (give it to every peer: --swarm-key %s.pub)\n", args[0], args[0], args[0])
@@ -83,7 +84,7 @@ Two ways to close a swarm:
 			if valid <= 0 {
 				return fmt.Errorf("--valid must be positive, got %v", valid)
 			}
-			k, err := p2p.ReadSwarmPrivateKey(swarmKey)
+			k, err := admission.ReadSwarmPrivateKey(swarmKey)
 			if err != nil {
 				return err
 			}
@@ -91,11 +92,11 @@ Two ways to close a swarm:
 			if err != nil {
 				return fmt.Errorf("--peer %q: %w", peerID, err)
 			}
-			t, err := p2p.NewMemberToken(k, id, time.Now().Add(valid))
+			t, err := admission.NewMemberToken(k, id, time.Now().Add(valid))
 			if err != nil {
 				return err
 			}
-			if err := p2p.WriteMemberToken(args[0], t); err != nil {
+			if err := admission.WriteMemberToken(args[0], t); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "member token for %s, valid until %s, written to %s\n", id, t.Expires.UTC().Format(time.RFC3339), args[0])

@@ -16,6 +16,7 @@ import (
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/moe/server"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/dialback"
 )
 
 // serverFlags are the options of `skyhive server`.
@@ -128,7 +129,7 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 		return err
 	}
 	defer h.Close()
-	h.ServeDialback()
+	dialback.Serve(h)
 	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), MaxBytes: f.net.dhtMaxBytes(), Metrics: reg.Registerer()})
 	if err != nil {
 		return err

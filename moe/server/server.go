@@ -38,6 +38,7 @@ import (
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/blocklist"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -110,7 +111,7 @@ type Config struct {
 	MaxAbsValue float64
 	// BlockFor is how long a peer that sent a poisoned request (values
 	// that are not finite or over MaxAbsValue) is refused, when the
-	// transport can (p2p.Host.Block): 10 min by default, negative: never.
+	// transport can (p2p.Host.BlockList): 10 min by default, negative: never.
 	BlockFor time.Duration
 	// RequestMemory bounds the working memory (activations, their
 	// gradients, attention weights) that one request, and one batch of
@@ -407,8 +408,10 @@ func (s *Server) handleBackward(ctx context.Context, from peer.ID, req []byte) (
 // blocker is implemented by transports that can refuse a peer for a while
 // (p2p.Host).
 type blocker interface {
-	Block(p peer.ID, d time.Duration)
+	BlockList() *blocklist.List
 }
+
+var _ blocker = (*p2p.Host)(nil)
 
 // serve answers a forward or backward request.
 func (s *Server) serve(ctx context.Context, from peer.ID, req []byte, backward bool) ([]byte, error) {
@@ -419,7 +422,7 @@ func (s *Server) serve(ctx context.Context, from peer.ID, req []byte, backward b
 	e, x, dy, work, err := s.parse(req, backward)
 	if err != nil {
 		if b, ok := s.cfg.Transport.(blocker); ok && errors.Is(err, errPoisoned) && s.cfg.BlockFor > 0 {
-			b.Block(from, s.cfg.BlockFor)
+			b.BlockList().Block(from, s.cfg.BlockFor)
 			err = fmt.Errorf("%w (the sender is blocked for %v)", err, s.cfg.BlockFor)
 		}
 		return nil, err

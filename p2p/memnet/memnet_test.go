@@ -77,7 +77,7 @@ func TestRemoteErrorAndUnknownProtocol(t *testing.T) {
 	if !errors.As(err, &re) || re.Msg != "nope" || re.Peer != ps[1].ID() {
 		t.Fatalf("got %v, want RemoteError nope", err)
 	}
-	_, err = ps[0].Call(context.Background(), ps[1].AddrInfo(), "/other", nil)
+	_, err = ps[0].Call(context.Background(), ps[1].AddrInfo(), "/test/other/1.0.0", nil)
 	if !errors.Is(err, ErrProtocolNotSupported) {
 		t.Fatalf("got %v, want ErrProtocolNotSupported", err)
 	}
@@ -213,7 +213,8 @@ func TestLinkSeesBothDirectionsAndDrops(t *testing.T) {
 }
 
 func TestInboundBounded(t *testing.T) {
-	n := NewNetwork(WithMaxInbound(2))
+	var link countingLink
+	n := NewNetwork(WithMaxInbound(2), WithLink(&link))
 	defer n.Close()
 	ps := newPeers(t, n, 2)
 	var running, peak atomic.Int32
@@ -243,7 +244,15 @@ func TestInboundBounded(t *testing.T) {
 			_, _ = ps[0].Call(ctx, ps[1].AddrInfo(), proto, nil)
 		}()
 	}
-	time.Sleep(30 * time.Millisecond)
+	// Wait until all six requests arrived and two handlers run: the other
+	// four wait for them.
+	deadline := time.Now().Add(10 * time.Second)
+	for link.msgs.Load() < 6 || running.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests delivered, %d handlers running", link.msgs.Load(), running.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
 	close(release)
 	wg.Wait()
 	if peak.Load() > 2 {

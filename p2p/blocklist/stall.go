@@ -1,4 +1,4 @@
-package p2p
+package blocklist
 
 import (
 	"context"
@@ -17,24 +17,20 @@ import (
 // block ended.
 const stallPoll = 100 * time.Millisecond
 
-// securityCtor is the constructor of a libp2p security transport (TLS,
-// Noise).
-type securityCtor[T sec.SecureTransport] func(protocol.ID, crypto.PrivKey, []tptu.StreamMuxer) (T, error)
-
-// stalling wraps a security transport's constructor so that its
-// connections stop reading while the remote peer is blocked (see
-// Host.Block). A blocked peer's bytes then wait in its own socket buffers
+// Stalling wraps a security transport's constructor so that its
+// connections stop reading while the remote peer is blocked on l (see
+// Block). A blocked peer's bytes then wait in its own socket buffers
 // and TCP's flow control stops it sending: the victim neither decrypts nor
 // discards them. Writes go on, so the peer still gets the answer that told
 // it why; the multiplexer's keep-alive ends the connection in time, and the
 // connection gater refuses new ones until the block ends.
-func stalling[T sec.SecureTransport](newT securityCtor[T], g *gater) func(protocol.ID, crypto.PrivKey, []tptu.StreamMuxer) (sec.SecureTransport, error) {
+func Stalling[T sec.SecureTransport](newT func(protocol.ID, crypto.PrivKey, []tptu.StreamMuxer) (T, error), l *List) func(protocol.ID, crypto.PrivKey, []tptu.StreamMuxer) (sec.SecureTransport, error) {
 	return func(id protocol.ID, key crypto.PrivKey, muxers []tptu.StreamMuxer) (sec.SecureTransport, error) {
 		t, err := newT(id, key, muxers)
 		if err != nil {
 			return nil, err
 		}
-		return &stallTransport{SecureTransport: t, g: g}, nil
+		return &stallTransport{SecureTransport: t, l: l}, nil
 	}
 }
 
@@ -42,7 +38,7 @@ func stalling[T sec.SecureTransport](newT securityCtor[T], g *gater) func(protoc
 // their peer is blocked.
 type stallTransport struct {
 	sec.SecureTransport
-	g *gater
+	l *List
 }
 
 // SecureInbound secures an inbound connection.
@@ -61,24 +57,24 @@ func (t *stallTransport) wrap(sc sec.SecureConn, err error) (sec.SecureConn, err
 	if err != nil {
 		return nil, err
 	}
-	return &stallConn{SecureConn: sc, g: t.g, closed: make(chan struct{})}, nil
+	return &stallConn{SecureConn: sc, l: t.l, closed: make(chan struct{})}, nil
 }
 
 // stallConn is a secured connection that does not read while its remote
 // peer is blocked.
 type stallConn struct {
 	sec.SecureConn
-	g      *gater
+	l      *List
 	once   sync.Once
 	closed chan struct{}
 }
 
 // Read waits while the remote peer is blocked, then reads.
 func (c *stallConn) Read(b []byte) (int, error) {
-	if c.g.blocked(c.RemotePeer()) {
+	if c.l.blockedFast(c.RemotePeer()) {
 		t := time.NewTimer(stallPoll)
 		defer t.Stop()
-		for c.g.blocked(c.RemotePeer()) {
+		for c.l.blockedFast(c.RemotePeer()) {
 			select {
 			case <-c.closed:
 				return 0, net.ErrClosed

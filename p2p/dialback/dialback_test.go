@@ -1,4 +1,4 @@
-package p2p
+package dialback
 
 import (
 	"context"
@@ -6,21 +6,29 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/skyhive/skyhive/p2p"
 )
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
 
 // A peer dials the caller's TCP address back; a closed port fails, and an
 // address on another IP is refused without a dial.
 func TestDialback(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	loop := Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}}
-	srv, err := New(ctx, loop)
+	loop := p2p.Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}}
+	srv, err := p2p.New(ctx, loop)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	srv.ServeDialback()
-	cli, err := New(ctx, loop)
+	Serve(srv)
+	cli, err := p2p.New(ctx, loop)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +41,7 @@ func TestDialback(t *testing.T) {
 	ln.Close()
 	own := cli.Reach().Addrs[0]
 	addrs := []string{own, closed, "/ip4/10.1.2.3/tcp/4001", "/ip4/127.0.0.1/udp/4001/quic-v1", "nonsense"}
-	res, err := AskDialback(ctx, cli, srv.AddrInfo(), addrs)
+	res, err := Ask(ctx, cli, srv.AddrInfo(), addrs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +57,7 @@ func TestDialback(t *testing.T) {
 			t.Errorf("%s: %+v, want ok=%v and %q", addrs[i], res[i], w.ok, w.err)
 		}
 	}
-	if _, err := AskDialback(ctx, cli, srv.AddrInfo(), make([]string, MaxDialbackAddrs+1)); err == nil {
+	if _, err := Ask(ctx, cli, srv.AddrInfo(), make([]string, MaxAddrs+1)); err == nil {
 		t.Error("too many addresses accepted")
 	}
 }
@@ -58,8 +66,8 @@ func FuzzDialbackRequest(f *testing.F) {
 	f.Add([]byte(`{"addrs":["/ip4/127.0.0.1/tcp/1"]}`))
 	f.Add([]byte(`{"addrs":null}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := parseDialback(b)
-		if err == nil && len(r.Addrs) > MaxDialbackAddrs {
+		r, err := parseRequest(b)
+		if err == nil && len(r.Addrs) > MaxAddrs {
 			t.Fatalf("%d addresses accepted", len(r.Addrs))
 		}
 		for _, a := range r.Addrs {

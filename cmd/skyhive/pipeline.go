@@ -620,8 +620,9 @@ type pipelineText struct {
 }
 
 // loadText reads and tokenizes --data for a language model, as `skyhive
-// train` does: a byte-level BPE of --vocab tokens trained on the text (or
-// the ids of a token file), a tenth held out for validation.
+// train` does (train.Tokenize): a byte-level BPE of --vocab tokens trained
+// on the text (or the ids of a token file), a tenth held out for
+// validation, of which the first --eval-tokens are evaluated.
 func (p *pipelineFlags) loadText(cmd *cobra.Command, out io.Writer) (*pipelineText, error) {
 	f, fl, l := &p.train, cmd.Flags(), p.train.lm
 	dataset := f.dataset
@@ -650,25 +651,9 @@ func (p *pipelineFlags) loadText(cmd *cobra.Command, out io.Writer) (*pipelineTe
 	if err != nil {
 		return nil, err
 	}
-	var ids []int32
-	vocab := corpus.Vocab
-	if corpus.Text != nil {
-		if l.vocab < 256 {
-			return nil, fmt.Errorf("--vocab %d: a BPE vocabulary is at least 256 (the byte tokens) plus the merges, e.g. 1024", l.vocab)
-		}
-		fmt.Fprintf(out, "training a BPE tokenizer of %d tokens on %d bytes of %s\n", l.vocab, len(corpus.Text), corpus.Name)
-		tok, err := text.TrainBPE(corpus.Text, l.vocab)
-		if err != nil {
-			return nil, err
-		}
-		ids, vocab = tok.Encode(corpus.Text), tok.VocabSize()
-	} else {
-		ids = corpus.Tokens
-		for i, id := range ids {
-			if id < 0 || int(id) >= vocab {
-				return nil, fmt.Errorf("token id %d at position %d is outside the vocabulary of %d", id, i, vocab)
-			}
-		}
+	d, err := train.Tokenize(corpus, train.TokenizeOptions{Vocab: l.vocab, Seed: f.cfg.Seed, Log: out})
+	if err != nil {
+		return nil, err
 	}
 	seq := l.seq
 	spec := f.cfg.Model
@@ -677,33 +662,28 @@ func (p *pipelineFlags) loadText(cmd *cobra.Command, out io.Writer) (*pipelineTe
 			seq = 0 // the spec's
 		}
 	} else {
-		spec = fmt.Sprintf("%s:%dx%d", spec, vocab, seq)
+		spec = fmt.Sprintf("%s:%dx%d", spec, d.Vocab, seq)
 	}
 	info, err := pipeline.DescribeModel(spec)
 	if err != nil {
 		return nil, err
 	}
-	if info.Classes < vocab {
+	if info.Classes < d.Vocab {
 		return nil, fmt.Errorf("model %s has a vocabulary of %d, but the data has %d token ids: give the model no vocabulary (--model %s) or a larger one",
-			spec, info.Classes, vocab, strings.SplitN(spec, ":", 2)[0])
+			spec, info.Classes, d.Vocab, strings.SplitN(spec, ":", 2)[0])
 	}
 	if seq != 0 && info.Input[0] != seq {
 		return nil, fmt.Errorf("model %s has a context of %d tokens but --seq is %d: set one of them", spec, info.Input[0], seq)
 	}
-	seq = info.Input[0]
-	trainIDs, valIDs, err := text.Split(ids, 0.1, f.cfg.Seed)
+	if err := d.CheckContext(info.Input[0]); err != nil {
+		return nil, err
+	}
+	val, err := d.EvalIDs(l.evalTokens, info.Input[0])
 	if err != nil {
-		return nil, fmt.Errorf("%w: read more text (--corpus-bytes)", err)
+		return nil, err
 	}
-	if l.evalTokens > 0 && len(valIDs) > l.evalTokens {
-		valIDs = valIDs[:l.evalTokens]
-	}
-	if len(trainIDs) < seq+1 || len(valIDs) < seq+1 {
-		return nil, fmt.Errorf("the data gives %d training and %d validation tokens, but each needs at least context + 1 = %d: %w; read more text (--corpus-bytes) or use a shorter context (--seq)",
-			len(trainIDs), len(valIDs), seq+1, text.ErrEmpty)
-	}
-	fmt.Fprintf(out, "%s: %d tokens (%d train, %d validation), vocabulary %d, model %s\n", corpus.Name, len(ids), len(trainIDs), len(valIDs), vocab, spec)
-	return &pipelineText{name: corpus.Name, spec: spec, info: info, train: trainIDs, val: valIDs}, nil
+	fmt.Fprintf(out, "%s: %d tokens (%d train, %d validation), vocabulary %d, model %s\n", corpus.Name, d.Tokens(), len(d.Train), len(val), d.Vocab, spec)
+	return &pipelineText{name: corpus.Name, spec: spec, info: info, train: d.Train, val: val}, nil
 }
 
 // lmPipelineResult is what --json prints for a language model.
@@ -728,25 +708,14 @@ type lmPipelineResult struct {
 // trainLM trains a language model for --steps iterations on windows
 // drawn from the training tokens, then reports the validation loss and
 // perplexity of the gathered model. The shared flags (--batch, --lr,
-// --warmup, --clip) take `skyhive train`'s language-model defaults unless
+// --warmup, --clip) take the model's defaults (models.DefaultsOf) unless
 // given.
 func (p *pipelineFlags) trainLM(cmd *cobra.Command, sc *pipeline.Scenario, sched pipeline.Schedule, plan *alloc.Plan, corpus *pipelineText) error {
-	f, fl, ctx, out := &p.train, cmd.Flags(), cmd.Context(), cmd.ErrOrStderr()
-	batch, lr, warmup, clip := lmBatch, lmLR, int64(lmWarmup), float64(lmClip)
-	if fl.Changed("batch") {
-		batch = f.cfg.BatchSize
-	}
-	if fl.Changed("lr") {
-		lr = f.cfg.LR
-	}
-	if fl.Changed("warmup") {
-		warmup = f.cfg.Warmup
-	}
-	if fl.Changed("clip") {
-		clip = f.cfg.ClipNorm
-	}
+	f, ctx, out := &p.train, cmd.Context(), cmd.ErrOrStderr()
+	h := withModelDefaults(cmd.Flags(), f.cfg.Model, models.TrainDefaults{Batch: f.cfg.BatchSize, LR: f.cfg.LR, Warmup: f.cfg.Warmup, ClipNorm: f.cfg.ClipNorm})
+	batch, lr := h.Batch, h.LR
 	total := int64(f.steps)
-	s, err := sc.Start(ctx, p.sessionConfig(corpus.spec, batch, lr, warmup, total, 10, clip, sched, plan, out))
+	s, err := sc.Start(ctx, p.sessionConfig(corpus.spec, batch, lr, h.Warmup, total, 10, h.ClipNorm, sched, plan, out))
 	if err != nil {
 		return err
 	}

@@ -4,15 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"strings"
 	"time"
 
-	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/pipeline"
+	"github.com/skyhive/skyhive/profile"
 	"github.com/skyhive/skyhive/swarm"
 )
 
@@ -111,60 +110,47 @@ func runPipeline(o Options) ([]Result, error) {
 	return append(out, more...), nil
 }
 
+// pipeSlowdownStream is the stream of the pipeline bench's slowdown
+// draws (profile.DrawSlowdowns).
+const pipeSlowdownStream = 0x51d
+
 // pipeCase launches the workers of g, measures the even, sky and skyhive
 // plans alternately (1F1B), compares each with its predicted time, and,
 // if seq, 1F1B with the sequential schedule on the skyhive plan.
 func pipeCase(ctx context.Context, o Options, bin string, g pipeGeometry, seq bool) ([]Result, error) {
-	rng := rand.New(rand.NewPCG(pipeSeed, 0x51d))
-	slow := make([]float64, g.workers)
+	slow := profile.DrawSlowdowns(g.workers, 1, pipeMaxSlowdown, pipeSeed, pipeSlowdownStream)
 	for i := range slow {
-		slow[i] = pipeBaseSlowdown * (1 + (pipeMaxSlowdown-1)*rng.Float64())
+		slow[i] *= pipeBaseSlowdown
 	}
 	label := fmt.Sprintf("%dw", g.workers)
 	// The coordinator and its host carry metrics; the workers are
 	// processes of their own (skyhive worker) and serve none here.
-	ccfg := pipeline.CoordinatorConfig{Metrics: o.registerer(), Host: p2p.Config{Metrics: o.registerer()}}
+	cfg := pipeline.ScenarioConfig{
+		Coordinator: pipeline.CoordinatorConfig{Metrics: o.registerer(), Host: p2p.Config{Metrics: o.registerer()}},
+		Binary:      bin, Slowdowns: slow, Regions: g.regions, Env: []string{"OPENBLAS_NUM_THREADS=1"}, WorkerOutput: o.Log,
+	}
 	if g.regions != nil {
-		prof := &netem.Profile{
-			Regions: []string{"eu", "us"},
-			Intra:   netem.LinkParams{Latency: 500 * time.Microsecond, Bandwidth: 1e9},
-			Inter: [][]netem.LinkParams{
-				{{}, {Latency: pipeRegionLatencyMS * time.Millisecond, Bandwidth: pipeRegionMbps * 1e6}},
-				{{Latency: pipeRegionLatencyMS * time.Millisecond, Bandwidth: pipeRegionMbps * 1e6}, {}},
-			},
-		}
-		if err := prof.Validate(); err != nil {
-			return nil, err
-		}
-		n, err := netem.New(prof, pipeSeed)
+		n, err := pipeRegions()
 		if err != nil {
 			return nil, err
 		}
-		ccfg.Network, ccfg.Region = n, "eu"
+		cfg.Coordinator.Network, cfg.Coordinator.Region = n, "eu"
 		label = fmt.Sprintf("%dw-2regions", g.workers)
 	}
 	begin := time.Now()
 	o.Logf("pipeline %s: slowdowns %s (×%.0f base), regions %v, model %s, batch %d, %d micro-batches", label, fmtSlowdowns(slow), pipeBaseSlowdown, g.regions, g.model, g.batch, g.micro)
-	c, err := pipeline.NewCoordinator(ctx, ccfg)
+	sc, err := pipeline.StartScenario(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
-	local, err := swarm.LaunchPipelineWorkers(ctx, c, swarm.PipelineLaunch{
-		Binary: bin, Slowdowns: slow, Regions: g.regions, Env: []string{"OPENBLAS_NUM_THREADS=1"}, Output: o.Log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	defer local.Close()
-	defer c.Shutdown(context.Background())
+	defer sc.Close()
 
 	o.Logf("pipeline %s: workers up after %.1f s", label, time.Since(begin).Seconds())
 	var log io.Writer = io.Discard
 	if o.Log != nil {
 		log = o.Log
 	}
-	s, err := c.Start(ctx, pipeline.SessionConfig{
+	s, err := sc.Start(ctx, pipeline.SessionConfig{
 		Model: g.model, Seed: pipeSeed, Batch: g.batch, Micro: g.micro, Schedule: g.sched,
 		Optim: pipeline.OptimConfig{Kind: "sgd", LR: 0.01, Momentum: 0.9}, Strategy: "even", ProfileReps: 5,
 		CheckpointEvery: 1 << 30, Log: log,
@@ -172,67 +158,100 @@ func pipeCase(ctx context.Context, o Options, bin string, g pipeGeometry, seq bo
 	if err != nil {
 		return nil, err
 	}
-	defer s.Close()
-	ds, err := data.GaussianBlobs(g.batch*8, pipeline.InputFeatures, data.NumClasses, pipeSeed)
+	batches, err := pipeBatches(g.batch)
 	if err != nil {
 		return nil, err
-	}
-	loader, err := data.NewLoader(ds, data.BatchOptions{Size: g.batch, Shuffle: true, Seed: pipeSeed, DropLast: true})
-	if err != nil {
-		return nil, err
-	}
-	batches := pipeline.NewBatches(loader)
-	step := func() (pipeline.IterStats, error) {
-		b, _ := batches.Next()
-		return s.Step(ctx, b)
 	}
 
 	o.Logf("pipeline %s: profiled and planned after %.1f s", label, time.Since(begin).Seconds())
-	// Plans from the profiled cluster (fixed for the whole run).
-	strategies := []string{"even", "sky", "skyhive"}
-	cmp, err := s.ComparePlans(ctx, strategies)
-	if err != nil {
-		return nil, err
-	}
-	plans := map[string]alloc.Plan{}
-	preds := map[string]pipeline.Prediction{}
-	allocPred := map[string]float64{}
-	for _, pc := range cmp {
-		if pc.Err != nil {
-			return nil, fmt.Errorf("plan %s: %w", pc.Strategy, pc.Err)
-		}
-		plans[pc.Strategy], preds[pc.Strategy], allocPred[pc.Strategy] = pc.Plan, pc.Prediction, pc.Report.Iteration
-		o.Logf("pipeline %s: %s plan %v, alloc predicts %.1f ms, simulation %s", label, pc.Strategy, pc.Plan.Stages, 1e3*pc.Report.Iteration, pc.Prediction)
-	}
-
-	// Alternate the plans: one warm-up iteration after each move in the
-	// first round (new connections between neighbours; later rounds reuse
-	// them), then the measured ones.
+	// Plans from the profiled cluster (fixed for the whole run), measured
+	// alternately: one warm-up iteration after each move in the first
+	// round (new connections between neighbours; later rounds reuse
+	// them), then the measured ones. The schedules are compared on the
+	// skyhive plan.
 	reps := max(o.Reps, 5)
+	then := ""
+	if seq {
+		then = "skyhive"
+	}
 	shown := map[string]bool{}
-	err = s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: batches, Rounds: reps,
-		OnIteration: func(name string, st pipeline.IterStats, set time.Duration) {
-			o.Logf("pipeline %s: %s plan set in %.2f s", label, name, set.Seconds())
-			if o.Log != nil && !shown[name] {
-				shown[name] = true
-				st.WriteTable(o.Log)
+	cmp, err := s.Compare(ctx, pipeline.CompareOptions{
+		Strategies: []string{"even", "sky", "skyhive"},
+		Planned: func(cmp pipeline.PlanComparisons) error {
+			for _, pc := range cmp {
+				if pc.Err != nil {
+					return fmt.Errorf("plan %s: %w", pc.Strategy, pc.Err)
+				}
+				o.Logf("pipeline %s: %s plan %v, alloc predicts %.1f ms, simulation %s", label, pc.Strategy, pc.Plan.Stages, 1e3*pc.Report.Iteration, pc.Prediction)
 			}
-		}})
+			return nil
+		},
+		Measurement: pipeline.MeasureOptions{Data: batches, Rounds: reps,
+			OnIteration: func(name string, st pipeline.IterStats, set time.Duration) {
+				o.Logf("pipeline %s: %s plan set in %.2f s", label, name, set.Seconds())
+				if o.Log != nil && !shown[name] {
+					shown[name] = true
+					st.WriteTable(o.Log)
+				}
+			}},
+		Then: then,
+	})
 	if err != nil {
 		return nil, err
 	}
-	times := map[string][]float64{}
-	for _, pc := range cmp {
-		times[pc.Strategy] = pc.Times
+	out := pipePlanResults(cmp, g, label)
+	if !seq {
+		return out, nil
 	}
+	sky, _ := cmp.Get("skyhive")
+	more, err := pipeSchedules(ctx, s, batches, g, label, reps, sky)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, more...), nil
+}
 
+// pipeBatches yields batches of batch examples of Gaussian blobs, eight
+// batches an epoch.
+func pipeBatches(batch int) (*pipeline.Batches, error) {
+	ds, err := data.GaussianBlobs(batch*8, pipeline.InputFeatures, data.NumClasses, pipeSeed)
+	if err != nil {
+		return nil, err
+	}
+	loader, err := data.NewLoader(ds, data.BatchOptions{Size: batch, Shuffle: true, Seed: pipeSeed, DropLast: true})
+	if err != nil {
+		return nil, err
+	}
+	return pipeline.NewBatches(loader), nil
+}
+
+// pipeRegions is the emulated network of the multi-region case: regions
+// eu and us, pipeRegionLatencyMS and pipeRegionMbps between them.
+func pipeRegions() (*netem.Network, error) {
+	inter := netem.LinkParams{Latency: pipeRegionLatencyMS * time.Millisecond, Bandwidth: pipeRegionMbps * 1e6}
+	prof := &netem.Profile{
+		Regions: []string{"eu", "us"},
+		Intra:   netem.LinkParams{Latency: 500 * time.Microsecond, Bandwidth: 1e9},
+		Inter:   [][]netem.LinkParams{{{}, inter}, {inter, {}}},
+	}
+	if err := prof.Validate(); err != nil {
+		return nil, err
+	}
+	return netem.New(prof, pipeSeed)
+}
+
+// pipePlanResults turns the measured plans of cmp into results: each
+// strategy's iteration time against even's, its prediction, measured over
+// predicted, and skyhive's speed-up over even.
+func pipePlanResults(cmp pipeline.PlanComparisons, g pipeGeometry, label string) []Result {
 	var out []Result
 	meds := map[string]Stats{}
-	for _, name := range strategies {
-		meds[name] = Summarize(times[name])
+	preds := map[string]pipeline.Prediction{}
+	for _, pc := range cmp {
+		meds[pc.Strategy], preds[pc.Strategy] = Summarize(pc.Times), pc.Prediction
 	}
-	for _, name := range strategies {
-		st := meds[name]
+	for _, pc := range cmp {
+		name, st := pc.Strategy, meds[pc.Strategy]
 		cs := fmt.Sprintf("%s/%s/%s", name, g.sched, label)
 		r := Result{Suite: "pipeline", Case: cs, Metric: "iter_time", Value: st.Median, Unit: "s", Min: st.Min, Max: st.Max}
 		if name != "even" {
@@ -240,28 +259,27 @@ func pipeCase(ctx context.Context, o Options, bin string, g pipeGeometry, seq bo
 		}
 		out = append(out, r)
 		out = append(out, Result{Suite: "pipeline", Case: cs, Metric: "predicted_iter_time", Value: preds[name].Iteration, Unit: "s",
-			Note: fmt.Sprintf("simulated schedule; alloc.Evaluate says %.3f s", allocPred[name])}.WithBaseline("even", preds["even"].Iteration))
+			Note: fmt.Sprintf("simulated schedule; alloc.Evaluate says %.3f s", pc.Report.Iteration)}.WithBaseline("even", preds["even"].Iteration))
 		out = append(out, Result{Suite: "pipeline", Case: cs, Metric: "measured_vs_predicted", Value: st.Median, Unit: "s",
 			Note: "ratio = measured / simulated prediction"}.WithBaseline("predicted", preds[name].Iteration))
 	}
 	out = append(out, Result{Suite: "pipeline", Case: fmt.Sprintf("skyhive/%s/%s", g.sched, label), Metric: "speedup_vs_even", Value: meds["even"].Median / meds["skyhive"].Median, Unit: "x",
 		Note: fmt.Sprintf("predicted %.2fx", preds["even"].Iteration/preds["skyhive"].Iteration)})
-	if !seq {
-		return out, nil
-	}
+	return out
+}
 
-	// 1F1B against the paper's sequential schedule on the skyhive plan,
-	// alternating.
-	if err := s.SetPlan(ctx, plans["skyhive"]); err != nil {
-		return nil, err
-	}
+// pipeSchedules measures 1F1B against the paper's sequential schedule on
+// the skyhive plan sky, which the session is on, alternating, reps rounds
+// after one warm-up.
+func pipeSchedules(ctx context.Context, s *pipeline.Session, batches *pipeline.Batches, g pipeGeometry, label string, reps int, sky pipeline.PlanComparison) ([]Result, error) {
 	var seqT, pipeT []float64
 	for i := 0; i < reps+1; i++ {
 		for _, sched := range []pipeline.Schedule{pipeline.Sequential, pipeline.OneFOneB} {
 			if err := s.SetSchedule(sched, g.micro); err != nil {
 				return nil, err
 			}
-			st, err := step()
+			b, _ := batches.Next()
+			st, err := s.Step(ctx, b)
 			if err != nil {
 				return nil, err
 			}
@@ -278,18 +296,19 @@ func pipeCase(ctx context.Context, o Options, bin string, g pipeGeometry, seq bo
 	if err := s.SetSchedule(pipeline.Sequential, 1); err != nil {
 		return nil, err
 	}
-	seqPred, err := s.Predict(plans["skyhive"])
+	seqPred, err := s.Predict(sky.Plan)
 	if err != nil {
 		return nil, err
 	}
 	sp, pp := Summarize(seqT), Summarize(pipeT)
 	cs := fmt.Sprintf("skyhive/sequential/%s", label)
-	out = append(out, Result{Suite: "pipeline", Case: cs, Metric: "throughput", Value: float64(g.batch) / sp.Median, Unit: "samples/s", Min: float64(g.batch) / sp.Max, Max: float64(g.batch) / sp.Min})
-	out = append(out, Result{Suite: "pipeline", Case: fmt.Sprintf("skyhive/1f1b/%s", label), Metric: "throughput", Value: float64(g.batch) / pp.Median, Unit: "samples/s", Min: float64(g.batch) / pp.Max, Max: float64(g.batch) / pp.Min,
-		Note: fmt.Sprintf("predicted ratio %.2f", seqPred.Iteration/preds["skyhive"].Iteration)}.WithBaseline("sequential", float64(g.batch)/sp.Median))
-	out = append(out, Result{Suite: "pipeline", Case: cs, Metric: "measured_vs_predicted", Value: sp.Median, Unit: "s",
-		Note: "ratio = measured / simulated prediction"}.WithBaseline("predicted", seqPred.Iteration))
-	return out, nil
+	return []Result{
+		{Suite: "pipeline", Case: cs, Metric: "throughput", Value: float64(g.batch) / sp.Median, Unit: "samples/s", Min: float64(g.batch) / sp.Max, Max: float64(g.batch) / sp.Min},
+		Result{Suite: "pipeline", Case: fmt.Sprintf("skyhive/1f1b/%s", label), Metric: "throughput", Value: float64(g.batch) / pp.Median, Unit: "samples/s", Min: float64(g.batch) / pp.Max, Max: float64(g.batch) / pp.Min,
+			Note: fmt.Sprintf("predicted ratio %.2f", seqPred.Iteration/sky.Prediction.Iteration)}.WithBaseline("sequential", float64(g.batch)/sp.Median),
+		Result{Suite: "pipeline", Case: cs, Metric: "measured_vs_predicted", Value: sp.Median, Unit: "s",
+			Note: "ratio = measured / simulated prediction"}.WithBaseline("predicted", seqPred.Iteration),
+	}, nil
 }
 
 func fmtSlowdowns(xs []float64) string {

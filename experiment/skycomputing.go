@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/skyhive/skyhive/chart"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/pipeline"
+	"github.com/skyhive/skyhive/profile"
 	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/swarm"
 )
@@ -456,12 +456,7 @@ func skyRun(ctx context.Context, o Options, cfg skyConfig) (*skyResults, error) 
 // skySlowdowns draws the U[1, max] factors of n workers, the same for
 // every layer count of a worker count.
 func skySlowdowns(seed uint64, n int, maxF float64) []float64 {
-	rng := rand.New(rand.NewPCG(seed, 0x5c1+uint64(n)))
-	out := make([]float64, n)
-	for i := range out {
-		out[i] = 1 + (maxF-1)*rng.Float64()
-	}
-	return out
+	return profile.DrawSlowdowns(n, 1, maxF, seed, 0x5c1+uint64(n))
 }
 
 // skyMeasurePoint launches the workers of one grid point, plans with every
@@ -481,30 +476,20 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 	}
 	o.Logf("sky-computing %s: %s, %d workers, slowdowns ×%.0f of %s", name, pt.Model, workers, cfg.Base, fmtFactors(pt.Slowdowns))
 
-	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{})
-	if err != nil {
-		return nil, nil, alloc.Link{}, err
-	}
-	defer c.Close()
-	local, err := swarm.LaunchPipelineWorkers(ctx, c, swarm.PipelineLaunch{
-		Binary: cfg.Binary, Slowdowns: slow, Args: cfg.WorkerArgs, Env: cfg.Env, Output: o.Log,
+	sc, err := pipeline.StartScenario(ctx, pipeline.ScenarioConfig{
+		Binary: cfg.Binary, Slowdowns: slow, WorkerArgs: cfg.WorkerArgs, Env: cfg.Env, WorkerOutput: o.Log,
 	})
 	if err != nil {
 		return nil, nil, alloc.Link{}, err
 	}
-	defer local.Close()
-	defer func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer scancel()
-		c.Shutdown(sctx)
-	}()
+	defer sc.Close()
 	var log io.Writer = io.Discard
 	if o.Log != nil {
 		log = o.Log
 	}
 	batch, micro := cfg.batch(workers)
 	pt.Batch, pt.Micro = batch, micro
-	s, err := c.Start(ctx, pipeline.SessionConfig{
+	s, err := sc.Start(ctx, pipeline.SessionConfig{
 		Model: pt.Model, Seed: o.Seed, Batch: batch, Micro: micro, Schedule: pipeline.OneFOneB,
 		Optim: pipeline.OptimConfig{Kind: "adamw", LR: 1e-3}, Strategy: "even", ProfileReps: cfg.ProfileReps,
 		CheckpointEvery: 1 << 30, Log: log,
@@ -512,7 +497,6 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 	if err != nil {
 		return nil, nil, alloc.Link{}, err
 	}
-	defer s.Close()
 	o.Logf("sky-computing %s: workers up, profiled and planned after %.1f s", name, time.Since(begin).Seconds())
 
 	ds, err := data.GaussianBlobs(batch*8, pipeline.InputFeatures, data.NumClasses, o.Seed)
@@ -524,57 +508,10 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 		return nil, nil, alloc.Link{}, err
 	}
 	batches := pipeline.NewBatches(loader)
-	// Calibrate in place: the session starts on the even plan; skyWarmup
-	// iterations, then the stage times of skyCalibrationIters more
-	// calibrate (Session.Recalibrate). Every strategy then plans, and is
-	// predicted, from the same calibration.
-	var calib []pipeline.IterStats
-	for i := range skyWarmup + skyCalibrationIters {
-		b, _ := batches.Next()
-		st, err := s.Step(ctx, b)
-		if err != nil {
-			return nil, nil, alloc.Link{}, fmt.Errorf("calibration iteration: %w", err)
-		}
-		if i >= skyWarmup {
-			calib = append(calib, st)
-			pt.Calibration = append(pt.Calibration, st.Seconds)
-		}
-	}
-	if err := s.Recalibrate(calib); err != nil {
+	if err := skyCalibrate(ctx, s, batches, pt); err != nil {
 		return nil, nil, alloc.Link{}, err
 	}
-	cmp, err := s.ComparePlans(ctx, skyStrategies)
-	if err != nil {
-		return nil, nil, alloc.Link{}, err
-	}
-	for _, pc := range cmp {
-		if pc.Strategy == "even" && pc.Err == nil {
-			o.Logf("sky-computing %s: even's calibration iterations %s s; even now predicted %.3f s", name, fmtFactors(pt.Calibration), pc.Prediction.Iteration)
-		}
-		if pc.Err != nil {
-			o.Logf("sky-computing %s: %s cannot plan: %v", name, pc.Strategy, pc.Err)
-			continue
-		}
-		o.Logf("sky-computing %s: %-7s %d stages %v, solved in %.2f s, predicted %.3f s (%.3f s with expected op times; alloc %.3f s)",
-			name, pc.Strategy, len(pc.Plan.Stages), pc.Plan.Stages, pc.SolveTime.Seconds(), pc.Prediction.Iteration, pc.Prediction.Expected, pc.Report.Iteration)
-	}
-	seen := map[string]int{}
-	var evenRounds []pipeline.IterStats
-	err = s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: batches, Rounds: cfg.Rounds, Warmup: skyPlanWarmup,
-		OnIteration: func(strategy string, st pipeline.IterStats, _ time.Duration) {
-			o.Logf("sky-computing %s: %-7s %.3f s", name, strategy, st.Seconds)
-			if strategy == "even" {
-				evenRounds = append(evenRounds, st)
-			}
-			// The last round's per-stage breakdown: compute (emulated)
-			// against busy time shows whether the slowdowns hold.
-			if seen[strategy]++; seen[strategy] == cfg.Rounds && o.Log != nil {
-				st.WriteTable(o.Log)
-				if i := slices.IndexFunc(cmp, func(pc pipeline.PlanComparison) bool { return pc.Strategy == strategy }); i >= 0 {
-					o.Logf("  predicted stage compute (ms): %s", fmtMillis(cmp[i].Prediction.StageCompute))
-				}
-			}
-		}})
+	cmp, evenRounds, err := skyCompare(ctx, o, cfg, s, batches, pt)
 	if err != nil {
 		return nil, nil, alloc.Link{}, err
 	}
@@ -590,30 +527,104 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 		ref[i] = d.Speed * slow[i]
 	}
 	pt.Results = skySummarize(cmp)
-	// Predict every plan again from a calibration on even's measured
-	// rounds, which ran between the others': measured plans can run at
-	// another speed than the calibration before them (at 16x48 every plan
-	// about 18% slower; at 8x24 only even, after each switch), and this
-	// prediction shares the measurements' state.
-	if pc, ok := cmp.Get("even"); ok && pc.Err == nil && len(evenRounds) > 0 {
-		if err := s.RecalibrateOn(pc.Plan, evenRounds); err != nil {
-			return nil, nil, alloc.Link{}, err
-		}
-		for i := range pt.Results {
-			r := &pt.Results[i]
-			if r.Error != "" {
-				continue
-			}
-			if p, err := s.Predict(r.Plan); err == nil && p.Iteration > 0 {
-				r.Interleaved, r.MeasuredOverInterleaved = p.Iteration, r.Median/p.Iteration
-			}
-		}
+	if err := skyInterleaved(s, cmp, evenRounds, pt.Results); err != nil {
+		return nil, nil, alloc.Link{}, err
 	}
 	pt.Seconds = time.Since(begin).Seconds()
 	if r, ok := skyGet(pt.Results, "skyhive"); ok {
 		o.Logf("sky-computing %s: done in %.0f s; even/skyhive %.2f measured, %.2f predicted", name, pt.Seconds, r.SpeedupOnEven, r.PredictedSpeedup)
 	}
 	return pt, ref, pr.Cluster.Intra, nil
+}
+
+// skyCalibrate calibrates in place: the session starts on the even plan;
+// skyWarmup iterations, then the stage times of skyCalibrationIters more
+// calibrate (Session.Recalibrate), and their times go to
+// pt.Calibration. Every strategy then plans, and is predicted, from the
+// same calibration.
+func skyCalibrate(ctx context.Context, s *pipeline.Session, batches *pipeline.Batches, pt *skyPoint) error {
+	var calib []pipeline.IterStats
+	for i := range skyWarmup + skyCalibrationIters {
+		b, _ := batches.Next()
+		st, err := s.Step(ctx, b)
+		if err != nil {
+			return fmt.Errorf("calibration iteration: %w", err)
+		}
+		if i >= skyWarmup {
+			calib = append(calib, st)
+			pt.Calibration = append(pt.Calibration, st.Seconds)
+		}
+	}
+	return s.Recalibrate(calib)
+}
+
+// skyCompare plans with every strategy and measures the plans
+// alternately, cfg.Rounds rounds of skyPlanWarmup unmeasured iterations
+// and a measured one each. It also returns even's measured iterations.
+func skyCompare(ctx context.Context, o Options, cfg skyConfig, s *pipeline.Session, batches *pipeline.Batches, pt *skyPoint) (pipeline.PlanComparisons, []pipeline.IterStats, error) {
+	name := pt.Name
+	var planned pipeline.PlanComparisons
+	seen := map[string]int{}
+	var evenRounds []pipeline.IterStats
+	cmp, err := s.Compare(ctx, pipeline.CompareOptions{
+		Strategies: skyStrategies,
+		Planned: func(cmp pipeline.PlanComparisons) error {
+			planned = cmp
+			for _, pc := range cmp {
+				if pc.Strategy == "even" && pc.Err == nil {
+					o.Logf("sky-computing %s: even's calibration iterations %s s; even now predicted %.3f s", name, fmtFactors(pt.Calibration), pc.Prediction.Iteration)
+				}
+				if pc.Err != nil {
+					o.Logf("sky-computing %s: %s cannot plan: %v", name, pc.Strategy, pc.Err)
+					continue
+				}
+				o.Logf("sky-computing %s: %-7s %d stages %v, solved in %.2f s, predicted %.3f s (%.3f s with expected op times; alloc %.3f s)",
+					name, pc.Strategy, len(pc.Plan.Stages), pc.Plan.Stages, pc.SolveTime.Seconds(), pc.Prediction.Iteration, pc.Prediction.Expected, pc.Report.Iteration)
+			}
+			return nil
+		},
+		Measurement: pipeline.MeasureOptions{Data: batches, Rounds: cfg.Rounds, Warmup: skyPlanWarmup,
+			OnIteration: func(strategy string, st pipeline.IterStats, _ time.Duration) {
+				o.Logf("sky-computing %s: %-7s %.3f s", name, strategy, st.Seconds)
+				if strategy == "even" {
+					evenRounds = append(evenRounds, st)
+				}
+				// The last round's per-stage breakdown: compute (emulated)
+				// against busy time shows whether the slowdowns hold.
+				if seen[strategy]++; seen[strategy] == cfg.Rounds && o.Log != nil {
+					st.WriteTable(o.Log)
+					if pc, ok := planned.Get(strategy); ok {
+						o.Logf("  predicted stage compute (ms): %s", fmtMillis(pc.Prediction.StageCompute))
+					}
+				}
+			}},
+	})
+	return cmp, evenRounds, err
+}
+
+// skyInterleaved predicts every plan again from a calibration on even's
+// measured rounds, which ran between the others': measured plans can run
+// at another speed than the calibration before them (at 16x48 every plan
+// about 18% slower; at 8x24 only even, after each switch), and this
+// prediction shares the measurements' state.
+func skyInterleaved(s *pipeline.Session, cmp pipeline.PlanComparisons, evenRounds []pipeline.IterStats, results []skyStrategyResult) error {
+	pc, ok := cmp.Get("even")
+	if !ok || pc.Err != nil || len(evenRounds) == 0 {
+		return nil
+	}
+	if err := s.RecalibrateOn(pc.Plan, evenRounds); err != nil {
+		return err
+	}
+	for i := range results {
+		r := &results[i]
+		if r.Error != "" {
+			continue
+		}
+		if p, err := s.Predict(r.Plan); err == nil && p.Iteration > 0 {
+			r.Interleaved, r.MeasuredOverInterleaved = p.Iteration, r.Median/p.Iteration
+		}
+	}
+	return nil
 }
 
 // fmtMillis formats seconds as milliseconds for a log line.

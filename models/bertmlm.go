@@ -18,7 +18,7 @@ import (
 // have the bounds of GPT specs.
 func mlmEntry(name, help string, size func(vocab, seq int) nn.BERTMLMConfig) entry {
 	return entry{
-		Model: Model{Name: name, Usage: name + ":VOCAB[xSEQ]", Help: help, Task: LanguageModeling, Objective: MaskedLM},
+		Model: Model{Name: name, Usage: name + ":VOCAB[xSEQ]", Help: help, Task: LanguageModeling, Objective: MaskedLM, Defaults: mlmDefaults},
 		mlm: func(params string) (nn.BERTMLMConfig, error) {
 			vocab, seq, err := parseVocabSeq(params)
 			if err != nil {

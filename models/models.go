@@ -104,6 +104,50 @@ type Model struct {
 	// Objective is what a language model predicts (zero for an image
 	// classifier).
 	Objective Objective
+	// Defaults are the model's own training hyperparameters, which the
+	// commands use unless their flags are given (zero fields: the
+	// command's defaults).
+	Defaults TrainDefaults
+}
+
+// TrainDefaults are training hyperparameters a model needs other than the
+// commands' defaults (which suit the image classifiers). A zero field
+// takes the command's.
+type TrainDefaults struct {
+	// Batch is the examples (sequences) per step.
+	Batch int
+	// LR is the peak learning rate.
+	LR float64
+	// Warmup is the linear learning-rate warm-up in steps.
+	Warmup int64
+	// ClipNorm is the global gradient-norm clip.
+	ClipNorm float64
+}
+
+// Language models' training defaults, chosen for the target of
+// docs/text.md (gpt-mini at ≤ 0.6 × the bigram's validation perplexity in
+// 5 minutes on 2 cores) from 100-step runs (docs/text.md, "Measured").
+// BERT's post-LN encoder falls back to the unigram and stays there at a
+// learning rate of 1.5e-3 and above on small runs
+// (train.TestRunMLMBeatsUnigram), so a masked language model trains at a
+// third of GPT's rate.
+var (
+	gptDefaults = TrainDefaults{Batch: 16, LR: 3e-3, Warmup: 100, ClipNorm: 1}
+	mlmDefaults = TrainDefaults{Batch: 16, LR: 1e-3, Warmup: 100, ClipNorm: 1}
+)
+
+// DefaultsOf returns the training defaults of the model that spec names,
+// with or without its parameters ("gpt-mini", "gpt-mini:1024x64"), and
+// zero ones for a name the registry does not hold. It reads only the
+// name.
+func DefaultsOf(spec string) TrainDefaults {
+	name, _, _ := strings.Cut(spec, ":")
+	for _, e := range registry {
+		if e.Name == name {
+			return e.Defaults
+		}
+	}
+	return TrainDefaults{}
 }
 
 // Bounds of GPT and BERT MLM specs, so that a peer cannot make a worker
@@ -138,15 +182,15 @@ type entry struct {
 
 // registry is the fixed table of models, in the order List gives them.
 var registry = [...]entry{
-	{Model: Model{"mlp", "mlp", "784-512-256-10 MLP with dropout 0.1 (536k parameters)", ImageClassification, 0}, build: plain(buildMLP)},
-	{Model: Model{"mlp-small", "mlp-small", "784-128-10 MLP without dropout (102k parameters), light for swarms of many peers", ImageClassification, 0}, build: plain(buildMLPSmall)},
-	{Model: Model{"bert-tiny", "bert-tiny", "BERT-style classifier of 7×7 patches: hidden 64, 4 heads, 2 layers (72k parameters)", ImageClassification, 0}, build: plain(buildBERTTiny)},
-	{Model: Model{"deep-mlp", "deep-mlp:WIDTHxDEPTH", fmt.Sprintf("DEPTH equal hidden layers (Linear+ReLU) of WIDTH units, no dropout; width ≤ %d, depth ≤ %d", maxDeepWidth, maxDeepDepth), ImageClassification, 0}, build: buildDeepMLP},
-	{Model: Model{"bert-stack", "bert-stack:LAYERSxHIDDEN", bertStackHelp, ImageClassification, 0}, build: buildBERTStack},
+	{Model: Model{"mlp", "mlp", "784-512-256-10 MLP with dropout 0.1 (536k parameters)", ImageClassification, 0, TrainDefaults{}}, build: plain(buildMLP)},
+	{Model: Model{"mlp-small", "mlp-small", "784-128-10 MLP without dropout (102k parameters), light for swarms of many peers", ImageClassification, 0, TrainDefaults{}}, build: plain(buildMLPSmall)},
+	{Model: Model{"bert-tiny", "bert-tiny", "BERT-style classifier of 7×7 patches: hidden 64, 4 heads, 2 layers (72k parameters)", ImageClassification, 0, TrainDefaults{}}, build: plain(buildBERTTiny)},
+	{Model: Model{"deep-mlp", "deep-mlp:WIDTHxDEPTH", fmt.Sprintf("DEPTH equal hidden layers (Linear+ReLU) of WIDTH units, no dropout; width ≤ %d, depth ≤ %d", maxDeepWidth, maxDeepDepth), ImageClassification, 0, TrainDefaults{}}, build: buildDeepMLP},
+	{Model: Model{"bert-stack", "bert-stack:LAYERSxHIDDEN", bertStackHelp, ImageClassification, 0, TrainDefaults{}}, build: buildBERTStack},
 	gptEntry("gpt-mini", "GPT language model over VOCAB tokens, context SEQ (default 128): 4 blocks of hidden 128, 4 heads, FFN 512, no dropout (0.79M + 128·(VOCAB+SEQ) parameters); trains in minutes on 2 cores", nn.GPTMini),
 	gptEntry("gpt-small", "GPT-2 small (BERT-base geometry): 12 blocks of hidden 768, 12 heads, dropout 0.1 (85M + 768·(VOCAB+SEQ) parameters)", nn.GPTSmall),
 	gptEntry("gpt-medium", "GPT-2 medium (BERT-large geometry): 24 blocks of hidden 1024, 16 heads, dropout 0.1 (302M + 1024·(VOCAB+SEQ) parameters)", nn.GPTMedium),
-	{Model: Model{"gpt", "gpt:LAYERSxHIDDEN:VOCAB[xSEQ]", fmt.Sprintf("GPT of LAYERS blocks of HIDDEN units (a multiple of %d; HIDDEN/%d heads, FFN 4·HIDDEN, dropout 0.1); at most %d layers, hidden %d, vocab %d, context %d and %.0fM parameters", gptHeadDim, gptHeadDim, maxGPTLayers, maxGPTHidden, maxGPTVocab, maxGPTSeq, maxGPTParams/1e6), LanguageModeling, CausalLM}, gpt: parseCustomGPT},
+	{Model: Model{"gpt", "gpt:LAYERSxHIDDEN:VOCAB[xSEQ]", fmt.Sprintf("GPT of LAYERS blocks of HIDDEN units (a multiple of %d; HIDDEN/%d heads, FFN 4·HIDDEN, dropout 0.1); at most %d layers, hidden %d, vocab %d, context %d and %.0fM parameters", gptHeadDim, gptHeadDim, maxGPTLayers, maxGPTHidden, maxGPTVocab, maxGPTSeq, maxGPTParams/1e6), LanguageModeling, CausalLM, gptDefaults}, gpt: parseCustomGPT},
 	mlmEntry("bert-mlm-mini", "BERT masked language model over VOCAB tokens ([MASK] is VOCAB−1; a size without parameters gets the tokenizer's vocabulary + 1), context SEQ (default 128): 4 layers of hidden 128, 4 heads, FFN 512, no dropout (0.81M + 128·(VOCAB+SEQ) parameters); trains in minutes on 2 cores", nn.BERTMLMMini),
 	mlmEntry("bert-mlm-base", "BERT-base masked language model: 12 layers of hidden 768, 12 heads, dropout 0.1 (86M + 768·(VOCAB+SEQ) parameters)", nn.BERTMLMBase),
 	mlmEntry("bert-mlm-large", "BERT-large masked language model: 24 layers of hidden 1024, 16 heads, dropout 0.1 (303M + 1024·(VOCAB+SEQ) parameters)", nn.BERTMLMLarge),
@@ -297,7 +341,7 @@ func ParseGPT(spec string) (nn.GPTConfig, error) {
 // NAME:VOCAB[xSEQ].
 func gptEntry(name, help string, size func(vocab, seq int) nn.GPTConfig) entry {
 	return entry{
-		Model: Model{Name: name, Usage: name + ":VOCAB[xSEQ]", Help: help, Task: LanguageModeling, Objective: CausalLM},
+		Model: Model{Name: name, Usage: name + ":VOCAB[xSEQ]", Help: help, Task: LanguageModeling, Objective: CausalLM, Defaults: gptDefaults},
 		gpt: func(params string) (nn.GPTConfig, error) {
 			vocab, seq, err := parseVocabSeq(params)
 			if err != nil {

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/skyhive/skyhive/alloc"
@@ -123,10 +124,13 @@ type PlanComparisons []PlanComparison
 
 // Get returns the entry of the named strategy.
 func (cmp PlanComparisons) Get(strategy string) (PlanComparison, bool) {
-	for _, pc := range cmp {
-		if pc.Strategy == strategy {
-			return pc, true
-		}
+	if i := cmp.index(strategy); i >= 0 {
+		return cmp[i], true
 	}
 	return PlanComparison{}, false
+}
+
+// index is the position of the named strategy's entry, or -1.
+func (cmp PlanComparisons) index(strategy string) int {
+	return slices.IndexFunc(cmp, func(pc PlanComparison) bool { return pc.Strategy == strategy })
 }

@@ -62,5 +62,8 @@
 // when CoordinatorConfig.Network emulates links), probe.go (link
 // measurements). On memnet, links are emulated by the transport itself
 // (memnet.WithLink). Starting local worker processes is package swarm's
-// (swarm.LaunchPipelineWorkers).
+// (swarm.LaunchPipelineWorkers); scenario.go puts a coordinator and its
+// local worker processes together (Scenario: the commands, benchmarks
+// and experiments that run a pipeline on one machine) and compares plans
+// in one call (Session.Compare).
 package pipeline

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(envAsWorker) == "1" {
+		os.Exit(workerMain(os.Args[1:])) // a worker process of a Scenario test
+	}
 	// One GEMM engine for the whole test process: the default one sends a
 	// product to the Go kernel while another is inside OpenBLAS, so which
 	// engine computes what (and the last bits of the result) would depend

@@ -10,6 +10,7 @@ import (
 
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/nn"
+	"github.com/skyhive/skyhive/text"
 	"github.com/skyhive/skyhive/train"
 )
 
@@ -48,8 +49,10 @@ func (b *Batches) Epoch() int { return b.epoch }
 // TrainOptions configures Session.Train. The session itself checkpoints
 // (SessionConfig.CheckpointEvery), re-plans and recovers from failures.
 type TrainOptions struct {
-	// Data yields the training batches (of the session's batch size).
-	Data *Batches
+	// Data yields the training batches of an image classifier (of the
+	// session's batch size); Tokens those of a language model. Give one.
+	Data   *Batches
+	Tokens *text.Sampler
 	// Steps is the iteration, counted by the session (Session.Iter, which
 	// includes resumed ones), at which training stops. When 0, Epochs
 	// epochs of Data's loader are the total.
@@ -68,9 +71,12 @@ type TrainOptions struct {
 	// Stats, when set, receives every iteration's IterStats as a JSON line.
 	Stats io.Writer
 	// Eval, when set, is the test set on which the final parameters are
-	// evaluated, EvalBatch examples at a time (default 512).
-	Eval      *data.Dataset
-	EvalBatch int
+	// evaluated, EvalBatch examples at a time (default 512). EvalTokens,
+	// when set, are a language model's validation tokens, evaluated
+	// EvalBatch windows at a time (default 16; EvaluateTokens).
+	Eval       *data.Dataset
+	EvalTokens []int32
+	EvalBatch  int
 }
 
 // TrainResult summarises a Train run.
@@ -85,20 +91,23 @@ type TrainResult struct {
 	// Events lists the iterations with a re-plan or recovery, as
 	// "iteration N: EVENT".
 	Events []string
-	// TestLoss and TestAccuracy are the evaluation on TrainOptions.Eval.
+	// TestLoss and TestAccuracy are the evaluation on TrainOptions.Eval;
+	// for a language model TestLoss is the mean cross-entropy per token on
+	// TrainOptions.EvalTokens, and TestAccuracy 0.
 	TestLoss, TestAccuracy float64
 }
 
 // Train runs iterations until the session reaches the step count, calling
-// the options' hooks, and evaluates the final parameters on the test set.
+// the options' hooks, and evaluates the final parameters on the test set
+// or the validation tokens.
 func (s *Session) Train(ctx context.Context, o TrainOptions) (TrainResult, error) {
 	var res TrainResult
-	if o.Data == nil {
-		return res, errors.New("pipeline: train: no data")
+	if (o.Data == nil) == (o.Tokens == nil) {
+		return res, errors.New("pipeline: train: give either batches or tokens")
 	}
 	total := o.Steps
 	if total <= 0 {
-		if o.Epochs <= 0 {
+		if o.Epochs <= 0 || o.Data == nil {
 			return res, fmt.Errorf("pipeline: train: need a positive step or epoch count, got %d steps and %d epochs", o.Steps, o.Epochs)
 		}
 		total = o.Data.l.Len() * o.Epochs
@@ -116,9 +125,7 @@ func (s *Session) Train(ctx context.Context, o TrainOptions) (TrainResult, error
 				return res, err
 			}
 		}
-		epoch := o.Data.Epoch()
-		b, epochEnd := o.Data.Next()
-		st, err := s.Step(ctx, b)
+		st, epoch, epochEnd, err := s.trainStep(ctx, o)
 		if err != nil {
 			return res, err
 		}
@@ -150,12 +157,27 @@ func (s *Session) Train(ctx context.Context, o TrainOptions) (TrainResult, error
 	}
 	res.Duration = time.Since(start)
 	res.Iterations = s.Iter()
-	if o.Eval == nil {
-		return res, nil
-	}
 	var err error
-	res.TestLoss, res.TestAccuracy, err = s.Evaluate(ctx, o.Eval, o.EvalBatch)
+	switch {
+	case o.Eval != nil:
+		res.TestLoss, res.TestAccuracy, err = s.Evaluate(ctx, o.Eval, o.EvalBatch)
+	case o.EvalTokens != nil:
+		res.TestLoss, err = s.EvaluateTokens(ctx, o.EvalTokens, o.EvalBatch)
+	}
 	return res, err
+}
+
+// trainStep runs Train's next iteration on the next batch of o.Data, with
+// its epoch and whether it ended the epoch, or of o.Tokens (epoch 0).
+func (s *Session) trainStep(ctx context.Context, o TrainOptions) (st IterStats, epoch int, epochEnd bool, err error) {
+	if o.Tokens != nil {
+		st, err = s.StepTokens(ctx, o.Tokens.Next())
+		return st, 0, false, err
+	}
+	epoch = o.Data.Epoch()
+	b, epochEnd := o.Data.Next()
+	st, err = s.Step(ctx, b)
+	return st, epoch, epochEnd, err
 }
 
 // Evaluate gathers the session's parameters into one model and returns its

@@ -184,14 +184,12 @@ func RunLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (LMR
 	res.Checkpoint = cfg.Checkpoint
 
 	t1 := time.Now()
-	evalIDs := p.val
-	if cfg.EvalTokens > 0 && len(evalIDs) > cfg.EvalTokens+1 {
-		evalIDs = evalIDs[:cfg.EvalTokens+1]
-	}
 	// The windows predict tokens 1..rows·seq of evalIDs; the references
 	// predict exactly those.
-	rows := (len(evalIDs) - 1) / gcfg.Seq
-	evalIDs = evalIDs[:rows*gcfg.Seq+1]
+	evalIDs, err := LMData{Val: p.val}.EvalIDs(cfg.EvalTokens, gcfg.Seq)
+	if err != nil {
+		return res, err
+	}
 	res.EvalTokens = len(evalIDs) - 1
 	model := run.model
 	if res.ValLoss, err = EvaluateLM(ctx, model, evalIDs, gcfg.Seq, cfg.BatchSize); err != nil {
@@ -357,49 +355,20 @@ func prepareLM(cfg LMConfig, corpus Corpus, kind lmKind, out io.Writer) (*lmPrep
 		}
 	}
 
-	t0 := time.Now()
-	var tok *text.Tokenizer
-	var ids []int32
-	vocab := corpus.Vocab
-	switch {
-	case corpus.Text != nil:
-		if len(corpus.Text) == 0 {
-			return nil, fmt.Errorf("corpus %s: %w: there is no text to train on", corpus.Name, text.ErrEmpty)
+	topts := TokenizeOptions{Vocab: cfg.Vocab, ValFraction: cfg.ValFraction, Seed: cfg.Seed, Log: out}
+	if ck != nil && corpus.Text != nil {
+		if topts.Tokenizer = ck.tok; topts.Tokenizer == nil {
+			return nil, fmt.Errorf("checkpoint %s holds no tokenizer for text data", cfg.Checkpoint)
 		}
-		p.corpusBytes = len(corpus.Text)
-		if ck != nil {
-			if tok = ck.tok; tok == nil {
-				return nil, fmt.Errorf("checkpoint %s holds no tokenizer for text data", cfg.Checkpoint)
-			}
-		} else {
-			if cfg.Vocab < 256 {
-				return nil, fmt.Errorf("BPE vocabulary size %d: it must be at least 256 (the byte tokens) plus the merges, e.g. 1024", cfg.Vocab)
-			}
-			fmt.Fprintf(out, "training a BPE tokenizer of %d tokens on %d bytes of %s\n", cfg.Vocab, len(corpus.Text), corpus.Name)
-			var err error
-			if tok, err = text.TrainBPE(corpus.Text, cfg.Vocab); err != nil {
-				return nil, err
-			}
-		}
-		ids = tok.Encode(corpus.Text)
-		vocab = tok.VocabSize()
-	case len(corpus.Tokens) > 0:
-		ids = corpus.Tokens
-		if vocab <= 0 {
-			return nil, errors.New("a token corpus needs its vocabulary size")
-		}
-		for i, id := range ids {
-			if id < 0 || int(id) >= vocab {
-				return nil, fmt.Errorf("token id %d at position %d is outside the vocabulary of %d: give the vocabulary of the tokenizer that wrote the tokens", id, i, vocab)
-			}
-		}
-	default:
-		return nil, fmt.Errorf("corpus %s: %w: no text or tokens to train on", corpus.Name, text.ErrEmpty)
 	}
-	p.tokenizeSeconds = time.Since(t0).Seconds()
-	p.vocab = vocab
+	d, err := Tokenize(corpus, topts)
+	if err != nil {
+		return nil, err
+	}
+	p.corpusBytes, p.tokenizeSeconds, p.vocab, p.train, p.val = len(corpus.Text), d.TokenizeSeconds, d.Vocab, d.Train, d.Val
+	tok := d.Tokenizer
 
-	spec, modelVocab, seq, err := kind.spec(cfg.Model, vocab, cfg.Seq)
+	spec, modelVocab, seq, err := kind.spec(cfg.Model, d.Vocab, cfg.Seq)
 	if err != nil {
 		return nil, err
 	}
@@ -407,15 +376,11 @@ func prepareLM(cfg LMConfig, corpus Corpus, kind lmKind, out io.Writer) (*lmPrep
 		return nil, fmt.Errorf("checkpoint %s holds model %q, not %q", cfg.Checkpoint, ck.spec, spec)
 	}
 	p.modelVocab = modelVocab
-	if p.train, p.val, err = text.Split(ids, cfg.ValFraction, cfg.Seed); err != nil {
-		return nil, fmt.Errorf("%w: read more text (--corpus-bytes)", err)
-	}
-	if need := seq + 1; len(p.train) < need || len(p.val) < need {
-		return nil, fmt.Errorf("the corpus gives %d training and %d validation tokens, but each needs at least context + 1 = %d: %w; read more text (--corpus-bytes) or use a shorter context (--seq)",
-			len(p.train), len(p.val), need, text.ErrEmpty)
+	if err := d.CheckContext(seq); err != nil {
+		return nil, err
 	}
 	fmt.Fprintf(out, "%s: %d tokens (%d train, %d validation), vocabulary %d, tokenized in %.1fs\n",
-		corpus.Name, len(ids), len(p.train), len(p.val), vocab, p.tokenizeSeconds)
+		corpus.Name, d.Tokens(), len(p.train), len(p.val), d.Vocab, p.tokenizeSeconds)
 
 	var model *nn.Sequential
 	if ck != nil {
@@ -430,7 +395,7 @@ func prepareLM(cfg LMConfig, corpus Corpus, kind lmKind, out io.Writer) (*lmPrep
 		return nil, err
 	}
 	p.run = &lmRun{cfg: cfg, spec: spec, seq: seq, data: corpus.Name, tok: tok, model: model, opt: opt}
-	if err := kind.setup(p.run, vocab); err != nil {
+	if err := kind.setup(p.run, d.Vocab); err != nil {
 		return nil, err
 	}
 	if ck != nil {

@@ -135,10 +135,7 @@ func RunMLM(ctx context.Context, cfg LMConfig, corpus Corpus, out io.Writer) (ML
 	res.Checkpoint = cfg.Checkpoint
 
 	t1 := time.Now()
-	evalIDs := p.val
-	if cfg.EvalTokens > 0 && len(evalIDs) > cfg.EvalTokens+1 {
-		evalIDs = evalIDs[:cfg.EvalTokens+1]
-	}
+	evalIDs := EvalCut(p.val, cfg.EvalTokens)
 	ev, err := EvaluateMLM(ctx, run.model, evalIDs, run.seq, cfg.BatchSize, masking, cfg.Seed)
 	if err != nil {
 		return res, err

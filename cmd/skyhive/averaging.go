@@ -69,8 +69,8 @@ var (
 func (l *averagingLMFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&l.data, "data", "fashion-mnist", "data: fashion-mnist for image models; for language models "+train.TextDataUsage+" (gcide by default; every peer of a run must read the same)")
 	l.lmDataFlags.register(fl, 0)
-	fl.IntVar(&l.warmup, "warmup", lmWarmup, "language models: linear learning-rate warm-up steps")
-	fl.Float64Var(&l.clip, "clip", lmClip, "language models: global norm clip of the (averaged) gradients (0 disables)")
+	fl.IntVar(&l.warmup, "warmup", int(lmDefaults.Warmup), "language models: linear learning-rate warm-up steps")
+	fl.Float64Var(&l.clip, "clip", lmDefaults.ClipNorm, "language models: global norm clip of the (averaged) gradients (0 disables)")
 	fl.Float64Var(&l.weightDecay, "weight-decay", 0.01, "language models: AdamW decoupled weight decay")
 }
 
@@ -257,12 +257,8 @@ func runPeer(cmd *cobra.Command, f *peerFlags) error {
 		l := f.lm
 		c.Data, c.Seq, c.CorpusBytes, c.TokenWidth, c.EvalTokens = dataset, seq, l.corpusBytes, l.tokenWidth, l.evalTokens
 		c.Vocab, c.Warmup, c.ClipNorm, c.WeightDecay = l.vocab, l.warmup, l.clip, l.weightDecay
-		if !cmd.Flags().Changed("lr") {
-			c.LR = lmLR
-		}
-		if !cmd.Flags().Changed("batch") {
-			c.Batch = lmBatch
-		}
+		h := withModelDefaults(cmd.Flags(), c.Model, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
+		c.Batch, c.LR = h.Batch, h.LR
 	}
 	if !f.quiet {
 		c.Progress = cmd.ErrOrStderr()
@@ -516,13 +512,8 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 			"--batch", strconv.Itoa(a.batch), "--seed", strconv.FormatUint(a.seed, 10),
 			"--data-dir", a.data.dir, "--limit", strconv.Itoa(a.data.limit)}
 	} else {
-		lr, batch := lmLR, lmBatch
-		if fl.Changed("lr") {
-			lr = a.lr
-		}
-		if fl.Changed("batch") {
-			batch = a.batch
-		}
+		h := withModelDefaults(fl, a.model, models.TrainDefaults{Batch: a.batch, LR: a.lr})
+		lr, batch := h.LR, h.Batch
 		args = append([]string{"--algo", a.algo, "--model", a.model, "--duration", duration.String(), "--quiet",
 			"--lr", strconv.FormatFloat(lr, 'g', -1, 64), "--batch", strconv.Itoa(batch), "--seed", strconv.FormatUint(a.seed, 10)},
 			a.lm.args(dataset, seq)...)

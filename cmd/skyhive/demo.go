@@ -15,7 +15,6 @@ import (
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/skyhive/skyhive/progress"
-	"github.com/skyhive/skyhive/swarm"
 	"github.com/spf13/cobra"
 )
 
@@ -98,15 +97,26 @@ func newDemoCmd() *cobra.Command {
 	return cmd
 }
 
-func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) (demoResult, error) {
-	var res demoResult
+// validate refuses flags the demo cannot run with.
+func (d demoConfig) validate() error {
 	switch {
 	case d.workers < 2:
-		return res, fmt.Errorf("--workers must be at least 2, got %d", d.workers)
+		return fmt.Errorf("--workers must be at least 2, got %d", d.workers)
 	case d.steps < 1 || d.batch < 1 || d.micro < 1:
-		return res, fmt.Errorf("--steps, --batch and --micro must be positive")
+		return fmt.Errorf("--steps, --batch and --micro must be positive")
 	case d.compareIter < 5:
-		return res, fmt.Errorf("--compare-iters must be at least 5, got %d", d.compareIter)
+		return fmt.Errorf("--compare-iters must be at least 5, got %d", d.compareIter)
+	}
+	return nil
+}
+
+// runDemo runs the main job: it starts the workers, profiles them and the
+// model, compares the plans of every strategy (demoCompare) and trains with
+// the skyhive plan.
+func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) (demoResult, error) {
+	var res demoResult
+	if err := d.validate(); err != nil {
+		return res, err
 	}
 	trainSet, testSet, err := d.data.load()
 	if err != nil {
@@ -133,25 +143,22 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) (demoResult,
 	if err != nil {
 		return res, fmt.Errorf("locating the skyhive binary: %w", err)
 	}
-	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{})
+	sc, err := pipeline.NewScenario(ctx, pipeline.ScenarioConfig{Binary: exe, Slowdowns: emulated, Env: []string{"OPENBLAS_NUM_THREADS=1"}})
 	if err != nil {
 		return res, err
 	}
-	defer c.Close()
+	defer sc.Close()
 	fmt.Fprintf(out, "1/4 starting %d worker processes on loopback (libp2p, TLS) with slowdowns %s (times %.0f)\n", d.workers, fmtFloats(slow), float64(demoBaseSlowdown))
-	local, err := swarm.LaunchPipelineWorkers(ctx, c, swarm.PipelineLaunch{Binary: exe, Slowdowns: emulated, Env: []string{"OPENBLAS_NUM_THREADS=1"}})
-	if err != nil {
+	if err := sc.Launch(ctx); err != nil {
 		return res, err
 	}
-	defer local.Close()
-	defer c.Shutdown(context.WithoutCancel(ctx))
 
 	total := int64(d.steps + 3*d.compareIter)
 	// The session logs every plan change; the comparison below changes
 	// plans on purpose, so its lines are muted there.
 	sessionLog := &switchWriter{w: log}
 	fmt.Fprintf(out, "2/4 profiling workers and the layers of %s, planning with every strategy\n", d.model)
-	s, err := c.Start(ctx, pipeline.SessionConfig{
+	s, err := sc.Start(ctx, pipeline.SessionConfig{
 		Model: d.model, Seed: d.seed, Batch: d.batch, Micro: d.micro, Schedule: pipeline.OneFOneB,
 		Optim:      pipeline.OptimConfig{LR: d.lr, WeightDecay: 0.01},
 		LRSchedule: &optim.Schedule{Peak: d.lr, Min: d.lr / 100, Warmup: 50, Total: total, Decay: optim.Cosine},
@@ -160,66 +167,20 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) (demoResult,
 	if err != nil {
 		return res, err
 	}
-	defer s.Close()
-
-	// Plans from the profiled cluster: every strategy's plan and its
-	// predicted iteration time from the session's calibrated simulation of
-	// the schedule (alloc's analytic cost model is shown beside it).
-	cmp, err := s.ComparePlans(ctx, []string{"even", "sky", "optimal", "skyhive"})
-	if err != nil {
-		return res, err
-	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STRATEGY\tPLAN\tPREDICTED\tALLOC MODEL\tSOLVE")
-	for _, pc := range cmp {
-		if pc.Err != nil {
-			fmt.Fprintf(tw, "%s\t%v\t\t\t\n", pc.Strategy, pc.Err)
-			continue
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%.1f ms\t%.1f ms\t%s\n", pc.Strategy, planString(pc.Plan), 1e3*pc.Prediction.Iteration, 1e3*pc.Report.Iteration, pc.SolveTime.Round(time.Microsecond))
-	}
-	tw.Flush()
-
 	loader, err := data.NewLoader(trainSet, data.BatchOptions{Size: d.batch, Shuffle: true, Seed: d.seed, DropLast: true})
 	if err != nil {
 		return res, err
 	}
 	batches := pipeline.NewBatches(loader)
-
-	fmt.Fprintf(out, "3/4 measuring each plan for %d iterations (1F1B, %d micro-batches), alternating\n", d.compareIter, d.micro)
-	var compare pipeline.PlanComparisons
-	for _, name := range []string{"even", "sky", "skyhive"} {
-		if pc, ok := cmp.Get(name); ok {
-			compare = append(compare, pc)
-		}
-	}
-	sessionLog.w = io.Discard
-	// The first iteration after a plan change warms up the stages and is
-	// not measured.
-	if err := s.MeasurePlans(ctx, compare, pipeline.MeasureOptions{Data: batches, Rounds: d.compareIter - 1}); err != nil {
+	sky, err := demoCompare(ctx, d, s, batches, sessionLog, out, &res)
+	if err != nil {
 		return res, err
 	}
-	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STRATEGY\tMEASURED (median)\tMIN..MAX\tPREDICTED\tSPEEDUP OVER EVEN")
-	var even float64
-	if pc, ok := compare.Get("even"); ok {
-		even = bench.Summarize(pc.Times).Median
-	}
-	for _, pc := range compare {
-		if len(pc.Times) == 0 {
-			continue
-		}
-		st := bench.Summarize(pc.Times)
-		res.Compared = append(res.Compared, demoStrategy{Strategy: pc.Strategy, Plan: pc.Plan, MedianSeconds: st.Median, MinSeconds: st.Min,
-			MaxSeconds: st.Max, PredictSeconds: pc.Prediction.Iteration, SpeedupOnEven: even / st.Median})
-		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f..%.1f\t%.1f ms\t%.2fx\n", pc.Strategy, 1e3*st.Median, 1e3*st.Min, 1e3*st.Max, 1e3*pc.Prediction.Iteration, even/st.Median)
-	}
-	tw.Flush()
 
 	sessionLog.w = log
 	fmt.Fprintf(out, "4/4 training %s on Fashion-MNIST for %d iterations with the skyhive plan\n", d.model, d.steps)
-	if pc, ok := cmp.Get("skyhive"); ok && pc.Err == nil {
-		if err := s.SetPlan(ctx, pc.Plan); err != nil {
+	if sky.Err == nil && sky.Strategy != "" {
+		if err := s.SetPlan(ctx, sky.Plan); err != nil {
 			return res, err
 		}
 	}
@@ -246,6 +207,58 @@ func runDemo(ctx context.Context, d demoConfig, out, log io.Writer) (demoResult,
 		d.steps, secs, float64(d.steps*d.batch)/secs, len(s.Plan().Stages), 100*acc)
 	res.Iterations, res.Seconds, res.SamplesPerS, res.TestAccuracy, res.Plan = d.steps, secs, float64(d.steps*d.batch)/secs, acc, s.Plan()
 	return res, nil
+}
+
+// demoCompare plans with every strategy from the profiled cluster and
+// prints each plan with its predicted iteration time from the session's
+// calibrated simulation of the schedule (alloc's analytic cost model
+// beside it), then measures the even, sky and skyhive plans alternately,
+// records and prints them against even in res. It returns the skyhive
+// entry, whose plan the training installs.
+func demoCompare(ctx context.Context, d demoConfig, s *pipeline.Session, batches *pipeline.Batches, sessionLog *switchWriter, out io.Writer, res *demoResult) (pipeline.PlanComparison, error) {
+	cmp, err := s.Compare(ctx, pipeline.CompareOptions{
+		Strategies: []string{"even", "sky", "optimal", "skyhive"},
+		Measure:    []string{"even", "sky", "skyhive"},
+		Planned: func(cmp pipeline.PlanComparisons) error {
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "STRATEGY\tPLAN\tPREDICTED\tALLOC MODEL\tSOLVE")
+			for _, pc := range cmp {
+				if pc.Err != nil {
+					fmt.Fprintf(tw, "%s\t%v\t\t\t\n", pc.Strategy, pc.Err)
+					continue
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%.1f ms\t%.1f ms\t%s\n", pc.Strategy, planString(pc.Plan), 1e3*pc.Prediction.Iteration, 1e3*pc.Report.Iteration, pc.SolveTime.Round(time.Microsecond))
+			}
+			tw.Flush()
+			fmt.Fprintf(out, "3/4 measuring each plan for %d iterations (1F1B, %d micro-batches), alternating\n", d.compareIter, d.micro)
+			sessionLog.w = io.Discard
+			return nil
+		},
+		// The first iteration after a plan change warms up the stages and
+		// is not measured.
+		Measurement: pipeline.MeasureOptions{Data: batches, Rounds: d.compareIter - 1},
+	})
+	if err != nil {
+		return pipeline.PlanComparison{}, err
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STRATEGY\tMEASURED (median)\tMIN..MAX\tPREDICTED\tSPEEDUP OVER EVEN")
+	var even float64
+	if pc, ok := cmp.Get("even"); ok {
+		even = bench.Summarize(pc.Times).Median
+	}
+	for _, pc := range cmp {
+		if len(pc.Times) == 0 {
+			continue
+		}
+		st := bench.Summarize(pc.Times)
+		res.Compared = append(res.Compared, demoStrategy{Strategy: pc.Strategy, Plan: pc.Plan, MedianSeconds: st.Median, MinSeconds: st.Min,
+			MaxSeconds: st.Max, PredictSeconds: pc.Prediction.Iteration, SpeedupOnEven: even / st.Median})
+		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f..%.1f\t%.1f ms\t%.2fx\n", pc.Strategy, 1e3*st.Median, 1e3*st.Min, 1e3*st.Max, 1e3*pc.Prediction.Iteration, even/st.Median)
+	}
+	tw.Flush()
+	sky, _ := cmp.Get("skyhive")
+	return sky, nil
 }
 
 // switchWriter forwards to w, which the owner may swap between writes.

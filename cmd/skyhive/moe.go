@@ -538,8 +538,9 @@ type moeCorpus struct {
 }
 
 // loadData reads --data: Fashion-MNIST, or a text corpus that it
-// tokenizes with a byte-level BPE of --vocab tokens trained on it and
-// splits (a tenth for validation, at most --eval-tokens of it kept).
+// tokenizes as every language-model command does (train.Tokenize: a
+// byte-level BPE of --vocab tokens trained on it, a tenth for validation,
+// of which the first --eval-tokens are evaluated).
 func (m *moeFlags) loadData(out io.Writer) (moeData, error) {
 	if !train.IsTextData(m.dataset) {
 		if m.dataset != "fashion-mnist" {
@@ -558,26 +559,18 @@ func (m *moeFlags) loadData(out io.Writer) (moeData, error) {
 	if err != nil {
 		return moeData{}, err
 	}
-	ids, vocab := corpus.Tokens, corpus.Vocab
-	if corpus.Text != nil {
-		fmt.Fprintf(out, "training a BPE tokenizer of %d tokens on %d bytes of %s\n", m.lm.vocab, len(corpus.Text), corpus.Name)
-		tok, err := text.TrainBPE(corpus.Text, m.lm.vocab)
-		if err != nil {
-			return moeData{}, err
-		}
-		ids, vocab = tok.Encode(corpus.Text), tok.VocabSize()
-	}
-	trainIDs, valIDs, err := text.Split(ids, 0.1, m.train.cfg.Seed)
+	d, err := train.Tokenize(corpus, train.TokenizeOptions{Vocab: m.lm.vocab, Seed: m.train.cfg.Seed, Log: out})
 	if err != nil {
 		return moeData{}, fmt.Errorf("--data %s: %w", corpus.Name, err)
 	}
-	if n := m.lm.evalTokens; n > 0 && len(valIDs) > n+1 {
-		valIDs = valIDs[:n+1]
+	if err := d.CheckContext(m.lm.seq); err != nil {
+		return moeData{}, fmt.Errorf("--data %s: %w", corpus.Name, err)
 	}
-	if len(valIDs) < 2 || len(trainIDs) <= m.lm.seq {
-		return moeData{}, fmt.Errorf("--data %s: %d tokens are too few for --seq %d (read more with --corpus-bytes)", corpus.Name, len(ids), m.lm.seq)
+	val, err := d.EvalIDs(m.lm.evalTokens, m.lm.seq)
+	if err != nil {
+		return moeData{}, fmt.Errorf("--data %s: %w", corpus.Name, err)
 	}
-	return moeData{lm: &moeCorpus{name: corpus.Name, vocab: vocab, train: trainIDs, val: valIDs}}, nil
+	return moeData{lm: &moeCorpus{name: corpus.Name, vocab: d.Vocab, train: d.Train, val: val}}, nil
 }
 
 // trainOn trains the model d calls for: a classifier or a language model.

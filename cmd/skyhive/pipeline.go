@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
@@ -22,8 +22,8 @@ import (
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
+	"github.com/skyhive/skyhive/profile"
 	"github.com/skyhive/skyhive/stats"
-	"github.com/skyhive/skyhive/swarm"
 	"github.com/skyhive/skyhive/text"
 	"github.com/skyhive/skyhive/train"
 	"github.com/spf13/cobra"
@@ -181,7 +181,12 @@ func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
 	return out, nil
 }
 
-// localSlowdowns returns the slowdown of every local worker.
+// localSlowdownStream is the stream of the local workers' slowdown draws
+// (profile.DrawSlowdowns).
+const localSlowdownStream = 0x51d
+
+// localSlowdowns returns the slowdown of every local worker: --slowdowns,
+// or draws from U[1, --slowdown-max].
 func (p *pipelineFlags) localSlowdowns(seed uint64) ([]float64, error) {
 	sl, err := parseList(p.slowdowns, func(s string) (float64, error) { return strconv.ParseFloat(s, 64) })
 	if err != nil {
@@ -196,12 +201,7 @@ func (p *pipelineFlags) localSlowdowns(seed uint64) ([]float64, error) {
 	if p.slowdownMax < 1 {
 		return nil, fmt.Errorf("--slowdown-max must be at least 1, got %v", p.slowdownMax)
 	}
-	rng := rand.New(rand.NewPCG(seed, 0x51d))
-	sl = make([]float64, p.workers)
-	for i := range sl {
-		sl[i] = 1 + (p.slowdownMax-1)*rng.Float64()
-	}
-	return sl, nil
+	return profile.DrawSlowdowns(p.workers, 1, p.slowdownMax, seed, localSlowdownStream), nil
 }
 
 // pipelineResult is what --json prints.
@@ -249,83 +249,155 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 			return err
 		}
 	}
-	netw, regions, err := p.network(f.cfg.Seed)
-	if err != nil {
-		return err
-	}
-	hcfg, err := p.net.config()
-	if err != nil {
-		return err
-	}
-	if len(hcfg.ListenAddrs) == 0 && p.joinWait == 0 {
-		hcfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"} // local workers only
-	}
 	reg, stopMetrics, err := f.metrics.start(ctx, out)
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
-	hcfg.Metrics = reg.Registerer()
-	c, err := pipeline.NewCoordinator(ctx, pipeline.CoordinatorConfig{Host: hcfg, Network: netw, Region: p.coordRegion, Metrics: reg.Registerer()})
+	sc, stopStatus, err := p.startScenario(ctx, reg.Registerer(), out)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer sc.Close()
+	defer stopStatus()
+	plan, err := p.readPlan()
+	if err != nil {
+		return err
+	}
+	if corpus != nil {
+		return p.trainLM(cmd, sc, sched, plan, corpus)
+	}
+	return p.trainImage(cmd, sc, sched, plan, trainSet, testSet)
+}
+
+// startScenario starts the coordinator, publishes its status record with
+// --dht, launches the local workers of --workers and waits for the
+// --join-wait ones. Close the scenario after calling stopStatus.
+func (p *pipelineFlags) startScenario(ctx context.Context, reg prometheus.Registerer, out io.Writer) (sc *pipeline.Scenario, stopStatus func(), err error) {
+	cfg, err := p.scenarioConfig(reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sc, err = pipeline.NewScenario(ctx, cfg); err != nil {
+		return nil, nil, err
+	}
+	c := sc.Coordinator()
 	if p.joinWait > 0 {
 		reportReach(ctx, c.Host(), out, nil)
 	}
-	stopStatus, err := p.publishStatus(ctx, c, out)
-	if err != nil {
-		return err
+	if stopStatus, err = p.publishStatus(ctx, c, out); err != nil {
+		sc.Close()
+		return nil, nil, err
 	}
-	defer stopStatus()
-	var local *swarm.LocalProcs
 	if p.workers > 0 {
-		sl, err := p.localSlowdowns(f.cfg.Seed)
-		if err != nil {
-			return err
+		fmt.Fprintf(out, "launching %d local workers, slowdowns %s\n", p.workers, fmtFloats(cfg.Slowdowns))
+		if cfg.Regions != nil {
+			fmt.Fprintf(out, "emulated links: workers in regions %s, coordinator in %s\n", strings.Join(cfg.Regions, ","), p.coordRegion)
 		}
-		caps, err := parseList(p.memCaps, func(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) })
-		if err != nil || (caps != nil && len(caps) != p.workers) {
-			return fmt.Errorf("--mem-caps needs %d integers: %v", p.workers, err)
-		}
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("locating the skyhive binary: %w", err)
-		}
-		fmt.Fprintf(out, "launching %d local workers, slowdowns %s\n", p.workers, fmtFloats(sl))
-		if regions != nil {
-			fmt.Fprintf(out, "emulated links: workers in regions %s, coordinator in %s\n", strings.Join(regions, ","), p.coordRegion)
-		}
-		if local, err = swarm.LaunchPipelineWorkers(ctx, c, swarm.PipelineLaunch{Binary: exe, Slowdowns: sl, MemCaps: caps, Regions: regions, Output: os.Stderr}); err != nil {
-			return err
-		}
-		defer local.Close()
 	}
-	defer c.Shutdown(ctx)
-	if p.joinWait > 0 {
+	err = sc.Launch(ctx)
+	if err == nil && p.joinWait > 0 {
 		fmt.Fprintf(out, "waiting for %d workers; start them with:\n", p.joinWait)
 		for _, a := range c.Addrs() {
 			fmt.Fprintf(out, "  skyhive worker --join %s\n", a)
 		}
-		if err := c.WaitWorkers(ctx, len(c.Workers())+p.joinWait); err != nil {
-			return err
-		}
+		err = c.WaitWorkers(ctx, len(c.Workers())+p.joinWait)
 	}
-	var plan *alloc.Plan
-	if p.planFile != "" {
-		b, err := os.ReadFile(p.planFile)
-		if err != nil {
-			return fmt.Errorf("--plan: %w", err)
-		}
-		plan = &alloc.Plan{}
-		if err := json.Unmarshal(b, plan); err != nil {
-			return fmt.Errorf("--plan %s: %w", p.planFile, err)
-		}
+	if err != nil {
+		stopStatus()
+		sc.Close()
+		return nil, nil, err
 	}
-	if corpus != nil {
-		return p.trainLM(cmd, c, local, sched, plan, corpus)
+	return sc, stopStatus, nil
+}
+
+// scenarioConfig is the coordinator of --listen and the emulated
+// network, with the local workers of --workers, their slowdowns, memory
+// caps and regions.
+func (p *pipelineFlags) scenarioConfig(reg prometheus.Registerer) (pipeline.ScenarioConfig, error) {
+	seed := p.train.cfg.Seed
+	netw, regions, err := p.network(seed)
+	if err != nil {
+		return pipeline.ScenarioConfig{}, err
 	}
+	hcfg, err := p.net.config()
+	if err != nil {
+		return pipeline.ScenarioConfig{}, err
+	}
+	if len(hcfg.ListenAddrs) == 0 && p.joinWait == 0 {
+		hcfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"} // local workers only
+	}
+	hcfg.Metrics = reg
+	cfg := pipeline.ScenarioConfig{
+		Coordinator: pipeline.CoordinatorConfig{Host: hcfg, Network: netw, Region: p.coordRegion, Metrics: reg},
+		Regions:     regions, WorkerOutput: os.Stderr,
+	}
+	if p.workers <= 0 {
+		return cfg, nil
+	}
+	if cfg.Slowdowns, err = p.localSlowdowns(seed); err != nil {
+		return cfg, err
+	}
+	caps, err := parseList(p.memCaps, func(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) })
+	if err != nil || (caps != nil && len(caps) != p.workers) {
+		return cfg, fmt.Errorf("--mem-caps needs %d integers: %v", p.workers, err)
+	}
+	cfg.MemCaps = caps
+	if cfg.Binary, err = os.Executable(); err != nil {
+		return cfg, fmt.Errorf("locating the skyhive binary: %w", err)
+	}
+	return cfg, nil
+}
+
+// readPlan reads --plan; nil without it.
+func (p *pipelineFlags) readPlan() (*alloc.Plan, error) {
+	if p.planFile == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(p.planFile)
+	if err != nil {
+		return nil, fmt.Errorf("--plan: %w", err)
+	}
+	plan := &alloc.Plan{}
+	if err := json.Unmarshal(b, plan); err != nil {
+		return nil, fmt.Errorf("--plan %s: %w", p.planFile, err)
+	}
+	return plan, nil
+}
+
+// sessionConfig is the session of the flags for model, trained total
+// iterations with a peak learning rate lr that decays along a cosine to
+// lr/minDiv after warmup iterations (at most a tenth of the run).
+func (p *pipelineFlags) sessionConfig(model string, batch int, lr float64, warmup, total int64, minDiv, clip float64, sched pipeline.Schedule, plan *alloc.Plan, log io.Writer) pipeline.SessionConfig {
+	f := &p.train
+	return pipeline.SessionConfig{
+		Model: model, Seed: f.cfg.Seed, Batch: batch, Micro: p.micro, Schedule: sched,
+		Optim:      pipeline.OptimConfig{LR: lr, WeightDecay: f.cfg.WeightDecay},
+		LRSchedule: &optim.Schedule{Peak: lr, Min: lr / minDiv, Warmup: min(warmup, total/10), Total: total, Decay: optim.Cosine},
+		ClipNorm:   clip, Strategy: p.strategy, Plan: plan,
+		Checkpoint: f.cfg.Checkpoint, Resume: f.cfg.Resume, CheckpointEvery: p.checkpointEvery,
+		ReplanThreshold: p.replanThreshold, IterTimeout: p.iterTimeout, Log: log,
+	}
+}
+
+// onIteration records every iteration for the status record and prints
+// the per-stage table of the first, every --log-every-th and every one
+// with an event.
+func (p *pipelineFlags) onIteration(batch int, out io.Writer) func(pipeline.IterStats) error {
+	return func(st pipeline.IterStats) error {
+		pipelineStatus(p.live, st, batch)
+		if st.Event != "" || st.Iter == 0 || (p.logEvery > 0 && (st.Iter+1)%p.logEvery == 0) {
+			st.WriteTable(out)
+		}
+		return nil
+	}
+}
+
+// trainImage trains an image classifier for --steps iterations (or
+// --epochs), after measuring the plans of --compare, and evaluates it on
+// the test set.
+func (p *pipelineFlags) trainImage(cmd *cobra.Command, sc *pipeline.Scenario, sched pipeline.Schedule, plan *alloc.Plan, trainSet, testSet *data.Dataset) error {
+	f, ctx, out := &p.train, cmd.Context(), cmd.ErrOrStderr()
 	loader, err := data.NewLoader(trainSet, data.BatchOptions{Size: f.cfg.BatchSize, Shuffle: true, Seed: f.cfg.Seed, DropLast: true})
 	if err != nil {
 		return err
@@ -334,34 +406,17 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	if f.steps > 0 {
 		total = int64(f.steps)
 	}
-	scfg := pipeline.SessionConfig{
-		Model: f.cfg.Model, Seed: f.cfg.Seed, Batch: f.cfg.BatchSize, Micro: p.micro, Schedule: sched,
-		Optim:      pipeline.OptimConfig{LR: f.cfg.LR, WeightDecay: f.cfg.WeightDecay},
-		LRSchedule: &optim.Schedule{Peak: f.cfg.LR, Min: f.cfg.LR / 100, Warmup: min(f.cfg.Warmup, total/10), Total: total, Decay: optim.Cosine},
-		ClipNorm:   f.cfg.ClipNorm, Strategy: p.strategy, Plan: plan,
-		Checkpoint: f.cfg.Checkpoint, Resume: f.cfg.Resume, CheckpointEvery: p.checkpointEvery,
-		ReplanThreshold: p.replanThreshold, IterTimeout: p.iterTimeout, Log: out,
-	}
-	s, err := c.Start(ctx, scfg)
+	s, err := sc.Start(ctx, p.sessionConfig(f.cfg.Model, f.cfg.BatchSize, f.cfg.LR, f.cfg.Warmup, total, 100, f.cfg.ClipNorm, sched, plan, out))
 	if err != nil {
 		return err
 	}
-	defer s.Close()
-	topts := pipeline.TrainOptions{Data: pipeline.NewBatches(loader), Steps: int(total), Eval: testSet, EvalBatch: 512,
-		OnIteration: func(st pipeline.IterStats) error {
-			pipelineStatus(p.live, st, f.cfg.BatchSize)
-			if st.Event != "" || st.Iter == 0 || (p.logEvery > 0 && (st.Iter+1)%p.logEvery == 0) {
-				st.WriteTable(out)
-			}
-			return nil
-		}}
 	stats, closeStats, err := f.out.openStats()
 	if err != nil {
 		return err
 	}
 	defer closeStats()
-	topts.Stats = stats
-	topts.BeforeStep = p.failureDrill(local, out)
+	topts := pipeline.TrainOptions{Data: pipeline.NewBatches(loader), Steps: int(total), Eval: testSet, EvalBatch: 512,
+		OnIteration: p.onIteration(f.cfg.BatchSize, out), Stats: stats, BeforeStep: p.failureDrill(sc, out)}
 	var compared []planMeasurement
 	if p.compare != "" {
 		if compared, err = p.measurePlans(ctx, s, trainSet, f.cfg.BatchSize, f.cfg.Seed, out); err != nil {
@@ -380,7 +435,7 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	}
 	res := pipelineResult{
 		Iterations: tr.Iterations, Ran: tr.Ran, Seconds: tr.Duration.Seconds(), FinalLoss: tr.Last.Loss, TestLoss: tr.TestLoss, TestAccuracy: tr.TestAccuracy,
-		Plan: s.Plan(), Workers: c.Workers(), Events: tr.Events, Last: &tr.Last, Compare: compared,
+		Plan: s.Plan(), Workers: sc.Coordinator().Workers(), Events: tr.Events, Last: &tr.Last, Compare: compared,
 		Config: map[string]interface{}{"model": f.cfg.Model, "batch": f.cfg.BatchSize, "micro": p.micro, "schedule": sched.String(), "strategy": p.strategy},
 	}
 	if f.out.json {
@@ -451,8 +506,8 @@ func pipelineStatus(l *metrics.Live, st pipeline.IterStats, batch int) {
 
 // failureDrill returns the hook that runs --kill-worker before iteration
 // --kill-at, or nil without the drill.
-func (p *pipelineFlags) failureDrill(local *swarm.LocalProcs, out io.Writer) func(context.Context, int) error {
-	if local == nil || p.killWorker < 0 {
+func (p *pipelineFlags) failureDrill(sc *pipeline.Scenario, out io.Writer) func(context.Context, int) error {
+	if sc.LocalWorkers() == 0 || p.killWorker < 0 {
 		return nil
 	}
 	return func(_ context.Context, iter int) error {
@@ -462,7 +517,7 @@ func (p *pipelineFlags) failureDrill(local *swarm.LocalProcs, out io.Writer) fun
 		fmt.Fprintf(out, "failure drill: killing worker w%d before iteration %d\n", p.killWorker, iter)
 		w := p.killWorker
 		p.killWorker = -1
-		return local.Kill(w)
+		return sc.KillWorker(w)
 	}
 }
 
@@ -488,16 +543,22 @@ func (p *pipelineFlags) measurePlans(ctx context.Context, s *pipeline.Session, t
 			return nil, fmt.Errorf("--compare: unknown strategy %q (want some of %s)", name, strings.Join(alloc.StrategyNames(), ", "))
 		}
 	}
-	cmp, err := s.ComparePlans(ctx, strategies)
-	if err != nil {
-		return nil, err
-	}
 	loader, err := data.NewLoader(trainSet, data.BatchOptions{Size: batch, Shuffle: true, Seed: seed + 1, DropLast: true})
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(out, "comparing plans of %s: %d measured iterations each, in turn\n", p.compare, p.compareRounds)
-	if err := s.MeasurePlans(ctx, cmp, pipeline.MeasureOptions{Data: pipeline.NewBatches(loader), Rounds: p.compareRounds}); err != nil {
+	cmp, err := s.Compare(ctx, pipeline.CompareOptions{
+		Strategies: strategies,
+		Planned: func(pipeline.PlanComparisons) error {
+			fmt.Fprintf(out, "comparing plans of %s: %d measured iterations each, in turn\n", p.compare, p.compareRounds)
+			return nil
+		},
+		Measurement: pipeline.MeasureOptions{Data: pipeline.NewBatches(loader), Rounds: p.compareRounds},
+		// Train on --strategy's plan: the one just measured if it was
+		// compared.
+		Then: p.strategy,
+	})
+	if err != nil {
 		return nil, fmt.Errorf("--compare: %w", err)
 	}
 	var res []planMeasurement
@@ -509,17 +570,6 @@ func (p *pipelineFlags) measurePlans(ctx context.Context, s *pipeline.Session, t
 		m := planMeasurement{Strategy: pc.Strategy, Plan: pc.Plan, Predicted: pc.Prediction.Iteration, Median: stats.Median(pc.Times), Times: pc.Times}
 		fmt.Fprintf(out, "  %-8s measured %.1f ms/iteration (median of %d), predicted %.1f ms\n", m.Strategy, 1e3*m.Median, len(m.Times), 1e3*m.Predicted)
 		res = append(res, m)
-	}
-	// Train on --strategy's plan: the one just measured if it was compared.
-	pc, ok := cmp.Get(p.strategy)
-	plan := pc.Plan
-	if !ok || pc.Err != nil {
-		if plan, err = s.Solve(ctx, p.strategy); err != nil {
-			return nil, err
-		}
-	}
-	if err := s.SetPlan(ctx, plan); err != nil {
-		return nil, err
 	}
 	return res, nil
 }
@@ -570,8 +620,9 @@ type pipelineText struct {
 }
 
 // loadText reads and tokenizes --data for a language model, as `skyhive
-// train` does: a byte-level BPE of --vocab tokens trained on the text (or
-// the ids of a token file), a tenth held out for validation.
+// train` does (train.Tokenize): a byte-level BPE of --vocab tokens trained
+// on the text (or the ids of a token file), a tenth held out for
+// validation, of which the first --eval-tokens are evaluated.
 func (p *pipelineFlags) loadText(cmd *cobra.Command, out io.Writer) (*pipelineText, error) {
 	f, fl, l := &p.train, cmd.Flags(), p.train.lm
 	dataset := f.dataset
@@ -600,25 +651,9 @@ func (p *pipelineFlags) loadText(cmd *cobra.Command, out io.Writer) (*pipelineTe
 	if err != nil {
 		return nil, err
 	}
-	var ids []int32
-	vocab := corpus.Vocab
-	if corpus.Text != nil {
-		if l.vocab < 256 {
-			return nil, fmt.Errorf("--vocab %d: a BPE vocabulary is at least 256 (the byte tokens) plus the merges, e.g. 1024", l.vocab)
-		}
-		fmt.Fprintf(out, "training a BPE tokenizer of %d tokens on %d bytes of %s\n", l.vocab, len(corpus.Text), corpus.Name)
-		tok, err := text.TrainBPE(corpus.Text, l.vocab)
-		if err != nil {
-			return nil, err
-		}
-		ids, vocab = tok.Encode(corpus.Text), tok.VocabSize()
-	} else {
-		ids = corpus.Tokens
-		for i, id := range ids {
-			if id < 0 || int(id) >= vocab {
-				return nil, fmt.Errorf("token id %d at position %d is outside the vocabulary of %d", id, i, vocab)
-			}
-		}
+	d, err := train.Tokenize(corpus, train.TokenizeOptions{Vocab: l.vocab, Seed: f.cfg.Seed, Log: out})
+	if err != nil {
+		return nil, err
 	}
 	seq := l.seq
 	spec := f.cfg.Model
@@ -627,33 +662,28 @@ func (p *pipelineFlags) loadText(cmd *cobra.Command, out io.Writer) (*pipelineTe
 			seq = 0 // the spec's
 		}
 	} else {
-		spec = fmt.Sprintf("%s:%dx%d", spec, vocab, seq)
+		spec = fmt.Sprintf("%s:%dx%d", spec, d.Vocab, seq)
 	}
 	info, err := pipeline.DescribeModel(spec)
 	if err != nil {
 		return nil, err
 	}
-	if info.Classes < vocab {
+	if info.Classes < d.Vocab {
 		return nil, fmt.Errorf("model %s has a vocabulary of %d, but the data has %d token ids: give the model no vocabulary (--model %s) or a larger one",
-			spec, info.Classes, vocab, strings.SplitN(spec, ":", 2)[0])
+			spec, info.Classes, d.Vocab, strings.SplitN(spec, ":", 2)[0])
 	}
 	if seq != 0 && info.Input[0] != seq {
 		return nil, fmt.Errorf("model %s has a context of %d tokens but --seq is %d: set one of them", spec, info.Input[0], seq)
 	}
-	seq = info.Input[0]
-	trainIDs, valIDs, err := text.Split(ids, 0.1, f.cfg.Seed)
+	if err := d.CheckContext(info.Input[0]); err != nil {
+		return nil, err
+	}
+	val, err := d.EvalIDs(l.evalTokens, info.Input[0])
 	if err != nil {
-		return nil, fmt.Errorf("%w: read more text (--corpus-bytes)", err)
+		return nil, err
 	}
-	if l.evalTokens > 0 && len(valIDs) > l.evalTokens {
-		valIDs = valIDs[:l.evalTokens]
-	}
-	if len(trainIDs) < seq+1 || len(valIDs) < seq+1 {
-		return nil, fmt.Errorf("the data gives %d training and %d validation tokens, but each needs at least context + 1 = %d: %w; read more text (--corpus-bytes) or use a shorter context (--seq)",
-			len(trainIDs), len(valIDs), seq+1, text.ErrEmpty)
-	}
-	fmt.Fprintf(out, "%s: %d tokens (%d train, %d validation), vocabulary %d, model %s\n", corpus.Name, len(ids), len(trainIDs), len(valIDs), vocab, spec)
-	return &pipelineText{name: corpus.Name, spec: spec, info: info, train: trainIDs, val: valIDs}, nil
+	fmt.Fprintf(out, "%s: %d tokens (%d train, %d validation), vocabulary %d, model %s\n", corpus.Name, d.Tokens(), len(d.Train), len(val), d.Vocab, spec)
+	return &pipelineText{name: corpus.Name, spec: spec, info: info, train: d.Train, val: val}, nil
 }
 
 // lmPipelineResult is what --json prints for a language model.
@@ -678,37 +708,17 @@ type lmPipelineResult struct {
 // trainLM trains a language model for --steps iterations on windows
 // drawn from the training tokens, then reports the validation loss and
 // perplexity of the gathered model. The shared flags (--batch, --lr,
-// --warmup, --clip) take `skyhive train`'s language-model defaults unless
+// --warmup, --clip) take the model's defaults (models.DefaultsOf) unless
 // given.
-func (p *pipelineFlags) trainLM(cmd *cobra.Command, c *pipeline.Coordinator, local *swarm.LocalProcs, sched pipeline.Schedule, plan *alloc.Plan, corpus *pipelineText) error {
-	f, fl, ctx, out := &p.train, cmd.Flags(), cmd.Context(), cmd.ErrOrStderr()
-	batch, lr, warmup, clip := lmBatch, lmLR, int64(lmWarmup), float64(lmClip)
-	if fl.Changed("batch") {
-		batch = f.cfg.BatchSize
-	}
-	if fl.Changed("lr") {
-		lr = f.cfg.LR
-	}
-	if fl.Changed("warmup") {
-		warmup = f.cfg.Warmup
-	}
-	if fl.Changed("clip") {
-		clip = f.cfg.ClipNorm
-	}
+func (p *pipelineFlags) trainLM(cmd *cobra.Command, sc *pipeline.Scenario, sched pipeline.Schedule, plan *alloc.Plan, corpus *pipelineText) error {
+	f, ctx, out := &p.train, cmd.Context(), cmd.ErrOrStderr()
+	h := withModelDefaults(cmd.Flags(), f.cfg.Model, models.TrainDefaults{Batch: f.cfg.BatchSize, LR: f.cfg.LR, Warmup: f.cfg.Warmup, ClipNorm: f.cfg.ClipNorm})
+	batch, lr := h.Batch, h.LR
 	total := int64(f.steps)
-	scfg := pipeline.SessionConfig{
-		Model: corpus.spec, Seed: f.cfg.Seed, Batch: batch, Micro: p.micro, Schedule: sched,
-		Optim:      pipeline.OptimConfig{LR: lr, WeightDecay: f.cfg.WeightDecay},
-		LRSchedule: &optim.Schedule{Peak: lr, Min: lr / 10, Warmup: min(warmup, total/10), Total: total, Decay: optim.Cosine},
-		ClipNorm:   clip, Strategy: p.strategy, Plan: plan,
-		Checkpoint: f.cfg.Checkpoint, Resume: f.cfg.Resume, CheckpointEvery: p.checkpointEvery,
-		ReplanThreshold: p.replanThreshold, IterTimeout: p.iterTimeout, Log: out,
-	}
-	s, err := c.Start(ctx, scfg)
+	s, err := sc.Start(ctx, p.sessionConfig(corpus.spec, batch, lr, h.Warmup, total, 10, h.ClipNorm, sched, plan, out))
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	sampler, err := text.NewSampler(corpus.train, batch, corpus.info.Input[0], f.cfg.Seed)
 	if err != nil {
 		return err
@@ -721,47 +731,15 @@ func (p *pipelineFlags) trainLM(cmd *cobra.Command, c *pipeline.Coordinator, loc
 		return err
 	}
 	defer closeStats()
-	var enc *json.Encoder
-	if statsOut != nil {
-		enc = json.NewEncoder(statsOut)
-	}
-	before := p.failureDrill(local, out)
-	res := lmPipelineResult{Model: corpus.spec, Data: corpus.name, ValTokens: len(corpus.val),
-		Config: map[string]interface{}{"model": corpus.spec, "batch": batch, "micro": p.micro, "schedule": sched.String(), "strategy": p.strategy, "lr": lr}}
-	var last pipeline.IterStats
-	start := time.Now()
-	for s.Iter() < int(total) {
-		if before != nil {
-			if err := before(ctx, s.Iter()); err != nil {
-				return err
-			}
-		}
-		st, err := s.StepTokens(ctx, sampler.Next())
-		if err != nil {
-			return err
-		}
-		last = st
-		res.Ran++
-		pipelineStatus(p.live, st, batch)
-		if enc != nil {
-			if err := enc.Encode(st); err != nil {
-				return fmt.Errorf("writing stats: %w", err)
-			}
-		}
-		if st.Event != "" {
-			res.Events = append(res.Events, fmt.Sprintf("iteration %d: %s", st.Iter, st.Event))
-		}
-		if st.Event != "" || st.Iter == 0 || (p.logEvery > 0 && (st.Iter+1)%p.logEvery == 0) {
-			st.WriteTable(out)
-		}
-	}
-	res.Seconds = time.Since(start).Seconds()
-	res.Iterations, res.FinalLoss, res.FinalAccuracy, res.Last = s.Iter(), last.Loss, last.Accuracy, &last
-	if res.ValLoss, err = s.EvaluateTokens(ctx, corpus.val, 16); err != nil {
+	tr, err := s.Train(ctx, pipeline.TrainOptions{Tokens: sampler, Steps: int(total), EvalTokens: corpus.val, EvalBatch: 16,
+		OnIteration: p.onIteration(batch, out), Stats: statsOut, BeforeStep: p.failureDrill(sc, out)})
+	if err != nil {
 		return err
 	}
-	res.ValPerplexity = math.Exp(res.ValLoss)
-	res.Plan, res.Workers = s.Plan(), c.Workers()
+	res := lmPipelineResult{Model: corpus.spec, Data: corpus.name, ValTokens: len(corpus.val),
+		Iterations: tr.Iterations, Ran: tr.Ran, Seconds: tr.Duration.Seconds(), FinalLoss: tr.Last.Loss, FinalAccuracy: tr.Last.Accuracy,
+		ValLoss: tr.TestLoss, ValPerplexity: math.Exp(tr.TestLoss), Plan: s.Plan(), Workers: sc.Coordinator().Workers(), Events: tr.Events, Last: &tr.Last,
+		Config: map[string]interface{}{"model": corpus.spec, "batch": batch, "micro": p.micro, "schedule": sched.String(), "strategy": p.strategy, "lr": lr}}
 	if f.out.json {
 		return printJSON(cmd.OutOrStdout(), res)
 	}

@@ -137,8 +137,8 @@ func newTrainLocalCmd(use string) *cobra.Command {
 			"and --token-width). Text is tokenized with a byte-level BPE of --vocab tokens trained on it;\n" +
 			"a tenth is held out. The model trains for --duration (or --steps) on next-token cross\n" +
 			"entropy, then its validation perplexity is measured next to a count-based bigram's on the\n" +
-			"same tokens, and it writes a sample from --prompt. Without the flag, --batch is " + fmt.Sprint(lmBatch) + ", --lr " + fmt.Sprint(lmLR) + ",\n" +
-			"--warmup " + fmt.Sprint(lmWarmup) + " and --clip " + fmt.Sprint(lmClip) + " for a language model. A checkpoint holds the tokenizer.\n" +
+			"same tokens, and it writes a sample from --prompt. Without the flag, --batch is " + fmt.Sprint(lmDefaults.Batch) + ", --lr " + fmt.Sprint(lmDefaults.LR) + ",\n" +
+			"--warmup " + fmt.Sprint(lmDefaults.Warmup) + " and --clip " + fmt.Sprint(lmDefaults.ClipNorm) + " for a language model. A checkpoint holds the tokenizer.\n" +
 			"A GPT size without parameters gets the tokenizer's vocabulary and --seq:\n" +
 			strings.TrimRight(models.Help(models.LanguageModeling, "  "), "\n"),
 		Example: "  skyhive train --model mlp --data fashion-mnist\n" +

@@ -18,24 +18,20 @@ import (
 // docs/text.md (gpt-mini at ≤ 0.6 × the bigram's validation perplexity in
 // lmDuration on 2 cores) from 100-step runs; 3 minutes reached 0.683 and
 // 5 minutes 0.528 (docs/text.md, "Measured"). The shared flags (--batch,
-// --lr, --warmup, --clip) take these values for a language model unless
-// they are given.
+// --lr, --warmup, --clip) take the model's registry defaults
+// (models.DefaultsOf, lmDefaults for a GPT) unless they are given
+// (withModelDefaults).
 const (
 	lmDuration    = 5 * time.Minute
 	lmCorpusBytes = 2 << 20
 	lmVocab       = 1024
 	lmSeq         = 64
-	lmBatch       = 16
-	lmLR          = 3e-3
-	lmWarmup      = 100
-	lmClip        = 1
 	lmPrompt      = "The act of"
-	// mlmLR is a masked language model's peak learning rate without --lr:
-	// BERT's post-LN encoder falls back to the unigram and stays there at
-	// 1.5e-3 and above on small runs (train.TestRunMLMBeatsUnigram), so it
-	// trains at a third of GPT's rate.
-	mlmLR = 1e-3
 )
+
+// lmDefaults are a GPT's training defaults, for help texts and the flags
+// of the commands that train only GPTs.
+var lmDefaults = models.DefaultsOf("gpt-mini")
 
 // lmDataFlags are the language-model data flags of every command that
 // trains a language model (train, train pipeline, train averaging, peer,
@@ -115,27 +111,13 @@ func (f *trainFlags) runLM(cmd *cobra.Command, dataset string) error {
 		}
 	}
 	l := f.lm
+	h := withModelDefaults(fl, f.cfg.Model, models.TrainDefaults{Batch: f.cfg.BatchSize, LR: f.cfg.LR, Warmup: f.cfg.Warmup, ClipNorm: f.cfg.ClipNorm})
 	cfg := train.LMConfig{
 		Model: f.cfg.Model, Vocab: l.vocab, Seq: l.seq,
-		BatchSize: lmBatch, LR: lmLR, WeightDecay: f.cfg.WeightDecay, Warmup: lmWarmup, ClipNorm: lmClip, Seed: f.cfg.Seed,
+		BatchSize: h.Batch, LR: h.LR, WeightDecay: f.cfg.WeightDecay, Warmup: h.Warmup, ClipNorm: h.ClipNorm, Seed: f.cfg.Seed,
 		Steps: l.steps, Duration: l.duration, EvalTokens: l.evalTokens,
 		Prompt: l.prompt, SampleTokens: l.sampleTokens, Temperature: l.temperature,
 		Checkpoint: f.cfg.Checkpoint, Resume: f.cfg.Resume, Metrics: f.cfg.Metrics,
-	}
-	if masked {
-		cfg.LR = mlmLR
-	}
-	if fl.Changed("batch") {
-		cfg.BatchSize = f.cfg.BatchSize
-	}
-	if fl.Changed("lr") {
-		cfg.LR = f.cfg.LR
-	}
-	if fl.Changed("warmup") {
-		cfg.Warmup = f.cfg.Warmup
-	}
-	if fl.Changed("clip") {
-		cfg.ClipNorm = f.cfg.ClipNorm
 	}
 	if fl.Changed("steps") && !fl.Changed("duration") {
 		cfg.Duration = 0 // --steps alone sets the run's length

@@ -40,7 +40,8 @@ func TestTrainMLMJSON(t *testing.T) {
 		res.ValAccuracy < 0 || res.ValAccuracy > 1 || len(res.FillMask) != 3 || res.Checkpoint != ck {
 		t.Fatalf("result %+v", res)
 	}
-	// Without --lr a masked language model warms up to mlmLR: 15/100 of
+	// Without --lr a masked language model warms up to its registry
+	// learning rate (models.DefaultsOf, 1e-3): 15/100 of
 	// it at step 15.
 	for _, want := range []string{"step 15 (100%): loss", "lr 0.00015,", "validation masked-token perplexity", "fill-mask: "} {
 		if !strings.Contains(stderr.String(), want) {

@@ -151,7 +151,7 @@ func TestPeerProcessesTrainTogether(t *testing.T) {
 	const timeout = 2 * time.Second
 	common := []string{"peer", "--dht", dhtAddr, "--listen", "/ip4/127.0.0.1/tcp/0", "--round-interval", "1s",
 		"--timeout", timeout.String(), "--eval-every", "3s", "--batch", "64", "--json", "--quiet", "--run-id", "e2e",
-		"--target-batch-size", "100000"}
+		"--target-batch-size", "100000", "--stats-every", "500ms"}
 	start := time.Now()
 	const total = 55 * time.Second
 	peers := map[string]*proc{}
@@ -173,19 +173,37 @@ func TestPeerProcessesTrainTogether(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(3 * time.Second)
+	stats := func(name string) string { return filepath.Join(dir, name+".jsonl") }
+	groups := func(name string) int {
+		snaps, _ := peer.ReadSnapshots(stats(name))
+		if len(snaps) == 0 {
+			return -1
+		}
+		return snaps[len(snaps)-1].Stats.Groups
+	}
+	// The bad peers arrive once the swarm trains.
+	waitFor(t, "the four peers to average", 40*time.Second, func() bool {
+		return groups("a") >= 1 && groups("b") >= 1 && groups("c") >= 1 && groups("killed") >= 1
+	})
 	unreachable := "/ip4/127.0.0.1/tcp/1/p2p/" + strings.TrimPrefix(dhtAddr[strings.LastIndex(dhtAddr, "/p2p/"):], "/p2p/")
 	bad("unreachable DHT", "cannot join the DHT", "peer", "--dht", unreachable, "--listen", "/ip4/127.0.0.1/tcp/0", "--join-timeout", "3s", "--quiet")
 	bad("wrong run ID", "--run-id", append(append([]string{}, common...), "--run-id", "e2e-typo", "--wait-peers", "5s")...)
 	bad("other model", "model", append(append([]string{}, common...), "--model", "mlp", "--wait-peers", "10s")...)
 	bad("unknown aggregation", "--aggregation: averaging: unknown aggregation \"median\"", "peer", "--dht", dhtAddr, "--aggregation", "median", "--quiet")
 
-	time.Sleep(12 * time.Second)
+	// One peer dies without warning after a few groups; the late one
+	// joins once the others have averaged again without it.
+	waitFor(t, "the peers to average in 3 groups", 40*time.Second, func() bool {
+		return groups("a") >= 3 && groups("b") >= 3 && groups("c") >= 3
+	})
 	if err := peers["killed"].cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killedAt := time.Since(start)
-	time.Sleep(5 * time.Second)
+	ga, gb, gc := groups("a"), groups("b"), groups("c")
+	waitFor(t, "the survivors to average twice more", 40*time.Second, func() bool {
+		return groups("a") >= ga+2 && groups("b") >= gb+2 && groups("c") >= gc+2
+	})
 	lateArgs := append(append([]string{}, common...), "--duration", (total - time.Since(start)).Round(time.Second).String(),
 		"--stats", filepath.Join(dir, "late.jsonl"))
 	peers["late"] = startCLI(t, nil, lateArgs...)
@@ -253,6 +271,21 @@ func TestPeerProcessesTrainTogether(t *testing.T) {
 	// more than 3 points above would mean the comparison is broken.
 	if d := first.Accuracy - mean; d < -0.02 || d > 0.03 {
 		t.Errorf("late peer's first evaluation %.4f, the others' %.4f at that time: %+.1f points", first.Accuracy, mean, 100*d)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after d.
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(d)
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("waited %v for %s", d, what)
+		}
 	}
 }
 

@@ -27,8 +27,7 @@ type GroupInfo struct {
 // averaged with in the background (matchLoop), and Step only steps.
 type matched struct {
 	stateless
-	o  *Optimizer
-	mm *averaging.Matchmaker // made at the first Step
+	o *Optimizer
 }
 
 func (m *matched) step(_ context.Context, samples, round int) error {
@@ -38,12 +37,7 @@ func (m *matched) step(_ context.Context, samples, round int) error {
 
 // startLocked starts the matchmaking loop.
 func (m *matched) startLocked(ctx context.Context) {
-	o := m.o
-	m.mm = averaging.NewMatchmaker(o.cfg.DHT, o.avg.Transport(), averaging.MatchConfig{
-		Run: o.cfg.RunID, Interval: o.cfg.RoundInterval, Window: o.cfg.MatchWindow,
-		GroupSize: o.cfg.GroupSize, Dims: o.cfg.GridDims, Model: o.cfg.Model,
-	})
-	o.goLocked(func() { m.matchLoop(ctx) })
+	m.o.goLocked(func() { m.matchLoop(ctx) })
 }
 
 // matchLoop runs MatchDHT: at every round boundary it forms a group
@@ -51,7 +45,7 @@ func (m *matched) startLocked(ctx context.Context) {
 // result as a correction for the next Step, as a WAGMA group round does.
 // Rounds are skipped while one is still running.
 func (m *matched) matchLoop(ctx context.Context) {
-	o, mm := m.o, m.mm
+	o, mm := m.o, m.o.mm
 	for ctx.Err() == nil {
 		r := mm.RoundAt(time.Now()) + 1
 		if err := clock.SleepUntil(ctx, mm.Start(r)); err != nil {
@@ -93,7 +87,7 @@ func (m *matched) matchLoop(ctx context.Context) {
 func (m *matched) matchRound(ctx context.Context, r, stepRound int) GroupInfo {
 	o := m.o
 	info := GroupInfo{Round: r}
-	f, err := m.mm.Form(ctx, r, stepRound)
+	f, err := o.mm.Form(ctx, r, stepRound)
 	info.Key, info.Mismatched = f.Key, f.Mismatched
 	if err != nil {
 		info.Err = err

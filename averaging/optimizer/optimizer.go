@@ -54,7 +54,8 @@ type Optimizer struct {
 	n      int
 	layout Layout
 	alg    algorithm
-	ranks  *ranks // MatchRanks only
+	ranks  *ranks                // MatchRanks only
+	mm     *averaging.Matchmaker // MatchDHT only
 	serve  *stateServer
 	prog   *swarmProgress
 
@@ -118,6 +119,12 @@ func New(avg *averaging.Averager, inner optim.Optimizer, cfg Config) (*Optimizer
 	o.layout = NewLayout(params, withBuffers(inner.State(), o.alg.buffers()))
 	if o.cfg.Model == "" {
 		o.cfg.Model = fmt.Sprintf("%d-params-%x", n, o.layout.Hash)
+	}
+	if cfg.Matchmaking == averaging.MatchDHT {
+		o.mm = averaging.NewMatchmaker(cfg.DHT, avg.Transport(), averaging.MatchConfig{
+			Run: o.cfg.RunID, Interval: cfg.RoundInterval, Window: cfg.MatchWindow,
+			GroupSize: cfg.GroupSize, Dims: cfg.GridDims, Model: o.cfg.Model,
+		})
 	}
 	o.serve = newStateServer(o.layout, o.cfg.MaxDownloads, o.exportServed)
 	o.prog = &swarmProgress{tracker: progressTracker{target: cfg.TargetBatchSize}}

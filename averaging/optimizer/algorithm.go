@@ -55,16 +55,17 @@ type grouper interface {
 	joinGlobal(round int) bool
 }
 
-// algorithms lists the algorithms by name, in the order ParseAlgo names
-// them, with the constructor of each. A new algorithm is one line here.
-func algorithms() []struct {
+// algorithmEntry names an algorithm and makes it for an Optimizer (whose
+// Config it may complete, or refuse with an error wrapping ErrConfig).
+type algorithmEntry struct {
 	name Algo
 	make func(*Optimizer) (algorithm, error)
-} {
-	return []struct {
-		name Algo
-		make func(*Optimizer) (algorithm, error)
-	}{
+}
+
+// algorithms lists the algorithms by name, in the order ParseAlgo names
+// them, with the constructor of each. A new algorithm is one line here.
+func algorithms() []algorithmEntry {
+	return []algorithmEntry{
 		{WAGMA, newWAGMA},
 		{AllReduce, newAllReduce},
 		{Local, newLocalSGD},

@@ -269,7 +269,7 @@ func testDiLoCoMatchesReference(t *testing.T, cfg Config, schedule []int) {
 		if d := maxDiff(got[p], start); d > 1e-5 {
 			t.Errorf("peer %d differs from the reference by %v", p, d)
 		}
-		if d := maxDiff(o.dl.mom, v); d > 1e-5 {
+		if d := maxDiff(outerOf(o).mom, v); d > 1e-5 {
 			t.Errorf("peer %d: outer momentum differs from the reference by %v", p, d)
 		}
 		if st := o.Stats(); st.OuterSteps != len(schedule) || st.Round != len(schedule) || st.Steps != steps || st.Refused != 0 {
@@ -437,7 +437,7 @@ func TestDiLoCoCompressedPseudoGradientWithinCodecBound(t *testing.T) {
 				}
 			}
 			for p, o := range opts {
-				got := o.dl.pg[:n] // the averaged Δ the outer step used
+				got := outerOf(o).pg[:n] // the averaged Δ the outer step used
 				var worst, errMax float64
 				for j := range n {
 					e := math.Abs(float64(got[j]) - float64(exact[j]))
@@ -545,7 +545,7 @@ func TestWADiLoCoGroupOuterStep(t *testing.T) {
 		if d := maxDiff(opts[p].ExportState().Vector[n:2*n], want); d > 1e-5 { // "diloco/anchor" sorts first
 			t.Errorf("peer %d: exported anchor differs by %v", p, d)
 		}
-		if d := maxDiff(opts[p].dl.mom, make([]float32, n)); d != 0 {
+		if d := maxDiff(outerOf(opts[p]).mom, make([]float32, n)); d != 0 {
 			t.Errorf("peer %d: a group average changed the outer momentum by %v", p, d)
 		}
 	}
@@ -557,7 +557,7 @@ func TestWADiLoCoGroupOuterStep(t *testing.T) {
 	if err := opts[joiner].LoadState(st); err != nil {
 		t.Fatal(err)
 	}
-	if d := maxDiff(opts[joiner].Snapshot(), want) + maxDiff(opts[joiner].dl.anchor, want) + maxDiff(opts[joiner].dl.mom, opts[0].dl.mom); d > 0 {
+	if d := maxDiff(opts[joiner].Snapshot(), want) + maxDiff(outerOf(opts[joiner]).anchor, want) + maxDiff(outerOf(opts[joiner]).mom, outerOf(opts[0]).mom); d > 0 {
 		t.Errorf("loaded outer state differs by %v", d)
 	}
 }
@@ -599,7 +599,7 @@ func TestWADiLoCoGlobalStepReconcilesPeers(t *testing.T) {
 		waitFor(t, 10*time.Second, "group averages", func() bool {
 			for _, o := range opts {
 				o.mu.Lock()
-				running := o.dl.group != nil
+				running := waOf(o).group != nil
 				o.mu.Unlock()
 				if running {
 					return false
@@ -632,8 +632,8 @@ func TestWADiLoCoGlobalStepReconcilesPeers(t *testing.T) {
 		t.Fatal("no group average")
 	}
 	for p := 1; p < peers; p++ {
-		if d := maxDiff(opts[p].Snapshot(), opts[0].Snapshot()) + maxDiff(opts[p].dl.anchor, opts[0].dl.anchor) +
-			maxDiff(opts[p].dl.mom, opts[0].dl.mom) + maxDiff(opts[p].dl.base, opts[0].dl.anchor); d > 1e-6 {
+		if d := maxDiff(opts[p].Snapshot(), opts[0].Snapshot()) + maxDiff(outerOf(opts[p]).anchor, outerOf(opts[0]).anchor) +
+			maxDiff(outerOf(opts[p]).mom, outerOf(opts[0]).mom) + maxDiff(waOf(opts[p]).base, outerOf(opts[0]).anchor); d > 1e-6 {
 			t.Errorf("peer %d: state differs from peer 0's by %v after the global outer step", p, d)
 		}
 	}
@@ -701,16 +701,16 @@ func TestDiLoCoRefusesBadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer o.Close()
-	if o.cfg.InnerSteps != DefaultInnerSteps || o.dl.lr != DefaultOuterLR || o.dl.mu != DefaultOuterMomentum {
-		t.Fatalf("defaults: H %d, η %v, μ %v", o.cfg.InnerSteps, o.dl.lr, o.dl.mu)
+	if o.cfg.InnerSteps != DefaultInnerSteps || outerOf(o).lr != DefaultOuterLR || outerOf(o).mu != DefaultOuterMomentum {
+		t.Fatalf("defaults: H %d, η %v, μ %v", o.cfg.InnerSteps, outerOf(o).lr, outerOf(o).mu)
 	}
 	o2, err := mk(Config{Algo: DiLoCo, OuterMomentum: NoMomentum})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer o2.Close()
-	if o2.dl.mu != 0 {
-		t.Fatalf("NoMomentum gave μ = %v", o2.dl.mu)
+	if outerOf(o2).mu != 0 {
+		t.Fatalf("NoMomentum gave μ = %v", outerOf(o2).mu)
 	}
 }
 
@@ -744,9 +744,9 @@ func testGlobalStepFromBase(t *testing.T, background bool) {
 		anchor := vecParam(n, 1, uint64(60+p)).Value.Data // moved by group averages
 		mom := vecParam(n, 1, uint64(70+p)).Value.Data
 		o.mu.Lock()
-		copy(o.dl.base, base)
-		copy(o.dl.anchor, anchor)
-		copy(o.dl.mom, mom)
+		copy(waOf(o).base, base)
+		copy(outerOf(o).anchor, anchor)
+		copy(outerOf(o).mom, mom)
 		nn.SetFlatValues(o.params, theta)
 		copy(o.published, theta)
 		clear(o.delta)
@@ -768,23 +768,23 @@ func testGlobalStepFromBase(t *testing.T, background bool) {
 	for p, o := range opts {
 		if background {
 			o.mu.Lock()
-			work := o.outerGlobalLocked()
+			work := waOf(o).outerGlobalLocked()
 			o.mu.Unlock()
-			ms := o.alive(o.allRanks())
+			ms := o.ranks.alive(o.ranks.allRanks())
 			wg.Go(func() { work(context.Background(), averaging.Session{ID: "test/g/4", Members: ms}) })
 			continue
 		}
-		wg.Go(func() { errs[p] = o.globalOuter(context.Background(), 4) })
+		wg.Go(func() { errs[p] = waOf(o).globalOuter(context.Background(), 4) })
 	}
 	wg.Wait()
 	for p, o := range opts {
 		if errs[p] != nil {
 			t.Fatalf("peer %d: %v", p, errs[p])
 		}
-		if d := maxDiff(o.Snapshot(), want) + maxDiff(o.dl.anchor, want) + maxDiff(o.dl.base, want); d > 1e-4 {
+		if d := maxDiff(o.Snapshot(), want) + maxDiff(outerOf(o).anchor, want) + maxDiff(waOf(o).base, want); d > 1e-4 {
 			t.Errorf("peer %d: model, anchor or base off the global outer step by %v", p, d)
 		}
-		if d := maxDiff(o.dl.mom, wantMom); d > 1e-4 {
+		if d := maxDiff(outerOf(o).mom, wantMom); d > 1e-4 {
 			t.Errorf("peer %d: momentum off by %v", p, d)
 		}
 	}

@@ -22,12 +22,30 @@ type GroupInfo struct {
 	Mismatched []averaging.PeerInfo
 }
 
+// matched is WAGMA with averaging.MatchDHT: no ranks and no global
+// rounds; every wall-clock round a group is formed through the DHT and
+// averaged with in the background (matchLoop), and Step only steps.
+type matched struct {
+	stateless
+	o *Optimizer
+}
+
+func (m *matched) step(_ context.Context, samples, round int) error {
+	m.o.innerStep(samples, round+1)
+	return nil
+}
+
+// startLocked starts the matchmaking loop.
+func (m *matched) startLocked(ctx context.Context) {
+	m.o.goLocked(func() { m.matchLoop(ctx) })
+}
+
 // matchLoop runs MatchDHT: at every round boundary it forms a group
 // through the DHT, averages the current model with it and leaves the
 // result as a correction for the next Step, as a WAGMA group round does.
 // Rounds are skipped while one is still running.
-func (o *Optimizer) matchLoop(ctx context.Context) {
-	mm := o.mm
+func (m *matched) matchLoop(ctx context.Context) {
+	o, mm := m.o, m.o.mm
 	for ctx.Err() == nil {
 		r := mm.RoundAt(time.Now()) + 1
 		if err := clock.SleepUntil(ctx, mm.Start(r)); err != nil {
@@ -38,7 +56,7 @@ func (o *Optimizer) matchLoop(ctx context.Context) {
 		o.mu.Unlock()
 		// Cancel a round that overruns into the next one's window.
 		rctx, cancel := context.WithDeadline(ctx, mm.Start(r+2))
-		info := o.matchRound(rctx, r, stepRound)
+		info := m.matchRound(rctx, r, stepRound)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -66,7 +84,8 @@ func (o *Optimizer) matchLoop(ctx context.Context) {
 }
 
 // matchRound forms the group of round r and averages with it.
-func (o *Optimizer) matchRound(ctx context.Context, r, stepRound int) GroupInfo {
+func (m *matched) matchRound(ctx context.Context, r, stepRound int) GroupInfo {
+	o := m.o
 	info := GroupInfo{Round: r}
 	f, err := o.mm.Form(ctx, r, stepRound)
 	info.Key, info.Mismatched = f.Key, f.Mismatched

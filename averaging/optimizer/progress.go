@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -87,7 +88,8 @@ func Aggregate(self Record, others []Record, target int64) Progress {
 	return p
 }
 
-// progressTracker is this peer's side of the epochs; guarded by o.mu.
+// progressTracker is this peer's side of the epochs (swarmProgress guards
+// it).
 type progressTracker struct {
 	target   int64
 	epoch    int
@@ -124,49 +126,92 @@ func (p *progressTracker) update(sw Progress) {
 	p.swarm, p.hasSwarm = sw, true
 }
 
-// Progress returns the swarm's progress as last read from the DHT (only
-// this peer's counts before the first read, or without a DHT).
-func (o *Optimizer) Progress() Progress {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.progress.hasSwarm {
-		return o.progress.swarm
-	}
-	return Progress{Peers: 1, Epoch: o.progress.epoch, EpochSamples: o.progress.samples,
-		SamplesPerSecond: o.progress.rate, TargetBatchSize: o.progress.target}
+// swarmProgress is this peer's side of the swarm's progress, under its
+// own lock (taken after the Optimizer's, never before): the tracker, and
+// the loop that publishes it.
+type swarmProgress struct {
+	mu      sync.Mutex
+	tracker progressTracker
 }
 
-// progressLoop publishes this peer's record and reads the others' every
-// ProgressEvery.
-func (o *Optimizer) progressLoop(ctx context.Context) {
-	every := o.cfg.ProgressEvery
+// add counts samples processed.
+func (sp *swarmProgress) add(samples int64) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.tracker.add(samples)
+}
+
+// epoch returns the swarm epoch this peer is in.
+func (sp *swarmProgress) epoch() int {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return sp.tracker.epoch
+}
+
+// setEpoch makes e the epoch this peer is in (a loaded state's).
+func (sp *swarmProgress) setEpoch(e int) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.tracker.epoch = e
+}
+
+// view returns the swarm's progress as last read from the DHT, or this
+// peer's counts before the first read.
+func (sp *swarmProgress) view() Progress {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	p := &sp.tracker
+	if p.hasSwarm {
+		return p.swarm
+	}
+	return Progress{Peers: 1, Epoch: p.epoch, EpochSamples: p.samples, SamplesPerSecond: p.rate, TargetBatchSize: p.target}
+}
+
+// progressPublisher is where and how often a peer publishes its progress.
+type progressPublisher struct {
+	node  *dht.Node
+	key   string // ProgressKey of the run
+	self  peer.ID
+	every time.Duration
+	// counters returns the peer's round counter and local steps; failed
+	// counts a failed publication or read.
+	counters func() (round, steps int)
+	failed   func()
+}
+
+// Progress returns the swarm's progress as last read from the DHT (only
+// this peer's counts before the first read, or without a DHT).
+func (o *Optimizer) Progress() Progress { return o.prog.view() }
+
+// run publishes this peer's record and reads the others' every pub.every
+// until ctx ends.
+func (sp *swarmProgress) run(ctx context.Context, pub progressPublisher) {
 	for ctx.Err() == nil {
-		if err := o.syncProgress(ctx, every); err != nil && ctx.Err() == nil {
-			o.mu.Lock()
-			o.stats.MatchErrors++
-			o.mu.Unlock()
+		if err := sp.sync(ctx, pub); err != nil && ctx.Err() == nil {
+			pub.failed()
 		}
-		if clock.Sleep(ctx, every) != nil {
+		if clock.Sleep(ctx, pub.every) != nil {
 			return
 		}
 	}
 }
 
-func (o *Optimizer) syncProgress(ctx context.Context, every time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, every)
+// sync publishes this peer's record once and adopts the swarm's view.
+func (sp *swarmProgress) sync(ctx context.Context, pub progressPublisher) error {
+	ctx, cancel := context.WithTimeout(ctx, pub.every)
 	defer cancel()
-	o.mu.Lock()
-	self := o.progress.record(time.Now(), o.round, o.stats.Steps)
-	o.mu.Unlock()
+	round, steps := pub.counters()
+	sp.mu.Lock()
+	self := sp.tracker.record(time.Now(), round, steps)
+	sp.mu.Unlock()
 	b, err := json.Marshal(self)
 	if err != nil {
 		return err
 	}
-	node, key, me := o.cfg.DHT, ProgressKey(o.cfg.RunID), o.avg.Transport().ID()
-	if _, err := node.Store(ctx, key, me.String(), b, time.Now().Add(3*every)); err != nil {
+	if _, err := pub.node.Store(ctx, pub.key, pub.self.String(), b, time.Now().Add(3*pub.every)); err != nil {
 		return fmt.Errorf("averaging: publish progress: %w", err)
 	}
-	items, err := node.Get(ctx, key)
+	items, err := pub.node.Get(ctx, pub.key)
 	if err != nil && !errors.Is(err, dht.ErrNotFound) {
 		return fmt.Errorf("averaging: read progress: %w", err)
 	}
@@ -174,17 +219,17 @@ func (o *Optimizer) syncProgress(ctx context.Context, every time.Duration) error
 	var others []Record
 	for sub, it := range items {
 		id, err := peer.Decode(sub)
-		if err != nil || id == me || it.Expiration.Before(now) {
+		if err != nil || id == pub.self || it.Expiration.Before(now) {
 			continue
 		}
 		if r, err := ParseRecord(it.Value); err == nil {
 			others = append(others, r)
 		}
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
 	// Count samples made since the record was built, too.
-	self.Samples = o.progress.samples
-	o.progress.update(Aggregate(self, others, o.progress.target))
+	self.Samples = sp.tracker.samples
+	sp.tracker.update(Aggregate(self, others, sp.tracker.target))
 	return nil
 }

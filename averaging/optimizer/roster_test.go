@@ -123,10 +123,10 @@ func TestBusyMemberDeclinesAtOnce(t *testing.T) {
 		o.start.Do(o.startBackground)
 	}
 	busy := opts[2]
-	busy.inflight <- struct{}{} // its only slot is taken
-	defer func() { <-busy.inflight }()
+	busy.ranks.inflight <- struct{}{} // its only slot is taken
+	defer func() { <-busy.ranks.inflight }()
 	start := time.Now()
-	opts[0].startGroup(1, true)
+	opts[0].ranks.startGroup(1, true)
 	waitFor(t, 2*wait, "the activator's group round", func() bool {
 		st := opts[0].Stats()
 		return st.Collectives == 1
@@ -158,14 +158,14 @@ func TestDisagreeingMemberIsTakenBack(t *testing.T) {
 	ms := allMembers(opts)
 	one, two := ms[1].Peer.ID, ms[2].Peer.ID
 	o.mu.Lock()
-	o.dead[one], o.seen[two] = true, true
+	o.ranks.dead[one], o.ranks.seen[two] = true, true
 	o.mu.Unlock()
 	o.note(context.Background(), []averaging.Member{ms[0], ms[2]}, averaging.Result{Disagreed: []peer.ID{one}, Declined: []peer.ID{two}}, nil)
 	st := o.Stats()
 	if st.Dead != 0 || st.Revived != 1 || st.Disagreed != 1 || st.DeclinedBy != 1 || st.Failures != 0 {
 		t.Fatalf("dead %d, revived %d, disagreed %d, declined by %d, failures %d; want 0, 1, 1, 1, 0", st.Dead, st.Revived, st.Disagreed, st.DeclinedBy, st.Failures)
 	}
-	if got := len(o.alive(o.allRanks())); got != 3 {
+	if got := len(o.ranks.alive(o.ranks.allRanks())); got != 3 {
 		t.Fatalf("%d members alive, want 3", got)
 	}
 }

@@ -29,6 +29,13 @@ import (
 	"github.com/skyhive/skyhive/nn"
 )
 
+// streaming is Streaming DiLoCo: DiLoCo whose outer steps follow the
+// schedule s.
+type streaming struct {
+	*outer
+	s *stream
+}
+
 // stream is Streaming DiLoCo's schedule and its fragments in flight.
 type stream struct {
 	bounds  []int // fragment p is [bounds[p], bounds[p+1]) of the flat vector
@@ -92,20 +99,21 @@ func (s *stream) due(t int) (ps, ks []int) {
 	return ps, ks
 }
 
-// stepStreaming is stepOuter's schedule for Streaming DiLoCo, after the
-// inner step: it applies the fragments whose overlap has passed, starts
-// the fragments due now, and (without overlap) applies them at once.
-func (o *Optimizer) stepStreaming(ctx context.Context) error {
-	s := o.dl.st
+// step takes the inner step, applies the fragments whose overlap has
+// passed, starts the fragments due now, and (without overlap) applies
+// them at once.
+func (d *streaming) step(ctx context.Context, samples, _ int) error {
+	o, s := d.o, d.s
+	d.innerStep(samples)
 	s.step++
-	if err := o.applyFragments(ctx, s.step); err != nil {
+	if err := d.applyFragments(ctx, s.step); err != nil {
 		return err
 	}
 	ps, ks := s.due(s.step)
 	for i, p := range ps {
-		o.startFragment(ctx, p, ks[i], s.step+s.overlap)
+		d.startFragment(ctx, p, ks[i], s.step+s.overlap)
 	}
-	if err := o.applyFragments(ctx, s.step); err != nil {
+	if err := d.applyFragments(ctx, s.step); err != nil {
 		return err
 	}
 	o.mu.Lock()
@@ -114,12 +122,19 @@ func (o *Optimizer) stepStreaming(ctx context.Context) error {
 	return nil
 }
 
+// resumeLocked resumes the schedule at the start of the loaded round's
+// cycle: the fragments follow the inner steps.
+func (d *streaming) resumeLocked(round int) {
+	d.outer.resumeLocked(round)
+	d.s.step = round * d.s.h
+}
+
 // startFragment takes fragment p's pseudo-gradient and starts its k-th
 // outer step's all-reduce with every live peer, to be applied after step
 // due: inline (done before it returns) when there is no overlap, in the
 // background otherwise.
-func (o *Optimizer) startFragment(ctx context.Context, p, k, due int) {
-	d, s := o.dl, o.dl.st
+func (d *streaming) startFragment(ctx context.Context, p, k, due int) {
+	o, s := d.o, d.s
 	lo, hi := s.bounds[p], s.bounds[p+1]
 	fs := &fragSync{p: p, due: due, snap: make([]float32, hi-lo), pg: make([]float32, hi-lo), done: make(chan struct{})}
 	o.mu.Lock()
@@ -132,7 +147,7 @@ func (o *Optimizer) startFragment(ctx context.Context, p, k, due int) {
 	id := fmt.Sprintf("%s/f/%d/%d", o.cfg.RunID, p, k)
 	run := func(ctx context.Context) {
 		defer close(fs.done)
-		if ms := o.alive(o.allRanks()); len(ms) > 1 {
+		if ms := o.ranks.alive(o.ranks.allRanks()); len(ms) > 1 {
 			res, err := o.avg.AllReduce(ctx, averaging.Session{ID: id, Members: ms}, fs.pg)
 			o.note(ctx, ms, res, err)
 		}
@@ -156,8 +171,8 @@ func (o *Optimizer) startFragment(ctx context.Context, p, k, due int) {
 // t and takes their outer steps. The wait counts as waiting time; if ctx
 // (or, for a background all-reduce, the optimizer) stops first, the
 // fragment's progress stays in the model for its next outer step.
-func (o *Optimizer) applyFragments(ctx context.Context, t int) error {
-	s := o.dl.st
+func (d *streaming) applyFragments(ctx context.Context, t int) error {
+	o, s := d.o, d.s
 	for len(s.flights) > 0 && s.flights[0].due <= t {
 		fs := s.flights[0]
 		select {
@@ -177,7 +192,7 @@ func (o *Optimizer) applyFragments(ctx context.Context, t int) error {
 		if fs.err != nil {
 			return fmt.Errorf("averaging: fragment %d's outer step: %w", fs.p, fs.err)
 		}
-		o.applyFragment(fs)
+		d.applyFragment(fs)
 	}
 	return nil
 }
@@ -185,12 +200,12 @@ func (o *Optimizer) applyFragments(ctx context.Context, t int) error {
 // applyFragment takes fs's outer step on its fragment and moves the
 // fragment's model by the change to its snapshot, in place, so that the
 // next gradients are computed at the new model.
-func (o *Optimizer) applyFragment(fs *fragSync) {
-	d := o.dl
-	lo := d.st.bounds[fs.p]
+func (d *streaming) applyFragment(fs *fragSync) {
+	o := d.o
+	lo := d.s.bounds[fs.p]
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.outerUpdateLocked(lo, fs.pg)
+	d.updateLocked(lo, fs.pg)
 	for j := range fs.pg {
 		o.delta[lo+j] += d.anchor[lo+j] - fs.snap[j]
 	}

@@ -136,7 +136,7 @@ func testStreamingMatchesReference(t *testing.T, h, frags, overlap, steps int) {
 			t.Errorf("peer %d's model differs from the reference by %v", p, d)
 		}
 		o.mu.Lock()
-		da, dv := maxDiff(o.dl.anchor, anchor), maxDiff(o.dl.mom, v)
+		da, dv := maxDiff(outerOf(o).anchor, anchor), maxDiff(outerOf(o).mom, v)
 		o.mu.Unlock()
 		if da > 1e-5 || dv > 1e-5 {
 			t.Errorf("peer %d: outer model and momentum differ from the reference by %v and %v", p, da, dv)

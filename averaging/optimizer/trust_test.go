@@ -50,7 +50,7 @@ func TestActivationsAreAuthorizedAndBounded(t *testing.T) {
 			t.Fatalf("%s: %v, want refused", name, err)
 		}
 	}
-	if g := o.global.Load(); g != 0 {
+	if g := o.ranks.global.Load(); g != 0 {
 		t.Fatalf("global round moved to %d", g)
 	}
 	if st := o.Stats(); st.Refused != 6 || st.GroupPassive != 0 {
@@ -60,7 +60,7 @@ func TestActivationsAreAuthorizedAndBounded(t *testing.T) {
 	if err := call(ps[2], activation{Kind: activateGlobal, Round: uint64(tau)}); err != nil {
 		t.Fatal(err)
 	}
-	if g := o.global.Load(); g != int64(tau) {
+	if g := o.ranks.global.Load(); g != int64(tau) {
 		t.Fatalf("global round %d, want %d", g, tau)
 	}
 }

@@ -69,5 +69,5 @@ func TestWAGMAGlobalAverageSupersedesGroups(t *testing.T) {
 
 // allMembers is every peer of the swarm as a session's members.
 func allMembers(opts []*Optimizer) []averaging.Member {
-	return opts[0].alive(opts[0].allRanks())
+	return opts[0].ranks.alive(opts[0].ranks.allRanks())
 }

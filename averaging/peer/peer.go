@@ -48,7 +48,8 @@ type Config struct {
 	DHTMaxBytes int
 	// JoinTimeout bounds joining the DHT (30 s).
 	JoinTimeout time.Duration
-	// RunID names the run; peers of one run must agree ("skyhive").
+	// RunID names the run; peers of one run must agree
+	// (optimizer.DefaultRunID).
 	RunID string
 
 	// Algo, Matchmaking, GroupSize, Tau, Period and RoundInterval
@@ -270,7 +271,7 @@ func (c *Config) defaults() error {
 		c.JoinTimeout = 30 * time.Second
 	}
 	if c.RunID == "" {
-		c.RunID = "skyhive"
+		c.RunID = optimizer.DefaultRunID
 	}
 	if c.Algo == "" {
 		c.Algo = optimizer.WAGMA

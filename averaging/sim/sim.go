@@ -81,7 +81,8 @@ type SimConfig struct {
 	MatchWindow   time.Duration
 	GridDims      int
 	DHTSeeds      []peer.AddrInfo
-	// RunID names the run in session IDs and DHT keys ("run").
+	// RunID names the run in session IDs and DHT keys
+	// (optimizer.DefaultRunID).
 	RunID string
 
 	// Duration stops the run (0: only Steps or ctx).

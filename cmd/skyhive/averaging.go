@@ -165,7 +165,7 @@ func newPeerCmd() *cobra.Command {
 	fl := cmd.Flags()
 	c := &f.cfg
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
-	fl.StringVar(&c.RunID, "run-id", "skyhive", "run name in DHT keys; every peer of a run must use the same")
+	fl.StringVar(&c.RunID, "run-id", optimizer.DefaultRunID, "run name in DHT keys; every peer of a run must use the same")
 	fl.StringVar(&f.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
 	fl.StringVar(&f.match, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
 	fl.IntVar(&c.GroupSize, "group-size", 0, "group size (0: 3 with dht matchmaking, round(sqrt(peers)) with ranks)")
@@ -426,7 +426,7 @@ func (a *averagingFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&a.match, "matchmaking", "", "dht (default for wagma) or ranks (default for allreduce and local)")
 	fl.DurationVar(&a.interval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
 	registerOuterFlags(fl, outerFlags{&a.innerSteps, &a.warmupInnerSteps, &a.fragments, &a.overlapSteps, &a.outerLR, &a.outerMomentum})
-	fl.StringVar(&a.runID, "run-id", "skyhive", "run name in DHT keys")
+	fl.StringVar(&a.runID, "run-id", optimizer.DefaultRunID, "run name in DHT keys")
 	fl.StringVar(&a.dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
 	a.data.register(fl)
 	a.lm.register(fl)

@@ -130,9 +130,10 @@ type DHTConfig struct {
 	Bootstrap []string `json:"bootstrap,omitempty"`
 	// JoinTimeout bounds joining (DefaultJoinTimeout).
 	JoinTimeout time.Duration `json:"join_timeout,omitempty"`
-	// Optional makes a failure to join a notice on Log rather than an
-	// error: the node keeps its DHT node, which others may join and which
-	// refreshes its routing table through whoever contacts it.
+	// Optional joins in the background, New not waiting: the outcome is a
+	// notice on Log, not an error. A node that failed to join keeps its
+	// DHT node, which others may join and which refreshes its routing
+	// table through whoever contacts it.
 	Optional bool `json:"optional,omitempty"`
 	// MaxBytes bounds the records the node stores for others (0: dht's
 	// default).

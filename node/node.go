@@ -59,8 +59,8 @@ type Node struct {
 	host   *p2p.Host
 	dht    *dht.Node
 
-	// watchers are the node's goroutines (reach watching), waited by
-	// Close.
+	// watchers are the node's goroutines (reach watching, an optional
+	// DHT's join), waited by Close.
 	watchers sync.WaitGroup
 
 	mu         sync.Mutex
@@ -73,8 +73,9 @@ type Node struct {
 
 // New validates cfg and starts the node: the metrics endpoint, the host,
 // the DHT node, which joins through the bootstrap peers within
-// DHTConfig.JoinTimeout. ctx bounds the start only; the node runs until
-// Close. A failed start stops what it had started.
+// DHTConfig.JoinTimeout (an optional DHT joins in the background). ctx
+// bounds the start only; the node runs until Close. A failed start stops
+// what it had started.
 func New(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -160,25 +161,39 @@ func (n *Node) hostConfig() (p2p.Config, error) {
 	return hcfg, nil
 }
 
-// join bootstraps the DHT node through the seeds, if any.
+// join bootstraps the DHT node through the seeds, if any: within New, or
+// in the background for an optional DHT, whose outcome it reports on Log.
 func (n *Node) join(ctx context.Context) error {
 	if len(n.seeds) == 0 {
 		return nil
 	}
-	jctx, cancel := context.WithTimeout(ctx, n.cfg.DHT.JoinTimeout)
-	err := n.dht.Bootstrap(jctx, n.seeds)
-	cancel()
+	if n.cfg.DHT.Optional {
+		n.watchers.Go(func() {
+			if err := n.bootstrap(n.ctx); err != nil {
+				if n.ctx.Err() == nil {
+					fmt.Fprintf(n.log, "%v: %v; serving anyway, joining through whoever contacts this node\n", ErrJoin, err)
+				}
+				return
+			}
+			fmt.Fprintf(n.log, "joined the DHT: %d peers in the routing table\n", len(n.dht.Peers()))
+		})
+		return nil
+	}
+	err := n.bootstrap(ctx)
 	switch {
 	case err == nil:
 		return nil
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case n.cfg.DHT.Optional:
-		fmt.Fprintf(n.log, "%v: %v; running without, until a peer of the DHT contacts this one\n", ErrJoin, err)
-		return nil
 	}
 	return fmt.Errorf("%w at %s within %v: %v (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)",
 		ErrJoin, strings.Join(n.cfg.DHT.Bootstrap, ", "), n.cfg.DHT.JoinTimeout, err)
+}
+
+func (n *Node) bootstrap(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.DHT.JoinTimeout)
+	defer cancel()
+	return n.dht.Bootstrap(ctx, n.seeds)
 }
 
 // StartStatus starts publishing the node's status record (Config.Status)

@@ -206,11 +206,13 @@ func TestJoinFailure(t *testing.T) {
 	if err != nil {
 		t.Fatalf("optional DHT: %v", err)
 	}
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(log.String(), ErrJoin.Error()); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("log %q does not report the failed join", log.String())
+		}
+	}
 	if err := n.Close(); err != nil {
 		t.Error(err)
-	}
-	if !strings.Contains(log.String(), ErrJoin.Error()) {
-		t.Errorf("log %q does not report the failed join", log.String())
 	}
 }
 

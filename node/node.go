@@ -108,7 +108,7 @@ func (n *Node) start(ctx context.Context) error {
 	}
 	if cfg.MetricsAddr != "" {
 		reg := metrics.NewRegistry()
-		srv, err := metrics.Serve(n.ctx, cfg.MetricsAddr, reg)
+		srv, err := metrics.Serve(context.WithoutCancel(ctx), cfg.MetricsAddr, reg) // until Close, after the host
 		if err != nil {
 			return err
 		}
@@ -180,14 +180,13 @@ func (n *Node) join(ctx context.Context) error {
 		return nil
 	}
 	err := n.bootstrap(ctx)
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
-	case ctx.Err() != nil:
-		return ctx.Err()
 	}
-	return fmt.Errorf("%w at %s within %v: %v (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)",
-		ErrJoin, strings.Join(n.cfg.DHT.Bootstrap, ", "), n.cfg.DHT.JoinTimeout, err)
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		err = fmt.Errorf("%w: %v", cerr, err)
+	}
+	return fmt.Errorf("%w at %s within %v: %w", ErrJoin, strings.Join(n.cfg.DHT.Bootstrap, ", "), n.cfg.DHT.JoinTimeout, err)
 }
 
 func (n *Node) bootstrap(ctx context.Context) error {

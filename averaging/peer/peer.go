@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/swarm"
 	"github.com/skyhive/skyhive/train"
@@ -255,8 +257,8 @@ type Snapshot struct {
 var (
 	// ErrConfig wraps an invalid configuration.
 	ErrConfig = errors.New("peer: bad configuration")
-	// ErrDHT means the DHT could not be joined.
-	ErrDHT = errors.New("cannot join the DHT")
+	// ErrDHT means the DHT could not be joined (it is node.ErrJoin).
+	ErrDHT = node.ErrJoin
 	// ErrNoSwarm means not enough peers of the run appeared.
 	ErrNoSwarm = errors.New("not enough peers of the run")
 )
@@ -338,8 +340,6 @@ func (c *Config) defaults() error {
 		c.CheckpointEvery = time.Minute
 	}
 	switch {
-	case len(c.DHT) == 0:
-		return fmt.Errorf("%w: no DHT to join: give the multiaddr of a `skyhive dht` node or of another peer (/ip4/.../tcp/.../p2p/ID)", ErrConfig)
 	case c.Matchmaking == averaging.MatchDHT && c.Algo != optimizer.WAGMA:
 		return fmt.Errorf("%w: DHT matchmaking needs the wagma algorithm", ErrConfig)
 	case c.MinPeers < 1 || c.MinPeers > averaging.MaxGroupSize:
@@ -369,11 +369,51 @@ func (c *Config) defaults() error {
 // Run runs the peer until ctx ends, Steps are done or Duration passes,
 // then evaluates its model, saves its checkpoint and leaves the swarm (its
 // groups are told at once). It returns the result; ctx ending is a normal
-// stop, not an error.
+// stop, not an error. The peer runs on a node of its own (package node),
+// made from cfg's Host, Reach, DHT, DHTMaxBytes, JoinTimeout and Metrics
+// (with the checkpoint's directory, which it creates), and closed when it
+// returns.
 func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := cfg.defaults(); err != nil {
-		return Result{}, err
+		return Result{Algo: string(cfg.Algo)}, err
 	}
+	if len(cfg.DHT) == 0 {
+		return Result{Algo: string(cfg.Algo)}, fmt.Errorf("%w: no DHT to join: give the multiaddr of a `skyhive dht` node or of another peer (/ip4/.../tcp/.../p2p/ID)", ErrConfig)
+	}
+	return run(ctx, cfg, nil)
+}
+
+// RunOn runs the peer as Run does, on n, a node in DHT server mode that
+// has joined the swarm's DHT; cfg's Host, Reach, DHT, DHTMaxBytes and
+// JoinTimeout are not used, and n stays open.
+func RunOn(ctx context.Context, n *node.Node, cfg Config) (Result, error) {
+	if err := cfg.defaults(); err != nil {
+		return Result{Algo: string(cfg.Algo)}, err
+	}
+	if n.DHT() == nil || n.Config().DHT.Mode != node.DHTServer {
+		return Result{Algo: string(cfg.Algo)}, fmt.Errorf("%w: an averaging peer needs a node in DHT server mode", ErrConfig)
+	}
+	return run(ctx, cfg, n)
+}
+
+// nodeConfig is the configuration of a peer's own node.
+func (c *Config) nodeConfig() node.Config {
+	hcfg := c.Host
+	hcfg.MaxMessageBytes = 64 << 20
+	ncfg := node.Config{
+		Host: &hcfg, ServeDialback: true, Metrics: c.Metrics, OnReach: c.Reach,
+		DHT: node.DHTConfig{Mode: node.DHTServer, Bootstrap: node.BootstrapAddrs(c.DHT), JoinTimeout: c.JoinTimeout, MaxBytes: c.DHTMaxBytes},
+	}
+	if c.Checkpoint != "" {
+		ncfg.CheckpointDir = filepath.Dir(c.Checkpoint)
+	}
+	return ncfg
+}
+
+// run is Run and RunOn: on n, or on a node of its own if n is nil. It is
+// one piece, the peer's life from its setup to its last evaluation, in
+// the order the steps depend on each other.
+func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 	start := time.Now()
 	res := Result{Algo: string(cfg.Algo)}
 	su, err := newSetup(cfg)
@@ -392,52 +432,35 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-
-	hcfg := cfg.Host
-	hcfg.MaxMessageBytes = 64 << 20
-	h, err := p2p.New(ctx, hcfg)
-	if err != nil {
-		return res, err
-	}
-	defer h.Close()
-	h.ServeDialback()
-	if cfg.Reach != nil {
-		wctx, stop := context.WithCancel(ctx)
-		watched := make(chan struct{})
-		go func() { defer close(watched); _ = h.WatchReach(wctx, cfg.Reach) }()
-		defer func() { stop(); <-watched }()
-	}
-	res.Peer = h.ID().String()
-	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), MaxBytes: cfg.DHTMaxBytes, Metrics: cfg.Metrics})
-	if err != nil {
-		return res, err
-	}
-	defer node.Close()
-	jctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
-	err = node.Bootstrap(jctx, cfg.DHT)
-	cancel()
-	if err != nil {
-		if ctx.Err() != nil {
-			return res, ctx.Err()
+	if n == nil {
+		if n, err = node.New(ctx, cfg.nodeConfig()); err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return res, ctx.Err()
+			case errors.Is(err, node.ErrJoin):
+				return res, fmt.Errorf("%w (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)", err)
+			}
+			return res, err
 		}
-		return res, fmt.Errorf("%w at %s within %v: %v (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)",
-			ErrDHT, addrList(cfg.DHT), cfg.JoinTimeout, err)
+		defer n.Close()
 	}
+	h, dn := n.Host(), n.DHT()
+	res.Peer = h.ID().String()
 	live := &liveState{}
-	defer startStatus(ctx, cfg, h, node, live)()
+	defer startStatus(ctx, cfg, h, dn, live)()
 
 	avg := averaging.New(h, averaging.Config{Codec: cfg.Codec, Timeout: cfg.Timeout, Aggregation: cfg.Aggregation, MaxNormRatio: cfg.MaxNormRatio})
 	defer avg.Close()
 	ocfg := optimizer.Config{
 		Algo: cfg.Algo, GroupSize: cfg.GroupSize, Tau: cfg.Tau, Period: cfg.Period,
-		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: node, RoundInterval: cfg.RoundInterval,
+		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: dn, RoundInterval: cfg.RoundInterval,
 		Model: sig, TargetBatchSize: cfg.TargetBatchSize,
 		InnerSteps: cfg.InnerSteps, WarmupInnerSteps: cfg.WarmupInnerSteps, OuterLR: cfg.OuterLR, OuterMomentum: cfg.OuterMomentum,
 		Fragments: cfg.Fragments, OverlapSteps: cfg.OverlapSteps,
 		Metrics: cfg.Metrics,
 	}
-	mm := averaging.NewMatchmaker(node, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})
-	others, founder, err := waitForPeers(ctx, cfg, mm, node, h.ID(), sig)
+	mm := averaging.NewMatchmaker(dn, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})
+	others, founder, err := waitForPeers(ctx, cfg, mm, dn, h.ID(), sig)
 	if err != nil {
 		return res, err
 	}
@@ -462,7 +485,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		logf(cfg.Log, "resumed from %s at round %d", cfg.Checkpoint, opt.Round())
 	case !founder && bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT:
 		dctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
-		d, err := opt.Join(dctx, node, optimizer.DownloadConfig{MinAgree: cfg.MinAgree})
+		d, err := opt.Join(dctx, dn, optimizer.DownloadConfig{MinAgree: cfg.MinAgree})
 		cancel()
 		if err != nil {
 			return res, fmt.Errorf("download the swarm's state: %w", err)
@@ -499,7 +522,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	if cfg.Matchmaking == averaging.MatchRanks {
-		if err := startBarrier(ctx, cfg, node, h.ID(), ocfg.Roster); err != nil {
+		if err := startBarrier(ctx, cfg, dn, h.ID(), ocfg.Roster); err != nil {
 			return res, err
 		}
 	}
@@ -636,16 +659,6 @@ func idSeed(id libp2ppeer.ID) uint64 {
 		s = s*1099511628211 + uint64(b)
 	}
 	return s
-}
-
-func addrList(infos []libp2ppeer.AddrInfo) string {
-	var s []string
-	for _, in := range infos {
-		for _, a := range in.Addrs {
-			s = append(s, a.String()+"/p2p/"+in.ID.String())
-		}
-	}
-	return strings.Join(s, ", ")
 }
 
 func logf(w io.Writer, format string, args ...any) {

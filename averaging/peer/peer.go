@@ -22,6 +22,7 @@ import (
 
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/checkpoint"
 	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/metrics"
@@ -384,8 +385,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 }
 
 // RunOn runs the peer as Run does, on n, a node in DHT server mode that
-// has joined the swarm's DHT; cfg's Host, Reach, DHT, DHTMaxBytes and
-// JoinTimeout are not used, and n stays open.
+// has joined the swarm's DHT; cfg's Host, Reach, DHT and DHTMaxBytes are
+// not used, and n stays open.
 func RunOn(ctx context.Context, n *node.Node, cfg Config) (Result, error) {
 	if err := cfg.defaults(); err != nil {
 		return Result{Algo: string(cfg.Algo)}, err
@@ -410,9 +411,7 @@ func (c *Config) nodeConfig() node.Config {
 	return ncfg
 }
 
-// run is Run and RunOn: on n, or on a node of its own if n is nil. It is
-// one piece, the peer's life from its setup to its last evaluation, in
-// the order the steps depend on each other.
+// run is Run and RunOn: on n, or on a node of its own if n is nil.
 func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 	start := time.Now()
 	res := Result{Algo: string(cfg.Algo)}
@@ -422,9 +421,7 @@ func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 	}
 	model, sig := su.model, su.sig
 	if lt := su.lm; lt != nil {
-		res.Model, res.Vocab, res.Seq = lt.spec, lt.gpt.Vocab, lt.gpt.Seq
-		res.TrainTokens, res.ValTokens, res.EvalTokens = len(lt.data.Train), len(lt.data.Val), len(lt.evalIDs)-1
-		res.UnigramPerplexity = lt.unigram
+		lt.describe(&res)
 		logf(cfg.Log, "%s on %s: %d training and %d validation tokens, vocabulary %d", lt.spec, cfg.Data, res.TrainTokens, res.ValTokens, lt.data.Vocab)
 	}
 	// A checkpoint of another model is refused before joining the swarm.
@@ -433,13 +430,7 @@ func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 		return res, err
 	}
 	if n == nil {
-		if n, err = node.New(ctx, cfg.nodeConfig()); err != nil {
-			switch {
-			case ctx.Err() != nil:
-				return res, ctx.Err()
-			case errors.Is(err, node.ErrJoin):
-				return res, fmt.Errorf("%w (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)", err)
-			}
+		if n, err = openNode(ctx, cfg); err != nil {
 			return res, err
 		}
 		defer n.Close()
@@ -475,28 +466,9 @@ func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 	defer opt.Close()
 	live.setOptimizer(opt)
 
-	// Start from the checkpoint, or from the swarm's state if it has made
-	// progress, or from the shared initial weights.
-	switch ok, err := resume(cfg.Checkpoint, ck, opt); {
-	case err != nil:
+	joinSwarm := !founder && bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT
+	if err := startState(ctx, cfg, opt, ck, dn, joinSwarm, &res); err != nil {
 		return res, err
-	case ok:
-		res.Resumed = true
-		logf(cfg.Log, "resumed from %s at round %d", cfg.Checkpoint, opt.Round())
-	case !founder && bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT:
-		dctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
-		d, err := opt.Join(dctx, dn, optimizer.DownloadConfig{MinAgree: cfg.MinAgree})
-		cancel()
-		if err != nil {
-			return res, fmt.Errorf("download the swarm's state: %w", err)
-		}
-		res.Joined = len(d.From)
-		reset := ""
-		if d.BuffersReset {
-			reset = "; their optimizer buffers disagreed, so this peer starts with zero momentum"
-		}
-		logf(cfg.Log, "joined run %q at round %d with the state of %d donors (%d rejected, %d failed%s)",
-			cfg.RunID, opt.Round(), len(d.From), len(d.Rejected), len(d.Failed), reset)
 	}
 
 	if err := su.task.seed(batchSeed(cfg.Seed, h.ID())); err != nil {
@@ -539,6 +511,56 @@ func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 	t.fill()
 	t.writeStats(true)
 	return res, runErr
+}
+
+// describe fills in what res says of a language model's task.
+func (lt *lmTask) describe(res *Result) {
+	res.Model, res.Vocab, res.Seq = lt.spec, lt.gpt.Vocab, lt.gpt.Seq
+	res.TrainTokens, res.ValTokens, res.EvalTokens = len(lt.data.Train), len(lt.data.Val), len(lt.evalIDs)-1
+	res.UnigramPerplexity = lt.unigram
+}
+
+// openNode starts the peer's own node, naming what to check when it
+// cannot join the DHT; ctx ending is returned as is.
+func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
+	n, err := node.New(ctx, cfg.nodeConfig())
+	switch {
+	case err == nil:
+		return n, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case errors.Is(err, node.ErrJoin):
+		return nil, fmt.Errorf("%w (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)", err)
+	}
+	return nil, err
+}
+
+// startState sets the peer's starting state: its checkpoint, or the
+// swarm's state if joinSwarm (the swarm has made progress), downloaded
+// through d, or else the shared initial weights opt holds already.
+func startState(ctx context.Context, cfg Config, opt *optimizer.Optimizer, ck *checkpoint.File, d *dht.Node, joinSwarm bool, res *Result) error {
+	switch ok, err := resume(cfg.Checkpoint, ck, opt); {
+	case err != nil:
+		return err
+	case ok:
+		res.Resumed = true
+		logf(cfg.Log, "resumed from %s at round %d", cfg.Checkpoint, opt.Round())
+	case joinSwarm:
+		dctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
+		dl, err := opt.Join(dctx, d, optimizer.DownloadConfig{MinAgree: cfg.MinAgree})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("download the swarm's state: %w", err)
+		}
+		res.Joined = len(dl.From)
+		reset := ""
+		if dl.BuffersReset {
+			reset = "; their optimizer buffers disagreed, so this peer starts with zero momentum"
+		}
+		logf(cfg.Log, "joined run %q at round %d with the state of %d donors (%d rejected, %d failed%s)",
+			cfg.RunID, opt.Round(), len(dl.From), len(dl.Rejected), len(dl.Failed), reset)
+	}
+	return nil
 }
 
 // waitForPeers lists this peer under the run and waits until MinPeers

@@ -72,6 +72,9 @@ type Config struct {
 	// the DHT node and the role report to (e.g. one the process serves
 	// already). Nil without MetricsAddr: no metrics.
 	Metrics prometheus.Registerer `json:"-"`
+	// DHTTransport, if set, wraps the host as the DHT node's transport
+	// (e.g. an emulated link, netem.NewTransport); nil: the host itself.
+	DHTTransport func(p2p.Transport) (p2p.Transport, error) `json:"-"`
 	// OnReach, if set, is called with where others reach the node, now
 	// and whenever AutoNAT's verdict changes, until Close.
 	OnReach func(p2p.Reach) `json:"-"`

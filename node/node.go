@@ -15,16 +15,17 @@
 // parsed keys, a registerer the process serves already, callbacks, a log)
 // is tagged "-".
 //
-// Roles on it: the averaging peer (averaging/peer.Run, `skyhive peer`),
-// the DHT node (`skyhive dht`) and its short-lived clients (`skyhive dht
-// put`/`get`, `skyhive status`, `skyhive doctor`), and the dashboard
-// (`skyhive dashboard`). The API also fits the roles that still assemble
-// their own: an expert server (`skyhive server`) needs a server-mode DHT
-// and StartStatus once its server runs; a MoE trainer a client-mode DHT
-// and StartStatus; a pipeline coordinator or worker the host first
-// (Node.Host, as their Transport) and an optional client-mode DHT for its
-// status record (DHTConfig.Optional). Until they move, they publish their
-// records with PublishStatus.
+// Roles on it: the averaging peer (averaging/peer.Run and RunOn, `skyhive
+// peer`), the DHT node (`skyhive dht`) and its short-lived clients
+// (`skyhive dht put` and `get`, `skyhive status`, `skyhive doctor`), and
+// the dashboard (`skyhive dashboard`). The API also fits the roles that
+// still assemble their own: an expert server (`skyhive server`) needs a
+// server-mode DHT and StartStatus once its server runs; a MoE trainer
+// (`skyhive train moe`) a client-mode DHT over its emulated link
+// (Config.DHTTransport) and StartStatus; a pipeline coordinator or worker
+// the host first (Node.Host, as its Transport) and an optional
+// client-mode DHT for its status record (DHTConfig.Optional). Until they
+// move, they publish their records with PublishStatus.
 package node
 
 import (
@@ -131,7 +132,13 @@ func (n *Node) start(ctx context.Context) error {
 	if cfg.DHT.Mode == DHTOff {
 		return nil
 	}
-	n.dht, err = dht.New(n.host, dht.Config{
+	var tr p2p.Transport = n.host
+	if cfg.DHTTransport != nil {
+		if tr, err = cfg.DHTTransport(n.host); err != nil {
+			return fmt.Errorf("node: DHT transport: %w", err)
+		}
+	}
+	n.dht, err = dht.New(tr, dht.Config{
 		PrivKey:    n.host.LibP2P().Peerstore().PrivKey(n.host.ID()),
 		ClientMode: cfg.DHT.Mode == DHTClient,
 		MaxBytes:   cfg.DHT.MaxBytes,

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	"go.uber.org/goleak"
 
 	"github.com/skyhive/skyhive/metrics"
@@ -313,5 +314,52 @@ func TestHostConfig(t *testing.T) {
 	}
 	if n.DHT() != nil {
 		t.Error("a node with the DHT off has a DHT node")
+	}
+}
+
+// countingTransport counts the calls made through it.
+type countingTransport struct {
+	p2p.Transport
+	mu    sync.Mutex
+	calls int
+}
+
+func (c *countingTransport) Call(ctx context.Context, to peer.AddrInfo, proto protocol.ID, req []byte) ([]byte, error) {
+	c.mu.Lock()
+	c.calls++
+	c.mu.Unlock()
+	return c.Transport.Call(ctx, to, proto, req)
+}
+
+// TestDHTTransport: the DHT node's traffic goes through the transport
+// DHTTransport wraps the host in; a failing wrapper fails New.
+func TestDHTTransport(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(), libp2pGlobal)
+	ctx := context.Background()
+	seed, err := New(ctx, Config{Net: loopback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seed.Close()
+	var ct *countingTransport
+	cfg := Config{Net: loopback, DHT: DHTConfig{Mode: DHTClient, Bootstrap: BootstrapAddrs([]peer.AddrInfo{seed.Host().AddrInfo()})},
+		DHTTransport: func(tr p2p.Transport) (p2p.Transport, error) {
+			ct = &countingTransport{Transport: tr}
+			return ct, nil
+		}}
+	n, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.DHT().Store(ctx, "wrapped", "", []byte("x"), time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	if ct == nil || ct.calls == 0 {
+		t.Fatal("the DHT node did not call through the wrapped transport")
+	}
+	cfg.DHTTransport = func(p2p.Transport) (p2p.Transport, error) { return nil, errors.New("no link") }
+	if _, err := New(ctx, cfg); err == nil || !strings.Contains(err.Error(), "no link") {
+		t.Fatalf("failing wrapper: %v", err)
 	}
 }

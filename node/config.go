@@ -43,7 +43,8 @@ const DefaultJoinTimeout = time.Minute
 const maxRegion = 64
 
 // Config configures a node. Zero fields take the defaults noted. The
-// JSON-tagged fields are data a launcher can hand to a child process; the
+// JSON-tagged fields are data a launcher can hand to a child process
+// (durations in nanoseconds, as encoding/json writes a time.Duration); the
 // fields tagged "-" are set in-process only.
 type Config struct {
 	// Net is how the node's libp2p host joins the network.

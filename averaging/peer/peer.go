@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -21,12 +22,13 @@ import (
 
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/checkpoint"
 	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
-	"github.com/skyhive/skyhive/p2p/dialback"
 	"github.com/skyhive/skyhive/swarm"
 	"github.com/skyhive/skyhive/train"
 	"github.com/skyhive/skyhive/wire"
@@ -257,8 +259,8 @@ type Snapshot struct {
 var (
 	// ErrConfig wraps an invalid configuration.
 	ErrConfig = errors.New("peer: bad configuration")
-	// ErrDHT means the DHT could not be joined.
-	ErrDHT = errors.New("cannot join the DHT")
+	// ErrDHT means the DHT could not be joined (it is node.ErrJoin).
+	ErrDHT = node.ErrJoin
 	// ErrNoSwarm means not enough peers of the run appeared.
 	ErrNoSwarm = errors.New("not enough peers of the run")
 )
@@ -340,8 +342,6 @@ func (c *Config) defaults() error {
 		c.CheckpointEvery = time.Minute
 	}
 	switch {
-	case len(c.DHT) == 0:
-		return fmt.Errorf("%w: no DHT to join: give the multiaddr of a `skyhive dht` node or of another peer (/ip4/.../tcp/.../p2p/ID)", ErrConfig)
 	case c.Matchmaking == averaging.MatchDHT && c.Algo != optimizer.WAGMA:
 		return fmt.Errorf("%w: DHT matchmaking needs the wagma algorithm", ErrConfig)
 	case c.MinPeers < 1 || c.MinPeers > averaging.MaxGroupSize:
@@ -371,11 +371,49 @@ func (c *Config) defaults() error {
 // Run runs the peer until ctx ends, Steps are done or Duration passes,
 // then evaluates its model, saves its checkpoint and leaves the swarm (its
 // groups are told at once). It returns the result; ctx ending is a normal
-// stop, not an error.
+// stop, not an error. The peer runs on a node of its own (package node),
+// made from cfg's Host, Reach, DHT, DHTMaxBytes, JoinTimeout and Metrics
+// (with the checkpoint's directory, which it creates), and closed when it
+// returns.
 func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := cfg.defaults(); err != nil {
-		return Result{}, err
+		return Result{Algo: string(cfg.Algo)}, err
 	}
+	if len(cfg.DHT) == 0 {
+		return Result{Algo: string(cfg.Algo)}, fmt.Errorf("%w: no DHT to join: give the multiaddr of a `skyhive dht` node or of another peer (/ip4/.../tcp/.../p2p/ID)", ErrConfig)
+	}
+	return run(ctx, cfg, nil)
+}
+
+// RunOn runs the peer as Run does, on n, a node in DHT server mode that
+// has joined the swarm's DHT; cfg's Host, Reach, DHT and DHTMaxBytes are
+// not used, and n stays open.
+func RunOn(ctx context.Context, n *node.Node, cfg Config) (Result, error) {
+	if err := cfg.defaults(); err != nil {
+		return Result{Algo: string(cfg.Algo)}, err
+	}
+	if n.DHT() == nil || n.Config().DHT.Mode != node.DHTServer {
+		return Result{Algo: string(cfg.Algo)}, fmt.Errorf("%w: an averaging peer needs a node in DHT server mode", ErrConfig)
+	}
+	return run(ctx, cfg, n)
+}
+
+// nodeConfig is the configuration of a peer's own node.
+func (c *Config) nodeConfig() node.Config {
+	hcfg := c.Host
+	hcfg.MaxMessageBytes = 64 << 20
+	ncfg := node.Config{
+		Host: &hcfg, ServeDialback: true, Metrics: c.Metrics, OnReach: c.Reach,
+		DHT: node.DHTConfig{Mode: node.DHTServer, Bootstrap: node.BootstrapAddrs(c.DHT), JoinTimeout: c.JoinTimeout, MaxBytes: c.DHTMaxBytes},
+	}
+	if c.Checkpoint != "" {
+		ncfg.CheckpointDir = filepath.Dir(c.Checkpoint)
+	}
+	return ncfg
+}
+
+// run is Run and RunOn: on n, or on a node of its own if n is nil.
+func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 	start := time.Now()
 	res := Result{Algo: string(cfg.Algo)}
 	su, err := newSetup(cfg)
@@ -384,9 +422,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	model, sig := su.model, su.sig
 	if lt := su.lm; lt != nil {
-		res.Model, res.Vocab, res.Seq = lt.spec, lt.gpt.Vocab, lt.gpt.Seq
-		res.TrainTokens, res.ValTokens, res.EvalTokens = len(lt.data.Train), len(lt.data.Val), len(lt.evalIDs)-1
-		res.UnigramPerplexity = lt.unigram
+		lt.describe(&res)
 		logf(cfg.Log, "%s on %s: %d training and %d validation tokens, vocabulary %d", lt.spec, cfg.Data, res.TrainTokens, res.ValTokens, lt.data.Vocab)
 	}
 	// A checkpoint of another model is refused before joining the swarm.
@@ -394,52 +430,29 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-
-	hcfg := cfg.Host
-	hcfg.MaxMessageBytes = 64 << 20
-	h, err := p2p.New(ctx, hcfg)
-	if err != nil {
-		return res, err
-	}
-	defer h.Close()
-	dialback.Serve(h)
-	if cfg.Reach != nil {
-		wctx, stop := context.WithCancel(ctx)
-		watched := make(chan struct{})
-		go func() { defer close(watched); _ = h.WatchReach(wctx, cfg.Reach) }()
-		defer func() { stop(); <-watched }()
-	}
-	res.Peer = h.ID().String()
-	node, err := dht.New(h, dht.Config{PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID()), MaxBytes: cfg.DHTMaxBytes, Metrics: cfg.Metrics})
-	if err != nil {
-		return res, err
-	}
-	defer node.Close()
-	jctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
-	err = node.Bootstrap(jctx, cfg.DHT)
-	cancel()
-	if err != nil {
-		if ctx.Err() != nil {
-			return res, ctx.Err()
+	if n == nil {
+		if n, err = openNode(ctx, cfg); err != nil {
+			return res, err
 		}
-		return res, fmt.Errorf("%w at %s within %v: %v (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)",
-			ErrDHT, addrList(cfg.DHT), cfg.JoinTimeout, err)
+		defer n.Close()
 	}
+	h, dn := n.Host(), n.DHT()
+	res.Peer = h.ID().String()
 	live := &liveState{}
-	defer startStatus(ctx, cfg, h, node, live)()
+	defer startStatus(ctx, cfg, h, dn, live)()
 
 	avg := averaging.New(h, averaging.Config{Codec: cfg.Codec, Timeout: cfg.Timeout, Aggregation: cfg.Aggregation, MaxNormRatio: cfg.MaxNormRatio})
 	defer avg.Close()
 	ocfg := optimizer.Config{
 		Algo: cfg.Algo, GroupSize: cfg.GroupSize, Tau: cfg.Tau, Period: cfg.Period,
-		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: node, RoundInterval: cfg.RoundInterval,
+		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: dn, RoundInterval: cfg.RoundInterval,
 		Model: sig, TargetBatchSize: cfg.TargetBatchSize,
 		InnerSteps: cfg.InnerSteps, WarmupInnerSteps: cfg.WarmupInnerSteps, OuterLR: cfg.OuterLR, OuterMomentum: cfg.OuterMomentum,
 		Fragments: cfg.Fragments, OverlapSteps: cfg.OverlapSteps,
 		Metrics: cfg.Metrics,
 	}
-	mm := averaging.NewMatchmaker(node, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})
-	others, founder, err := waitForPeers(ctx, cfg, mm, node, h.ID(), sig)
+	mm := averaging.NewMatchmaker(dn, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})
+	others, founder, err := waitForPeers(ctx, cfg, mm, dn, h.ID(), sig)
 	if err != nil {
 		return res, err
 	}
@@ -454,28 +467,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	defer opt.Close()
 	live.setOptimizer(opt)
 
-	// Start from the checkpoint, or from the swarm's state if it has made
-	// progress, or from the shared initial weights.
-	switch ok, err := resume(cfg.Checkpoint, ck, opt); {
-	case err != nil:
+	joinSwarm := !founder && bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT
+	if err := startState(ctx, cfg, opt, ck, dn, joinSwarm, &res); err != nil {
 		return res, err
-	case ok:
-		res.Resumed = true
-		logf(cfg.Log, "resumed from %s at round %d", cfg.Checkpoint, opt.Round())
-	case !founder && bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT:
-		dctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
-		d, err := opt.Join(dctx, node, optimizer.DownloadConfig{MinAgree: cfg.MinAgree})
-		cancel()
-		if err != nil {
-			return res, fmt.Errorf("download the swarm's state: %w", err)
-		}
-		res.Joined = len(d.From)
-		reset := ""
-		if d.BuffersReset {
-			reset = "; their optimizer buffers disagreed, so this peer starts with zero momentum"
-		}
-		logf(cfg.Log, "joined run %q at round %d with the state of %d donors (%d rejected, %d failed%s)",
-			cfg.RunID, opt.Round(), len(d.From), len(d.Rejected), len(d.Failed), reset)
 	}
 
 	if err := su.task.seed(batchSeed(cfg.Seed, h.ID())); err != nil {
@@ -501,7 +495,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	if cfg.Matchmaking == averaging.MatchRanks {
-		if err := startBarrier(ctx, cfg, node, h.ID(), ocfg.Roster); err != nil {
+		if err := startBarrier(ctx, cfg, dn, h.ID(), ocfg.Roster); err != nil {
 			return res, err
 		}
 	}
@@ -518,6 +512,56 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	t.fill()
 	t.writeStats(true)
 	return res, runErr
+}
+
+// describe fills in what res says of a language model's task.
+func (lt *lmTask) describe(res *Result) {
+	res.Model, res.Vocab, res.Seq = lt.spec, lt.gpt.Vocab, lt.gpt.Seq
+	res.TrainTokens, res.ValTokens, res.EvalTokens = len(lt.data.Train), len(lt.data.Val), len(lt.evalIDs)-1
+	res.UnigramPerplexity = lt.unigram
+}
+
+// openNode starts the peer's own node, naming what to check when it
+// cannot join the DHT; ctx ending is returned as is.
+func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
+	n, err := node.New(ctx, cfg.nodeConfig())
+	switch {
+	case err == nil:
+		return n, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case errors.Is(err, node.ErrJoin):
+		return nil, fmt.Errorf("%w (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)", err)
+	}
+	return nil, err
+}
+
+// startState sets the peer's starting state: its checkpoint, or the
+// swarm's state if joinSwarm (the swarm has made progress), downloaded
+// through d, or else the shared initial weights opt holds already.
+func startState(ctx context.Context, cfg Config, opt *optimizer.Optimizer, ck *checkpoint.File, d *dht.Node, joinSwarm bool, res *Result) error {
+	switch ok, err := resume(cfg.Checkpoint, ck, opt); {
+	case err != nil:
+		return err
+	case ok:
+		res.Resumed = true
+		logf(cfg.Log, "resumed from %s at round %d", cfg.Checkpoint, opt.Round())
+	case joinSwarm:
+		dctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
+		dl, err := opt.Join(dctx, d, optimizer.DownloadConfig{MinAgree: cfg.MinAgree})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("download the swarm's state: %w", err)
+		}
+		res.Joined = len(dl.From)
+		reset := ""
+		if dl.BuffersReset {
+			reset = "; their optimizer buffers disagreed, so this peer starts with zero momentum"
+		}
+		logf(cfg.Log, "joined run %q at round %d with the state of %d donors (%d rejected, %d failed%s)",
+			cfg.RunID, opt.Round(), len(dl.From), len(dl.Rejected), len(dl.Failed), reset)
+	}
+	return nil
 }
 
 // waitForPeers lists this peer under the run and waits until MinPeers
@@ -638,16 +682,6 @@ func idSeed(id libp2ppeer.ID) uint64 {
 		s = s*1099511628211 + uint64(b)
 	}
 	return s
-}
-
-func addrList(infos []libp2ppeer.AddrInfo) string {
-	var s []string
-	for _, in := range infos {
-		for _, a := range in.Addrs {
-			s = append(s, a.String()+"/p2p/"+in.ID.String())
-		}
-	}
-	return strings.Join(s, ", ")
 }
 
 func logf(w io.Writer, format string, args ...any) {

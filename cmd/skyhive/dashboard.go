@@ -14,7 +14,7 @@ import (
 	"github.com/skyhive/skyhive/dashboard"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/metrics"
-	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/node"
 )
 
 // dashboardFlags are the options of `skyhive dashboard`. --listen is the
@@ -66,38 +66,19 @@ func runDashboard(cmd *cobra.Command, f dashboardFlags) error {
 	if f.every < 100*time.Millisecond {
 		return fmt.Errorf("--every %v: want at least 100ms", f.every)
 	}
-	seeds, err := f.net.seeds()
-	if err != nil {
-		return err
-	}
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	defer ln.Close()
-	hcfg, err := f.net.config()
-	if err != nil {
-		return err
-	}
 	jctx, cancel := context.WithTimeout(ctx, f.timeout)
-	h, err := p2p.New(jctx, hcfg)
-	if err != nil {
-		cancel()
-		return err
-	}
-	defer h.Close()
-	n, err := dht.New(h, dht.Config{ClientMode: true})
-	if err != nil {
-		cancel()
-		return err
-	}
-	defer n.Close()
-	err = n.Bootstrap(jctx, seeds)
+	n, err := startNode(jctx, f.net, node.DHTClient, f.timeout, node.Config{})
 	cancel()
 	if err != nil {
-		return fmt.Errorf("join DHT: %w (check the --dht address and that its peer runs)", err)
+		return joinHint(err)
 	}
-	d, err := dashboard.New(dashboard.Config{Every: f.every, Source: dashboardSource(n, seeds)})
+	defer n.Close()
+	d, err := dashboard.New(dashboard.Config{Every: f.every, Source: dashboardSource(n.DHT(), n.Seeds())})
 	if err != nil {
 		return err
 	}

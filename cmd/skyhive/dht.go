@@ -11,14 +11,12 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/metrics"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
-	"github.com/skyhive/skyhive/p2p/dialback"
 )
 
 // dhtFlags are the options of the dht commands.
@@ -160,33 +158,23 @@ func printable(b []byte) string {
 	return s
 }
 
-// startDHT starts a host and a DHT node on it, reporting to reg (nil: no
-// metrics).
-func startDHT(ctx context.Context, f dhtFlags, client bool, reg prometheus.Registerer) (*p2p.Host, *dht.Node, []peer.AddrInfo, error) {
-	seeds, err := f.net.seeds()
-	if err != nil {
-		return nil, nil, nil, err
+// startNode starts the node of a dht command: its host as net
+// describes it, its DHT node in mode joined through --dht within timeout
+// (0: node's default), and what cfg adds (metrics, status, logs).
+func startNode(ctx context.Context, net connectFlags, mode string, timeout time.Duration, cfg node.Config) (*node.Node, error) {
+	if _, err := net.seeds(); err != nil {
+		return nil, err
 	}
-	cfg, err := f.net.config()
+	hcfg, err := net.config()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
-	cfg.Metrics = reg
-	h, err := p2p.New(ctx, cfg)
-	if err != nil {
-		return nil, nil, nil, err
+	cfg.Host = &hcfg
+	cfg.DHT.Mode, cfg.DHT.Bootstrap, cfg.DHT.JoinTimeout = mode, net.dht, timeout
+	if mode == node.DHTServer {
+		cfg.DHT.MaxBytes = net.dhtMaxBytes()
 	}
-	n, err := dht.New(h, dht.Config{
-		PrivKey:    h.LibP2P().Peerstore().PrivKey(h.ID()),
-		ClientMode: client,
-		MaxBytes:   f.net.dhtMaxBytes(),
-		Metrics:    reg,
-	})
-	if err != nil {
-		h.Close()
-		return nil, nil, nil, err
-	}
-	return h, n, seeds, nil
+	return node.New(ctx, cfg)
 }
 
 func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
@@ -202,38 +190,29 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 		return err
 	}
 	defer closeStats()
-	reg, stopMetrics, err := f.metrics.start(ctx, cmd.ErrOrStderr())
+	// Joining is optional: others may bootstrap from this node, and the
+	// periodic refresh retries through whoever contacts it.
+	n, err := startNode(ctx, f.net, node.DHTServer, 0, node.Config{
+		MetricsAddr: f.metrics.addr, ServeDialback: true, Log: cmd.ErrOrStderr(),
+		DHT:    node.DHTConfig{Optional: true},
+		Status: f.status.config(metrics.RoleDHT),
+	})
 	if err != nil {
 		return err
 	}
-	defer stopMetrics()
-	h, n, seeds, err := startDHT(ctx, f.dhtFlags, false, reg.Registerer())
-	if err != nil {
-		return err
-	}
-	defer h.Close()
 	defer n.Close()
-	dialback.Serve(h)
 	var jsonOut io.Writer
 	if f.out.json {
 		jsonOut = cmd.OutOrStdout()
 	}
 	fmt.Fprintln(cmd.ErrOrStderr(), "dht node: others join with --dht and one of the addresses below")
-	reportReach(ctx, h, cmd.OutOrStdout(), jsonOut)
-	if len(seeds) > 0 {
-		bctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := n.Bootstrap(bctx, seeds)
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			// Keep serving: others may bootstrap from us, and the
-			// periodic refresh retries through whoever contacts us.
-			fmt.Fprintf(cmd.ErrOrStderr(), "bootstrap: %v\n", err)
-		}
-		fmt.Fprintf(cmd.ErrOrStderr(), "joined: %d peers in routing table\n", len(n.Peers()))
+	reportReach(ctx, n.Host(), cmd.OutOrStdout(), jsonOut)
+	d := n.DHT()
+	if err := n.StartStatus(func(s *metrics.Status) {
+		s.DHT = &metrics.DHTStatus{Peers: len(d.Peers()), Records: d.Records()}
+	}); err != nil {
+		return err
 	}
-	defer f.status.start(ctx, cmd.ErrOrStderr(), h, n, metrics.RoleDHT, func(s *metrics.Status) {
-		s.DHT = &metrics.DHTStatus{Peers: len(n.Peers()), Records: n.Records()}
-	})()
 	var tick <-chan time.Time
 	if stats != nil {
 		t := time.NewTicker(f.statsEvery)
@@ -252,9 +231,17 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 			return nil
 		case now := <-tick:
 			lines.write(map[string]any{"time": now.UTC().Format(time.RFC3339), "uptime_seconds": now.Sub(start).Seconds(),
-				"peers": len(n.Peers()), "records": n.Records()})
+				"peers": len(d.Peers()), "records": d.Records()})
 		}
 	}
+}
+
+// joinHint names the flags behind a failure to join the DHT.
+func joinHint(err error) error {
+	if errors.Is(err, node.ErrJoin) {
+		return fmt.Errorf("join DHT: %w (check the --dht address and that its peer runs)", err)
+	}
+	return err
 }
 
 // withClientNode starts a client-mode node, joins through --dht and
@@ -265,14 +252,10 @@ func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *p
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	h, n, seeds, err := startDHT(ctx, f, true, nil)
+	n, err := startNode(ctx, f.net, node.DHTClient, f.timeout, node.Config{})
 	if err != nil {
-		return err
+		return joinHint(err)
 	}
-	defer h.Close()
 	defer n.Close()
-	if err := n.Bootstrap(ctx, seeds); err != nil {
-		return fmt.Errorf("join DHT: %w (check the --dht address and that its peer runs)", err)
-	}
-	return op(ctx, h, n)
+	return op(ctx, n.Host(), n.DHT())
 }

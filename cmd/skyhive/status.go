@@ -14,9 +14,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/skyhive/skyhive/clock"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/metrics"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
 )
 
@@ -49,43 +49,18 @@ func (s *statusFlags) check() error {
 	return nil
 }
 
+// config is the node's status configuration the flags describe, for a
+// node of role.
+func (s *statusFlags) config(role string) node.StatusConfig {
+	return node.StatusConfig{Role: role, Region: s.region, Every: s.every}
+}
+
 // start publishes the status record of the peer on h through node, with
 // the role's numbers from sample (nil: none), until the returned stop is
-// called. Failed stores are reported on log, once until one succeeds; a
-// peer that cannot publish (see metrics.NewPublisher) runs without.
-func (s *statusFlags) start(ctx context.Context, log io.Writer, h *p2p.Host, node *dht.Node, role string, sample func(*metrics.Status)) (stop func()) {
-	if s.every == 0 {
-		return func() {}
-	}
-	pub, err := metrics.NewPublisher(metrics.PublisherConfig{
-		DHT: node, Peer: h.ID().String(), Role: role, Region: s.region, Period: s.every,
-		Host: metrics.HostStatus(h), Sample: sample,
-	})
-	if err != nil {
-		// E.g. an identity whose peer ID does not embed its key, which
-		// the DHT cannot tell is the record's owner: run without.
-		fmt.Fprintf(log, "status record: %v; not publishing one\n", err)
-		return func() {}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		failing := false
-		for {
-			switch err := pub.Publish(ctx); {
-			case err == nil:
-				failing = false
-			case ctx.Err() == nil && !failing:
-				failing = true
-				fmt.Fprintf(log, "status record: %v (retrying every %v)\n", err, s.every)
-			}
-			if clock.Sleep(ctx, s.every) != nil {
-				return
-			}
-		}
-	}()
-	return func() { cancel(); <-done }
+// called (see node.PublishStatus), for the roles that assemble their own
+// host and DHT node.
+func (s *statusFlags) start(ctx context.Context, log io.Writer, h *p2p.Host, d *dht.Node, role string, sample func(*metrics.Status)) (stop func()) {
+	return node.PublishStatus(ctx, log, h, d, s.config(role), sample)
 }
 
 // statusReport is what `skyhive status --json` prints.

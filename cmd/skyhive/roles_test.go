@@ -5,9 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/launch"
@@ -99,5 +101,67 @@ func TestTrainAveragingShowsPeerErrors(t *testing.T) {
 		"--duration", "20s", "--logs", t.TempDir())
 	if err == nil || !strings.Contains(err.Error(), "mlp-smal") || !strings.Contains(err.Error(), "log ends") {
 		t.Fatalf("got %v, want the peers' error naming the model; output:\n%s", err, out.String())
+	}
+}
+
+// Every field of the configs that run through a command's flags names one
+// of its flags, of a type that takes the field's values: a renamed flag
+// fails here, not in a launched child.
+func TestRoleConfigsNameFlags(t *testing.T) {
+	cases := []struct {
+		role   string
+		newCmd func() *cobra.Command
+		absent []string // fields of shared structs the command has no flag for
+	}{
+		{launch.RoleWorker, newWorkerCmd, []string{"dht", "status_every"}},
+		{launch.RoleDHT, newDHTCmd, nil},
+		{launch.RoleServer, newServerCmd, nil},
+		{launch.RoleMoETrainer, newTrainMoECmd, nil},
+		{launch.RolePipeline, newTrainPipelineCmd, []string{"region"}},
+	}
+	kinds := map[string][]string{
+		"string": {"string"}, "[]string": {"stringSlice"}, "bool": {"bool"}, "int": {"int"}, "int64": {"int64", "int"},
+		"uint64": {"uint64"}, "float64": {"float64"}, "launch.Duration": {"duration"},
+	}
+	for _, c := range cases {
+		cfg, ok := launch.New(c.role)
+		if !ok {
+			t.Fatalf("no role %s", c.role)
+		}
+		fl := c.newCmd().Flags()
+		for name, v := range configFields(reflect.ValueOf(cfg).Elem()) {
+			if name == "gemm" || slices.Contains(c.absent, name) {
+				continue
+			}
+			f := fl.Lookup(strings.ReplaceAll(name, "_", "-"))
+			if f == nil {
+				t.Errorf("%s: field %q names no flag", c.role, name)
+				continue
+			}
+			if want := kinds[v.Type().String()]; !slices.Contains(want, f.Value.Type()) {
+				t.Errorf("%s: field %q is %s, flag --%s is %s", c.role, name, v.Type(), f.Name, f.Value.Type())
+			}
+		}
+	}
+}
+
+// A config file sets the flags its fields name and runs the command: a
+// worker with a config naming no coordinator fails as `skyhive worker`
+// without --join does, and one with a field its command lacks is refused.
+func TestFlagRoleFromFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "w.json")
+	if err := launch.Write(path, launch.Worker{Net: launch.Net{DHT: []string{"/ip4/127.0.0.1/tcp/1/p2p/x"}}, Name: "w0"}); err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	if err := runRoleFile(context.Background(), path, &out, &out); err == nil || !strings.Contains(err.Error(), `"dht" is not an option`) {
+		t.Errorf("worker with a dht: got %v", err)
+	}
+	if err := launch.Write(path, launch.Worker{Name: "w0", Join: "not-an-address", Slowdown: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := runRoleFile(context.Background(), path, &out, &out); err == nil || !strings.Contains(err.Error(), "--join") {
+		t.Errorf("worker with a bad --join: got %v", err)
 	}
 }

@@ -19,7 +19,7 @@ import (
 // coordinator; *pipeline.Coordinator implements it.
 type PipelineCoordinator interface {
 	// JoinAddr prepares the coordinator for a local worker named name in
-	// region ("" for none) and returns the --join address it should use.
+	// region ("" for none) and returns the address it should join at.
 	JoinAddr(name, region string) (string, error)
 	// LiveWorkers is the number of live registered workers.
 	LiveWorkers() int

@@ -603,7 +603,7 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 			return err
 		}
 	}
-	pc := a.peerConfig(fl, lm, dataset, seq, duration)
+	pc := a.launchPeer(fl, lm, dataset, seq, duration)
 	out := cmd.ErrOrStderr()
 	slow := sim.DrawSlowdowns(a.peers, a.slowLo, a.slowHi, a.seed)
 	length := duration.String()
@@ -653,10 +653,10 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 	return err
 }
 
-// peerConfig is the config of every peer the command launches: the
+// launchPeer is the config of every peer the command launches: the
 // command's options with the peer's names, for a run of duration (0: until
 // the steps are done).
-func (a *averagingFlags) peerConfig(fl *pflag.FlagSet, lm bool, dataset string, seq int, duration time.Duration) launch.Peer {
+func (a *averagingFlags) launchPeer(fl *pflag.FlagSet, lm bool, dataset string, seq int, duration time.Duration) launch.Peer {
 	c := launch.Peer{Algo: a.algo, Model: a.model, Duration: launch.Duration(duration), Quiet: true,
 		LR: a.lr, Momentum: a.momentum, Batch: a.batch, Seed: a.seed, DataDir: a.data.dir, Limit: a.data.limit,
 		Codec: a.codec, RoundInterval: launch.Duration(a.interval), RunID: a.runID, GroupSize: a.group, Tau: a.tau,

@@ -6,6 +6,11 @@
 // a child gets on its command line, so a renamed option fails to compile in
 // the launcher instead of failing the child at run time.
 //
+// The roles' configs (Peer, Worker, DHT, Server, MoETrainer, Pipeline)
+// are in this package, which imports no other of Skyhive's, so that every
+// launcher can build them: package swarm launches peers and is imported by
+// the peer's package.
+//
 // A config file is one JSON object:
 //
 //	{"role": "peer", "config": {"algo": "wagma", "min_peers": 4}}

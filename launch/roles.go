@@ -93,7 +93,9 @@ type Peer struct {
 	InnerSteps       int      `json:"inner_steps,omitempty"`
 	WarmupInnerSteps int      `json:"warmup_inner_steps,omitempty"`
 	OuterLR          float64  `json:"outer_lr,omitempty"`
-	// OuterMomentum 0 takes the default; optimizer.NoMomentum is none.
+	// OuterMomentum 0 or optimizer.NoMomentum (-1) is none, as the
+	// flag's 0; since Write leaves a zero out, which then takes the
+	// default, a launcher writes NoMomentum for none.
 	OuterMomentum   float64  `json:"outer_momentum,omitempty"`
 	Fragments       int      `json:"fragments,omitempty"`
 	OverlapSteps    int      `json:"overlap_steps,omitempty"`

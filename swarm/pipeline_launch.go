@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -42,8 +43,9 @@ type PipelineLaunch struct {
 	// Worker is every worker's config (e.g. Steady); LaunchPipelineWorkers
 	// sets its Join, Name, Slowdown, listen address, Region and MemCap.
 	Worker launch.Worker
-	// Dir holds the workers' config files (default: a temporary
-	// directory, removed when the workers are closed).
+	// Dir holds the workers' config files and logs, NAME.launch.json and
+	// NAME.launch.log (default: a temporary directory, removed when the
+	// workers are closed).
 	Dir string
 	// Env is added to the children's environment.
 	Env []string
@@ -63,8 +65,8 @@ func PipelineWorker(base launch.Worker, join, name string, slowdown float64, reg
 	return w
 }
 
-// LaunchPipelineWorkers starts one `skyhive worker --join` process per
-// slowdown on this machine, joined to c over loopback, each once the
+// LaunchPipelineWorkers starts one `skyhive worker` process per slowdown
+// on this machine, joined to c over loopback, each once the
 // previous one has registered, and returns once all of them have. The
 // workers are named w0, w1, … and register in that order.
 func LaunchPipelineWorkers(ctx context.Context, c PipelineCoordinator, cfg PipelineLaunch) (*LocalProcs, error) {
@@ -106,13 +108,17 @@ func LaunchPipelineWorkers(ctx context.Context, c PipelineCoordinator, cfg Pipel
 			return nil, err
 		}
 		w := PipelineWorker(cfg.Worker, join, name, f, region, memCap)
-		if err := l.Start(cfg.Binary, filepath.Join(cfg.Dir, name+".launch.json"), w, cfg.Env, cfg.Output); err != nil {
+		path := filepath.Join(cfg.Dir, name+".launch.json")
+		if err := l.Start(cfg.Binary, path, w, cfg.Env, cfg.Output); err != nil {
 			l.Close()
 			return nil, fmt.Errorf("swarm: start worker %s: %w", name, err)
 		}
 		// One at a time, so the workers register (and are planned, by the
 		// order-keeping strategies) in the order w0, w1, …
 		if err := c.WaitWorkers(wctx, before+i+1); err != nil {
+			if t := launch.Tail(logPath(path), 3); t != "" {
+				err = fmt.Errorf("%w (worker %s's output ends: %s)", err, name, t)
+			}
 			l.Close()
 			return nil, err
 		}
@@ -131,20 +137,31 @@ type LocalProcs struct {
 
 // Start runs binary as a child process with the role config cfg, written
 // at path (`binary @path`), with env added to this process's environment
-// and its stdout and stderr going to out (nil discards them).
+// and its stdout and stderr going to logPath(path) and to out (nil: only
+// the file).
 func (l *LocalProcs) Start(binary, path string, cfg launch.Config, env []string, out io.Writer) error {
 	cmd, err := launch.Command(binary, path, cfg)
 	if err != nil {
 		return fmt.Errorf("swarm: %w", err)
 	}
+	log, err := os.Create(logPath(path))
+	if err != nil {
+		return fmt.Errorf("swarm: %w", err)
+	}
 	cmd.Env = append(cmd.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Stdout, cmd.Stderr = log, log
+	if out != nil {
+		w := io.MultiWriter(log, out)
+		cmd.Stdout, cmd.Stderr = w, w
+	}
 	if err := cmd.Start(); err != nil {
+		log.Close()
 		return fmt.Errorf("swarm: start %s: %w", binary, err)
 	}
 	done := make(chan struct{})
 	go func() {
 		cmd.Wait()
+		log.Close()
 		close(done)
 	}()
 	l.mu.Lock()
@@ -152,6 +169,10 @@ func (l *LocalProcs) Start(binary, path string, cfg launch.Config, env []string,
 	l.mu.Unlock()
 	return nil
 }
+
+// logPath is where Start writes the output of the child whose config is
+// at path: w0.launch.json's in w0.launch.log.
+func logPath(path string) string { return strings.TrimSuffix(path, ".json") + ".log" }
 
 // Len is the number of started processes.
 func (l *LocalProcs) Len() int {

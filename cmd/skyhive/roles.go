@@ -50,12 +50,7 @@ func runRoleFile(ctx context.Context, path string, stdout, stderr io.Writer) err
 	all := roles()
 	run, ok := all[f.Role]
 	if !ok {
-		names := make([]string, 0, len(all))
-		for n := range all {
-			names = append(names, n)
-		}
-		slices.Sort(names)
-		return fmt.Errorf("%s: unknown role %q (want %s)", path, f.Role, strings.Join(names, ", "))
+		return fmt.Errorf("%s: unknown role %q (want %s)", path, f.Role, strings.Join(slices.Sorted(maps.Keys(all)), ", "))
 	}
 	return run(ctx, stdout, stderr, f)
 }

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"flag"
 	"os"
 	"os/signal"
 	"strings"
@@ -10,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/pipeline"
 )
 
@@ -19,29 +18,17 @@ import (
 // skyhive binary.
 const envAsWorker = "SKYHIVE_BENCH_TEST_WORKER"
 
-// workerMain serves as a pipeline worker with the flags of `skyhive
-// worker` that swarm.PipelineWorkerArgs writes, until the coordinator shuts
+// workerMain serves as a launched pipeline worker (the test binary stands
+// in for skyhive, started as "BINARY @FILE"), until the coordinator shuts
 // it down or SIGTERM arrives.
 func workerMain(args []string) int {
-	if len(args) == 0 || args[0] != "worker" {
+	path, ok := launch.FileArg(args)
+	if !ok {
 		return 2
 	}
-	var cfg pipeline.WorkerConfig
-	var listen string
-	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	fs.StringVar(&cfg.Join, "join", "", "")
-	fs.StringVar(&cfg.Name, "name", "", "")
-	fs.Float64Var(&cfg.Slowdown, "slowdown", 1, "")
-	fs.StringVar(&listen, "listen", "/ip4/127.0.0.1/tcp/0", "")
-	fs.StringVar(&cfg.Region, "region", "", "")
-	fs.Int64Var(&cfg.MemCap, "mem-cap", 0, "")
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
-	}
-	cfg.Host = p2p.Config{ListenAddrs: []string{listen}}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := pipeline.RunWorker(ctx, cfg); err != nil && ctx.Err() == nil {
+	if err := pipeline.RunWorkerFile(ctx, path); err != nil && ctx.Err() == nil {
 		return 1
 	}
 	return 0

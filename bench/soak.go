@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/averaging/peer"
+	"github.com/skyhive/skyhive/launch"
 )
 
 // soakSuite runs 8 `skyhive peer` processes with WAGMA for Duration (10
@@ -39,10 +40,10 @@ func runSoak(o Options) ([]Result, error) {
 		return nil, err
 	}
 	o.Logf("soak: %d peers for %v, logs and stats in %s", SoakPeers, d, dir)
-	args := []string{"--algo", "wagma", "--model", "mlp-small", "--duration", d.String(), "--quiet",
-		"--stats-every", "10s", "--eval-examples", "2000"}
+	pc := launch.Peer{Algo: "wagma", Model: "mlp-small", Duration: launch.Duration(d), Quiet: true,
+		StatsEvery: launch.Duration(10 * time.Second), EvalExamples: 2000}
 	res, err := peer.Launch(context.Background(), peer.LaunchConfig{
-		Exe: exe, Peers: SoakPeers, Args: args, Dir: dir, Duration: d, Log: o.Log,
+		Exe: exe, Peers: SoakPeers, Peer: pc, Dir: dir, Duration: d, Log: o.Log,
 	})
 	if err != nil {
 		return nil, err

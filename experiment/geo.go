@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/skyhive/skyhive/bench"
 	"github.com/skyhive/skyhive/chart"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/swarm"
@@ -270,47 +270,38 @@ func geoStatsFile(dir string, k int) string {
 	return filepath.Join(dir, fmt.Sprintf("peer%d.stats.jsonl", k))
 }
 
-// peerArgs are the `skyhive peer` flags of peer k of n for algo (swarm
-// run adds --dht, --listen, --identity, --json, --quiet and --slowdown).
-func (c geoConfig) peerArgs(algo optimizer.Algo, k, n int, statsFile string) []string {
-	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
-	a := []string{
-		"--gemm", "go", "--algo", string(algo), "--matchmaking", geoMatchmaking(algo), "--min-peers", strconv.Itoa(n),
-		"--model", c.Model, "--batch", strconv.Itoa(c.Batch), "--lr", f(c.LR),
-		"--seed", strconv.FormatUint(c.Seed, 10), "--run-id", geoRunID(algo, c.Seed),
-		"--duration", c.Duration.String(), "--eval-every", c.EvalEvery.String(),
-		"--codec", c.codec(algo), "--stats", statsFile,
+// peerConfig is the config of peer k of n for algo (swarm run adds its
+// DHT, listen address, identity, JSON result and slowdown).
+func (c geoConfig) peerConfig(algo optimizer.Algo, k, n int, statsFile string) launch.Peer {
+	p := launch.Peer{
+		Process: launch.Process{GEMM: "go"}, Algo: string(algo), Matchmaking: geoMatchmaking(algo), MinPeers: n,
+		Model: c.Model, Batch: c.Batch, LR: c.LR, Seed: c.Seed, RunID: geoRunID(algo, c.Seed),
+		Duration: launch.Duration(c.Duration), EvalEvery: launch.Duration(c.EvalEvery),
+		Codec: c.codec(algo), Stats: statsFile,
 	}
 	if c.Text {
 		// Every peer reads the same text and learns the same BPE; each
 		// samples its own windows (no shards).
-		a = append(a, "--data", c.Data, "--vocab", strconv.Itoa(c.Vocab), "--corpus-bytes", strconv.Itoa(c.CorpusBytes),
-			"--eval-tokens", strconv.Itoa(c.EvalTokens))
+		p.Data, p.Vocab, p.CorpusBytes, p.EvalTokens = c.Data, c.Vocab, int64(c.CorpusBytes), c.EvalTokens
 	} else {
-		a = append(a, "--momentum", f(c.Momentum), "--shard", fmt.Sprintf("%d/%d", k, n), "--eval-examples", strconv.Itoa(c.EvalExamples))
-		if c.DataDir != "" {
-			a = append(a, "--data-dir", c.DataDir)
-		}
+		p.Momentum, p.Shard, p.EvalExamples, p.DataDir = c.Momentum, fmt.Sprintf("%d/%d", k, n), c.EvalExamples, c.DataDir
 	}
 	switch algo {
 	case optimizer.AllReduce, optimizer.Local:
-		a = append(a, "--period", strconv.Itoa(c.Period))
+		p.Period = c.Period
 	case optimizer.DiLoCo, optimizer.WADiLoCo:
 		h := c.InnerSteps
-		if algo == optimizer.WADiLoCo {
-			h = c.WAInnerSteps
-			a = append(a, "--tau", strconv.Itoa(c.WATau))
-			if c.WAGroupSize > 0 {
-				a = append(a, "--group-size", strconv.Itoa(c.WAGroupSize))
-			}
-		}
 		lr, mom := c.OuterLR, c.OuterMomentum
 		if algo == optimizer.WADiLoCo {
+			h, p.Tau, p.GroupSize = c.WAInnerSteps, c.WATau, c.WAGroupSize
 			lr, mom = c.WAOuterLR, c.WAOuterMomentum
 		}
-		a = append(a, "--inner-steps", strconv.Itoa(h), "--warmup-inner-steps", strconv.Itoa(min(c.WarmupInnerSteps, h)), "--outer-lr", f(lr), "--outer-momentum", f(mom))
+		if mom == 0 {
+			mom = optimizer.NoMomentum // a zero would be left out of the config, taking the default
+		}
+		p.InnerSteps, p.WarmupInnerSteps, p.OuterLR, p.OuterMomentum = h, min(c.WarmupInnerSteps, h), lr, mom
 	}
-	return a
+	return p
 }
 
 // geoMatchmaking is how algo's peers form groups: WAGMA's default, DHT
@@ -341,7 +332,7 @@ func (c geoConfig) spec(algo optimizer.Algo, slow []float64, dir string) (*swarm
 		s.Devices = append(s.Devices, swarm.DeviceClass{
 			Name: fmt.Sprintf("peer%d", k), Count: 1, Role: swarm.RolePeer, Slowdown: slow[k],
 			Regions: []string{c.Regions[k%len(c.Regions)]},
-			Args:    c.peerArgs(algo, k, n, geoStatsFile(dir, k)),
+			Config:  c.peerConfig(algo, k, n, geoStatsFile(dir, k)),
 		})
 	}
 	return s, s.Validate()
@@ -441,11 +432,11 @@ type geoPeer struct {
 type geoRun struct {
 	Algo  string `json:"algo"`
 	Codec string `json:"codec"`
-	// PeerArgs are peer 0's flags (the others differ in --shard, --stats
-	// and the slowdown).
-	PeerArgs    []string `json:"peer_args"`
-	Error       string   `json:"error,omitempty"`
-	WallSeconds float64  `json:"wall_seconds"`
+	// PeerConfig is peer 0's config (the others differ in shard, stats
+	// file and slowdown).
+	PeerConfig  launch.Peer `json:"peer_config"`
+	Error       string      `json:"error,omitempty"`
+	WallSeconds float64     `json:"wall_seconds"`
 	// WithResult counts the peers that left a result.
 	WithResult            int       `json:"peers_with_result"`
 	SecondsToTarget       float64   `json:"seconds_to_target,omitempty"`
@@ -831,7 +822,7 @@ func geoRunAlgo(ctx context.Context, o Options, c geoConfig, algo optimizer.Algo
 		k++
 	}
 	r := geoSummarize(algo, c.codec(algo), in, c.goal())
-	r.PeerArgs = c.peerArgs(algo, 0, len(slow), geoStatsFile(dir, 0))
+	r.PeerConfig = c.peerConfig(algo, 0, len(slow), geoStatsFile(dir, 0))
 	r.WallSeconds = res.Seconds
 	r.Network = res.Network
 	if runErr != nil {

@@ -9,23 +9,37 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/averaging/peer"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/swarm"
 )
 
-// flagValue returns the value after flag in args ("" if absent).
-func flagValue(args []string, flag string) string {
-	i := slices.Index(args, flag)
-	if i < 0 || i+1 >= len(args) {
+// flagValue returns the value of a peer config's field that `skyhive
+// peer` flag names ("" if it is not set).
+func flagValue(cfg launch.Config, flag string) string {
+	b, err := json.Marshal(cfg)
+	if err != nil {
 		return ""
 	}
-	return args[i+1]
+	var m map[string]any
+	if json.Unmarshal(b, &m) != nil {
+		return ""
+	}
+	v, ok := m[strings.ReplaceAll(strings.TrimPrefix(flag, "--"), "-", "_")]
+	if !ok {
+		return ""
+	}
+	if f, ok := v.(float64); ok {
+		return strconv.FormatFloat(f, 'g', -1, 64)
+	}
+	return fmt.Sprint(v)
 }
 
 // TestGeoSpecs: every algorithm's swarm has the same DHT node, peers,
@@ -84,7 +98,7 @@ func TestGeoSpecs(t *testing.T) {
 			if ps.Role != swarm.RolePeer || ps.Slowdown != slow[k] {
 				t.Errorf("%s: peer %d: role %q, slowdown %v (want %v)", algo, k, ps.Role, ps.Slowdown, slow[k])
 			}
-			a := ps.Args
+			a := ps.Config
 			for flag, want := range map[string]string{
 				"--algo": string(algo), "--shard": []string{"0/6", "1/6", "2/6", "3/6", "4/6", "5/6"}[k],
 				"--run-id": geoRunID(algo, 7), "--stats": geoStatsFile(dir, k), "--min-peers": "6",
@@ -109,12 +123,12 @@ func TestGeoSpecs(t *testing.T) {
 		if len(regions) != 3 || regions["us"] != 2 || regions["eu"] != 2 || regions["asia"] != 2 {
 			t.Errorf("%s: peers per region %v, want 2 in each of 3", algo, regions)
 		}
-		a := peers[1].Args
+		a := peers[1].Config
 		switch algo {
 		case optimizer.DiLoCo, optimizer.WADiLoCo:
 			lr, mom := "0.7", "0.9" // DiLoCo's; WA-DiLoCo's global steps average
 			if algo == optimizer.WADiLoCo {
-				lr, mom = "1", "0"
+				lr, mom = "1", "-1" // optimizer.NoMomentum
 			}
 			if flagValue(a, "--inner-steps") != "250" || flagValue(a, "--outer-lr") != lr || flagValue(a, "--outer-momentum") != mom || flagValue(a, "--codec") != "uniform8" {
 				t.Errorf("%s: %v", algo, a)
@@ -140,7 +154,7 @@ func TestGeoSpecs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if flagValue(spec.Peers()[1].Args, "--data-dir") != "" {
+	if flagValue(spec.Peers()[1].Config, "--data-dir") != "" {
 		t.Error("--data-dir given without a data directory")
 	}
 }
@@ -511,7 +525,7 @@ func TestGeoLMSpecs(t *testing.T) {
 		if !strings.HasPrefix(spec.Name, geoLMName+"-") {
 			t.Errorf("%s: swarm %q", algo, spec.Name)
 		}
-		a := spec.Peers()[1].Args
+		a := spec.Peers()[1].Config
 		for flag, want := range map[string]string{"--model": "gpt:2x64:512x32", "--data": "gcide", "--vocab": "512",
 			"--corpus-bytes": "524288", "--eval-tokens": "8192", "--batch": "8", "--lr": "0.003"} {
 			if got := flagValue(a, flag); got != want {

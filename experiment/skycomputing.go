@@ -14,6 +14,7 @@ import (
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/chart"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/skyhive/skyhive/profile"
 	"github.com/skyhive/skyhive/stats"
@@ -76,15 +77,15 @@ type skyConfig struct {
 	// extrapolation.
 	OptimalLimit time.Duration
 	// Binary is the skyhive executable the workers run; Env is added to
-	// their environment and WorkerArgs to their command line. The defaults
-	// make every worker an emulated device of steady speed on one thread:
-	// --steady emulates the median busy time of each op's recent
+	// their environment and Worker is their config. The defaults make
+	// every worker an emulated device of steady speed on one thread:
+	// Steady emulates the median busy time of each op's recent
 	// executions, not this one's (pipeline.WorkerConfig.Steady), and one
 	// thread per worker (GOMAXPROCS=1, OPENBLAS_NUM_THREADS=1) keeps an
 	// op's busy time its own CPU time.
-	Binary     string
-	Env        []string
-	WorkerArgs []string
+	Binary string
+	Env    []string
+	Worker launch.Worker
 }
 
 // skyWarmup iterations of the even plan run before skyCalibrationIters
@@ -111,7 +112,7 @@ func skyDefaults(quick bool) skyConfig {
 		Workers: []int{4, 8, 16}, Layers: []int{8, 24, 48}, Hidden: 64,
 		MicroPerWorker: 2, MicroSize: 2, Base: 9, MaxSlowdown: 6, Rounds: 5, ProfileReps: 5,
 		PointTimeout: 15 * time.Minute, ExtraWorkers: 64, ExtraLayers: 160, OptimalLimit: 20 * time.Second,
-		Env: []string{"OPENBLAS_NUM_THREADS=1", "GOMAXPROCS=1"}, WorkerArgs: []string{"--steady"},
+		Env: []string{"OPENBLAS_NUM_THREADS=1", "GOMAXPROCS=1"}, Worker: launch.Worker{Steady: true},
 	}
 	if quick {
 		c.Workers, c.Layers, c.Rounds = []int{4, 8}, []int{8}, 3
@@ -422,7 +423,7 @@ func skyRun(ctx context.Context, o Options, cfg skyConfig) (*skyResults, error) 
 		"hidden": cfg.Hidden, "micro_batches_per_worker": cfg.MicroPerWorker, "micro_batch_size": cfg.MicroSize, "schedule": pipeline.OneFOneB.String(),
 		"base_slowdown": cfg.Base, "max_slowdown": cfg.MaxSlowdown, "rounds": cfg.Rounds, "profile_reps": cfg.ProfileReps,
 		"optimizer": "adamw", "data": "gaussian blobs, 784 features", "seed": o.Seed, "strategies": skyStrategies,
-		"worker_args": cfg.WorkerArgs, "worker_env": cfg.Env, "warmup_iterations": skyWarmup,
+		"worker_config": cfg.Worker, "worker_env": cfg.Env, "warmup_iterations": skyWarmup,
 		"calibration_iterations": skyCalibrationIters, "plan_warmup_iterations": skyPlanWarmup,
 	}}
 	var ref []float64 // reference FLOP/s estimates (speed × slowdown) of the last point
@@ -477,7 +478,7 @@ func skyMeasurePoint(ctx context.Context, o Options, cfg skyConfig, workers, lay
 	o.Logf("sky-computing %s: %s, %d workers, slowdowns ×%.0f of %s", name, pt.Model, workers, cfg.Base, fmtFactors(pt.Slowdowns))
 
 	sc, err := pipeline.StartScenario(ctx, pipeline.ScenarioConfig{
-		Binary: cfg.Binary, Slowdowns: slow, WorkerArgs: cfg.WorkerArgs, Env: cfg.Env, WorkerOutput: o.Log,
+		Binary: cfg.Binary, Slowdowns: slow, Worker: cfg.Worker, Env: cfg.Env, WorkerOutput: o.Log,
 	})
 	if err != nil {
 		return nil, nil, alloc.Link{}, err

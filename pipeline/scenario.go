@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/swarm"
 )
 
@@ -29,10 +30,11 @@ type ScenarioConfig struct {
 	// Regions, if set, has one region of Coordinator.Network per local
 	// worker.
 	Regions []string
-	// WorkerArgs are added to every worker's command line and Env to its
-	// environment.
-	WorkerArgs []string
-	Env        []string
+	// Worker is every local worker's config (e.g. Steady); the launch sets
+	// its join address, name, slowdown, region and memory cap. Env is added
+	// to the workers' environment.
+	Worker launch.Worker
+	Env    []string
 	// WorkerOutput receives the workers' stdout and stderr (nil discards
 	// them).
 	WorkerOutput io.Writer
@@ -103,7 +105,7 @@ func (sc *Scenario) Launch(ctx context.Context) error {
 	}
 	local, err := swarm.LaunchPipelineWorkers(ctx, sc.c, swarm.PipelineLaunch{
 		Binary: sc.cfg.Binary, Slowdowns: sc.cfg.Slowdowns, MemCaps: sc.cfg.MemCaps, Regions: sc.cfg.Regions,
-		Args: sc.cfg.WorkerArgs, Env: sc.cfg.Env, Output: sc.cfg.WorkerOutput,
+		Worker: sc.cfg.Worker, Env: sc.cfg.Env, Output: sc.cfg.WorkerOutput,
 	})
 	if err != nil {
 		return fmt.Errorf("pipeline: launching local workers: %w", err)

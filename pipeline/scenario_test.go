@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"flag"
 	"os"
 	"os/signal"
 	"slices"
@@ -11,7 +10,7 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/data"
-	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/launch"
 )
 
 // envAsWorker makes the test binary act as `skyhive worker`, so that the
@@ -19,30 +18,17 @@ import (
 // skyhive binary.
 const envAsWorker = "SKYHIVE_PIPELINE_TEST_WORKER"
 
-// workerMain serves as a pipeline worker with the flags of `skyhive
-// worker` that swarm.PipelineWorkerArgs writes, until the coordinator shuts
+// workerMain serves as a launched pipeline worker (the test binary stands
+// in for skyhive, started as "BINARY @FILE"), until the coordinator shuts
 // it down or SIGTERM arrives.
 func workerMain(args []string) int {
-	if len(args) == 0 || args[0] != "worker" {
+	path, ok := launch.FileArg(args)
+	if !ok {
 		return 2
 	}
-	var cfg WorkerConfig
-	var listen string
-	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	fs.StringVar(&cfg.Join, "join", "", "")
-	fs.StringVar(&cfg.Name, "name", "", "")
-	fs.Float64Var(&cfg.Slowdown, "slowdown", 1, "")
-	fs.BoolVar(&cfg.Steady, "steady", false, "")
-	fs.StringVar(&listen, "listen", "/ip4/127.0.0.1/tcp/0", "")
-	fs.StringVar(&cfg.Region, "region", "", "")
-	fs.Int64Var(&cfg.MemCap, "mem-cap", 0, "")
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
-	}
-	cfg.Host = p2p.Config{ListenAddrs: []string{listen}}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := RunWorker(ctx, cfg); err != nil && ctx.Err() == nil {
+	if err := RunWorkerFile(ctx, path); err != nil && ctx.Err() == nil {
 		return 1
 	}
 	return 0
@@ -63,7 +49,7 @@ func TestScenario(t *testing.T) {
 	defer cancel()
 	sc, err := StartScenario(ctx, ScenarioConfig{
 		Binary: exe, Slowdowns: []float64{1, 3, 1}, Env: []string{envAsWorker + "=1", "GOMAXPROCS=1"},
-		WorkerArgs: []string{"--steady"},
+		Worker: launch.Worker{Steady: true},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/skyhive/skyhive/launch"
 )
 
 // RunFunc is a goroutine peer's body. It should return when ctx ends (the
@@ -81,6 +83,10 @@ type Processes struct {
 	Path string
 	// Args returns the arguments for a peer (may be nil).
 	Args func(p *Peer) []string
+	// Config, if set instead of Args, returns the typed config of a
+	// skyhive role for a peer: it is written to Dir/NAME.launch.json and
+	// the child started as `Path @FILE` (see package launch).
+	Config func(p *Peer) launch.Config
 	// Env returns extra environment entries "K=V" for a peer (may be nil).
 	Env func(p *Peer) []string
 	// Dir holds logs, control and metrics files; it is created if needed.
@@ -138,24 +144,18 @@ func (pr *Processes) launch(ctx context.Context, p *Peer) (instance, error) {
 			return nil, err
 		}
 	}
-	var args []string
-	if pr.Args != nil {
-		args = pr.Args(p)
-	}
-	path := pr.Path
-	if pr.Wrap != nil {
-		if w := pr.Wrap(p); len(w) > 0 {
-			path, args = w[0], append(append(w[1:len(w):len(w)], pr.Path), args...)
-		}
-	}
-	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = stdout, log
 	closeOutput := func() {
 		log.Close()
 		if stdout != log {
 			stdout.Close()
 		}
 	}
+	cmd, err := pr.command(p, base)
+	if err != nil {
+		closeOutput()
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = stdout, log
 	cmd.Env = append(os.Environ(),
 		EnvName+"="+p.Name,
 		EnvIndex+"="+strconv.Itoa(p.Index),
@@ -193,6 +193,32 @@ func (pr *Processes) launch(ctx context.Context, p *Peer) (instance, error) {
 		}
 	}
 	return pi, nil
+}
+
+// command returns the command that starts peer p, whose files start with
+// base.
+func (pr *Processes) command(p *Peer, base string) (*exec.Cmd, error) {
+	var cmd *exec.Cmd
+	switch {
+	case pr.Config != nil && pr.Args != nil:
+		return nil, errors.New("swarm: Processes has both Args and Config")
+	case pr.Config != nil:
+		c, err := launch.Command(pr.Path, base+".launch.json", pr.Config(p))
+		if err != nil {
+			return nil, fmt.Errorf("swarm: %s: %w", p.Name, err)
+		}
+		cmd = c
+	case pr.Args != nil:
+		cmd = exec.Command(pr.Path, pr.Args(p)...)
+	default:
+		cmd = exec.Command(pr.Path)
+	}
+	if pr.Wrap != nil {
+		if w := pr.Wrap(p); len(w) > 0 {
+			cmd = exec.Command(w[0], append(w[1:len(w):len(w)], cmd.Args...)...)
+		}
+	}
+	return cmd, nil
 }
 
 type processInstance struct {

@@ -5,18 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
-	"strconv"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/skyhive/skyhive/launch"
 )
 
 // PipelineCoordinator is what LaunchPipelineWorkers needs from a pipeline
 // coordinator; *pipeline.Coordinator implements it.
 type PipelineCoordinator interface {
 	// JoinAddr prepares the coordinator for a local worker named name in
-	// region ("" for none) and returns the --join address it should use.
+	// region ("" for none) and returns the address it should join at.
 	JoinAddr(name, region string) (string, error)
 	// LiveWorkers is the number of live registered workers.
 	LiveWorkers() int
@@ -36,8 +40,13 @@ type PipelineLaunch struct {
 	// the coordinator emulates links: the workers then join and talk
 	// through its netem routes).
 	Regions []string
-	// Args are extra arguments for every `skyhive worker`.
-	Args []string
+	// Worker is every worker's config (e.g. Steady); LaunchPipelineWorkers
+	// sets its Join, Name, Slowdown, listen address, Region and MemCap.
+	Worker launch.Worker
+	// Dir holds the workers' config files and logs, NAME.launch.json and
+	// NAME.launch.log (default: a temporary directory, removed when the
+	// workers are closed).
+	Dir string
 	// Env is added to the children's environment.
 	Env []string
 	// Output receives the children's stdout and stderr (nil discards).
@@ -47,22 +56,17 @@ type PipelineLaunch struct {
 	JoinTimeout time.Duration
 }
 
-// PipelineWorkerArgs is the command line, after the executable, of a
-// `skyhive worker` named name that joins at join on loopback. region ""
-// and memCap 0 are left out.
-func PipelineWorkerArgs(join, name string, slowdown float64, region string, memCap int64) []string {
-	args := []string{"worker", "--join", join, "--name", name, "--slowdown", strconv.FormatFloat(slowdown, 'g', -1, 64), "--listen", "/ip4/127.0.0.1/tcp/0"}
-	if region != "" {
-		args = append(args, "--region", region)
-	}
-	if memCap > 0 {
-		args = append(args, "--mem-cap", strconv.FormatInt(memCap, 10))
-	}
-	return args
+// PipelineWorker is the config of a worker named name, from base, that
+// joins at join on loopback. region "" and memCap 0 are left out.
+func PipelineWorker(base launch.Worker, join, name string, slowdown float64, region string, memCap int64) launch.Worker {
+	w := base
+	w.Join, w.Name, w.Slowdown, w.Listen = join, name, slowdown, []string{"/ip4/127.0.0.1/tcp/0"}
+	w.Region, w.MemCap = region, memCap
+	return w
 }
 
-// LaunchPipelineWorkers starts one `skyhive worker --join` process per
-// slowdown on this machine, joined to c over loopback, each once the
+// LaunchPipelineWorkers starts one `skyhive worker` process per slowdown
+// on this machine, joined to c over loopback, each once the
 // previous one has registered, and returns once all of them have. The
 // workers are named w0, w1, … and register in that order.
 func LaunchPipelineWorkers(ctx context.Context, c PipelineCoordinator, cfg PipelineLaunch) (*LocalProcs, error) {
@@ -78,10 +82,17 @@ func LaunchPipelineWorkers(ctx context.Context, c PipelineCoordinator, cfg Pipel
 	if cfg.JoinTimeout <= 0 {
 		cfg.JoinTimeout = 30 * time.Second
 	}
+	l := &LocalProcs{}
+	if cfg.Dir == "" {
+		dir, err := os.MkdirTemp("", "skyhive-workers-")
+		if err != nil {
+			return nil, fmt.Errorf("swarm: %w", err)
+		}
+		cfg.Dir, l.tmp = dir, dir
+	}
 	before := c.LiveWorkers()
 	wctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
 	defer cancel()
-	l := &LocalProcs{}
 	for i, f := range cfg.Slowdowns {
 		name := fmt.Sprintf("w%d", i)
 		region, memCap := "", int64(0)
@@ -96,14 +107,18 @@ func LaunchPipelineWorkers(ctx context.Context, c PipelineCoordinator, cfg Pipel
 			l.Close()
 			return nil, err
 		}
-		args := append(PipelineWorkerArgs(join, name, f, region, memCap), cfg.Args...)
-		if err := l.Start(cfg.Binary, args, cfg.Env, cfg.Output); err != nil {
+		w := PipelineWorker(cfg.Worker, join, name, f, region, memCap)
+		path := filepath.Join(cfg.Dir, name+".launch.json")
+		if err := l.Start(cfg.Binary, path, w, cfg.Env, cfg.Output); err != nil {
 			l.Close()
 			return nil, fmt.Errorf("swarm: start worker %s: %w", name, err)
 		}
 		// One at a time, so the workers register (and are planned, by the
 		// order-keeping strategies) in the order w0, w1, …
 		if err := c.WaitWorkers(wctx, before+i+1); err != nil {
+			if t := launch.Tail(logPath(path), 3); t != "" {
+				err = fmt.Errorf("%w (worker %s's output ends: %s)", err, name, t)
+			}
 			l.Close()
 			return nil, err
 		}
@@ -114,24 +129,39 @@ func LaunchPipelineWorkers(ctx context.Context, c PipelineCoordinator, cfg Pipel
 // LocalProcs are child processes on this machine, indexed in the order
 // they were started. Its methods are safe for concurrent use.
 type LocalProcs struct {
+	tmp  string // a directory of config files to remove on Close ("": none)
 	mu   sync.Mutex
 	cmds []*exec.Cmd
 	done []chan struct{}
 }
 
-// Start runs binary with args as a child process, with env added to this
-// process's environment and its stdout and stderr going to out (nil
-// discards them).
-func (l *LocalProcs) Start(binary string, args, env []string, out io.Writer) error {
-	cmd := exec.Command(binary, args...)
+// Start runs binary as a child process with the role config cfg, written
+// at path (`binary @path`), with env added to this process's environment
+// and its stdout and stderr going to logPath(path) and to out (nil: only
+// the file).
+func (l *LocalProcs) Start(binary, path string, cfg launch.Config, env []string, out io.Writer) error {
+	cmd, err := launch.Command(binary, path, cfg)
+	if err != nil {
+		return fmt.Errorf("swarm: %w", err)
+	}
+	log, err := os.Create(logPath(path))
+	if err != nil {
+		return fmt.Errorf("swarm: %w", err)
+	}
 	cmd.Env = append(cmd.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Stdout, cmd.Stderr = log, log
+	if out != nil {
+		w := io.MultiWriter(log, out)
+		cmd.Stdout, cmd.Stderr = w, w
+	}
 	if err := cmd.Start(); err != nil {
+		log.Close()
 		return fmt.Errorf("swarm: start %s: %w", binary, err)
 	}
 	done := make(chan struct{})
 	go func() {
 		cmd.Wait()
+		log.Close()
 		close(done)
 	}()
 	l.mu.Lock()
@@ -139,6 +169,10 @@ func (l *LocalProcs) Start(binary string, args, env []string, out io.Writer) err
 	l.mu.Unlock()
 	return nil
 }
+
+// logPath is where Start writes the output of the child whose config is
+// at path: w0.launch.json's in w0.launch.log.
+func logPath(path string) string { return strings.TrimSuffix(path, ".json") + ".log" }
 
 // Len is the number of started processes.
 func (l *LocalProcs) Len() int {
@@ -192,6 +226,9 @@ func (l *LocalProcs) Close() error {
 			<-dones[i]
 		}
 		t.Stop()
+	}
+	if l.tmp != "" {
+		return os.RemoveAll(l.tmp)
 	}
 	return nil
 }

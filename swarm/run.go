@@ -19,6 +19,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/admission"
@@ -212,11 +213,14 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 			return nil, err
 		}
 	}
-	argsOf := roleArgs(rps, secret)
+	configOf, err := roleConfigs(rps, secret)
+	if err != nil {
+		return nil, err
+	}
 	pr := &Processes{
 		Path: cfg.Binary, Dir: cfg.Dir, SplitStdout: true,
-		Args: func(p *Peer) []string { return argsOf[p.Name] },
-		Env:  func(*Peer) []string { return cfg.Env },
+		Config: func(p *Peer) launch.Config { return configOf[p.Name] },
+		Env:    func(*Peer) []string { return cfg.Env },
 		Ready: func(ctx context.Context, p *Peer, exited <-chan struct{}) error {
 			if !needsReady(p.Role) {
 				return nil
@@ -392,9 +396,10 @@ func checkOrder(peers []PeerSpec) error {
 	return nil
 }
 
-// roleArgs returns every peer's command line (after the binary); secret,
-// if set, closes the swarm to all but the strangers.
-func roleArgs(rps []runPeer, secret string) map[string][]string {
+// roleConfigs returns every peer's config: its class's, with the fields
+// that connect it set; secret, if set, closes the swarm to all but the
+// strangers.
+func roleConfigs(rps []runPeer, secret string) (map[string]launch.Config, error) {
 	var seeds, relays []string
 	var coord string
 	workers := 0
@@ -413,47 +418,72 @@ func roleArgs(rps []runPeer, secret string) map[string][]string {
 			}
 		}
 	}
-	out := map[string][]string{}
+	out := map[string]launch.Config{}
 	for _, rp := range rps {
 		p := rp.spec
-		var a []string
-		switch p.Role {
-		case RoleDHT:
-			a = []string{"dht"}
-		case RoleRelay:
-			a = []string{"dht", "--relay-service", "--reachability", "public"}
-		case RoleServer:
-			a = []string{"server", "--dht", strings.Join(seeds, ",")}
-		case RoleTrainer:
-			a = []string{"train", "moe", "--dht", strings.Join(seeds, ","), "--json"}
-		case RolePeer:
-			a = []string{"peer", "--dht", strings.Join(seeds, ","), "--json", "--quiet"}
-		case RoleCoordinator:
-			a = []string{"train", "pipeline", "--join-wait", strconv.Itoa(workers), "--json"}
-			if len(seeds) > 0 {
-				// Only to publish its status record (skyhive status, dashboard).
-				a = append(a, "--dht", strings.Join(seeds, ","))
-			}
-		case RoleWorker:
-			a = []string{"worker", "--join", coord, "--name", p.Name}
+		cfg := p.Config
+		if cfg == nil {
+			cfg = roleConfig(p.Role)
+		}
+		net, proc := connect(cfg, p, seeds, coord, workers)
+		if net == nil {
+			return nil, fmt.Errorf("swarm: %s: no config for role %q", p.Name, p.Role)
 		}
 		if p.Region != "" && p.Role != RoleCoordinator {
 			// Workers plan by region; the others show it in their status records.
-			a = append(a, "--region", p.Region)
+			proc.Region = p.Region
 		}
-		a = append(a, "--listen", fmt.Sprintf("/ip4/%s/tcp/%d", rp.ip, rp.port), "--identity", rp.key)
+		net.Listen, net.Identity = []string{fmt.Sprintf("/ip4/%s/tcp/%d", rp.ip, rp.port)}, rp.key
 		if p.NAT {
-			a = append(a, "--relay", strings.Join(relays, ","), "--reachability", "private")
+			net.Relays, net.Reachability = relays, "private"
 		}
 		if secret != "" && !p.Stranger {
-			a = append(a, "--swarm-secret", secret)
+			net.SwarmSecret = secret
 		}
-		if p.Slowdown != 1 && (p.Role == RolePeer || p.Role == RoleWorker) {
-			a = append(a, "--slowdown", strconv.FormatFloat(p.Slowdown, 'g', -1, 64))
-		}
-		out[p.Name] = append(a, p.Args...)
+		out[p.Name] = cfg
 	}
-	return out
+	return out, nil
+}
+
+// connect sets the role-specific fields of cfg, a pointer to the config of
+// peer p's role, that join it to the swarm, and returns its network and
+// process options for the fields every role has (nil for a config of no
+// role).
+func connect(cfg launch.Config, p PeerSpec, seeds []string, coord string, workers int) (*launch.Net, *launch.Process) {
+	slow := 0.0
+	if p.Slowdown != 1 {
+		slow = p.Slowdown
+	}
+	switch c := cfg.(type) {
+	case *launch.DHT:
+		if p.Role == RoleRelay {
+			c.RelayService, c.Reachability = true, "public"
+		}
+		return &c.Net, &c.Process
+	case *launch.Server:
+		c.DHT = seeds
+		return &c.Net, &c.Process
+	case *launch.MoETrainer:
+		c.DHT, c.JSON = seeds, true
+		return &c.Net, &c.Process
+	case *launch.Peer:
+		c.DHT, c.JSON, c.Quiet = seeds, true, true
+		if slow != 0 {
+			c.Slowdown = slow
+		}
+		return &c.Net, &c.Process
+	case *launch.Pipeline:
+		// The DHT only to publish its status record (skyhive status, dashboard).
+		c.JoinWait, c.JSON, c.DHT = workers, true, seeds
+		return &c.Net, &c.Process
+	case *launch.Worker:
+		c.Join, c.Name = coord, p.Name
+		if slow != 0 {
+			c.Slowdown = slow
+		}
+		return &c.Net, &c.Process
+	}
+	return nil, nil
 }
 
 // needsReady tells whether a role's peer must listen before the next one

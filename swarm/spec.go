@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/netem"
 )
 
@@ -61,10 +62,15 @@ type DeviceClass struct {
 	// Role is what Run starts for each peer of the class (see the Role
 	// constants); empty for swarms of goroutines or custom launchers.
 	Role string `json:"role"`
-	// Args are extra command-line arguments for the role's command; in
-	// each, "{i}" is replaced by the peer's index in its class and "{n}" by
-	// the class's count (e.g. "--shard", "{i}/{n}").
-	Args []string `json:"args"`
+	// Config is the typed config of the role's process (a launch.Peer for
+	// RolePeer, launch.Server for RoleServer, launch.DHT for RoleDHT and
+	// RoleRelay, launch.MoETrainer for RoleTrainer, launch.Pipeline for
+	// RoleCoordinator, launch.Worker for RoleWorker; nil: the role's
+	// defaults). Run sets the fields that connect the peer (see
+	// RunnerFields). In its strings "{i}" is replaced by the peer's index
+	// in its class and "{n}" by the class's count (e.g. Shard "{i}/{n}").
+	// In a spec file it is the class's "config" object.
+	Config launch.Config `json:"-"`
 	// Start delays the class's launch: its peers join late.
 	Start time.Duration `json:"-"`
 	// NAT puts the class's peers behind a NAT that accepts no inbound
@@ -142,10 +148,12 @@ type PeerSpec struct {
 	Slowdown    float64
 	MemoryBytes int64
 	Role        string
-	Args        []string
-	Start       time.Duration
-	NAT         bool
-	Stranger    bool
+	// Config is the class's config with "{i}" and "{n}" replaced (nil:
+	// none).
+	Config   launch.Config
+	Start    time.Duration
+	NAT      bool
+	Stranger bool
 	// ClassIndex and ClassCount place the peer in its class: it is peer
 	// ClassIndex of ClassCount.
 	ClassIndex, ClassCount int
@@ -175,7 +183,7 @@ func (s *Spec) Peers() []PeerSpec {
 				Slowdown:    slow,
 				MemoryBytes: c.MemoryMB << 20,
 				Role:        c.Role,
-				Args:        classArgs(c.Args, i, c.Count),
+				Config:      classConfig(c.Config, i, c.Count),
 				ClassIndex:  i,
 				ClassCount:  c.Count,
 				Start:       c.Start,
@@ -228,7 +236,7 @@ func (s *Spec) Validate() error {
 		case c.Stranger && !s.Closed:
 			return fmt.Errorf(`%s: "stranger" needs "closed": true (in an open swarm everyone is welcome)`, where)
 		}
-		if err := checkArgs(c.Args); err != nil {
+		if err := checkConfig(c.Role, c.Config); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}
 		classes[c.Name] = true
@@ -274,28 +282,63 @@ func checkRoles(roles map[string]int, nat bool) error {
 	return nil
 }
 
-// classArgs returns a class's args for its peer i of n: "{i}" becomes i
-// and "{n}" becomes n (e.g. "--shard", "{i}/{n}").
-func classArgs(args []string, i, n int) []string {
-	if args == nil {
+// roleConfig returns a pointer to a zero config of the launch role that a
+// swarm role runs, or nil for no role.
+func roleConfig(role string) launch.Config {
+	name := map[string]string{
+		RoleDHT: launch.RoleDHT, RoleRelay: launch.RoleDHT, RoleServer: launch.RoleServer, RoleTrainer: launch.RoleMoETrainer,
+		RolePeer: launch.RolePeer, RoleCoordinator: launch.RolePipeline, RoleWorker: launch.RoleWorker,
+	}[role]
+	c, _ := launch.New(name)
+	return c
+}
+
+// classConfig returns a class's config for its peer i of n: "{i}" becomes
+// i and "{n}" becomes n in its strings. It returns a pointer to a copy.
+func classConfig(cfg launch.Config, i, n int) launch.Config {
+	if cfg == nil {
 		return nil
 	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return cfg // checkConfig refuses it
+	}
 	r := strings.NewReplacer("{i}", strconv.Itoa(i), "{n}", strconv.Itoa(n))
-	out := make([]string, len(args))
-	for k, a := range args {
-		out[k] = r.Replace(a)
+	out, ok := launch.New(cfg.Role())
+	if !ok || json.Unmarshal([]byte(r.Replace(string(b))), out) != nil {
+		return cfg
 	}
 	return out
 }
 
-// runnerFlags are set by Run for every peer; a spec may not set them.
-var runnerFlags = []string{"--listen", "--identity", "--dht", "--bootstrap", "--join", "--join-wait", "--relay", "--json", "--name", "--region", "--swarm-secret", "--swarm-key", "--member-token"}
+// RunnerFields are the config fields (by JSON name) that Run sets for
+// every peer; a spec may not set them.
+var RunnerFields = []string{"listen", "identity", "dht", "relay", "json", "join", "join_wait", "name", "region", "swarm_secret", "swarm_key", "member_token"}
 
-func checkArgs(args []string) error {
-	for _, a := range args {
-		name, _, _ := strings.Cut(a, "=")
-		if slices.Contains(runnerFlags, name) {
-			return fmt.Errorf("args: %s is set by swarm run for every peer; leave it out", name)
+// checkConfig checks a class's config: of the role's type, encodable, and
+// leaving RunnerFields to Run.
+func checkConfig(role string, cfg launch.Config) error {
+	if cfg == nil {
+		return nil
+	}
+	want := roleConfig(role)
+	if want == nil {
+		return errors.New("config: a class with a config needs a role")
+	}
+	if cfg.Role() != want.Role() {
+		return fmt.Errorf("config: a %s config for role %s (want %s)", cfg.Role(), role, want.Role())
+	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	var set map[string]json.RawMessage
+	if err := json.Unmarshal(b, &set); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	for _, f := range RunnerFields {
+		if _, ok := set[f]; ok {
+			return fmt.Errorf("config: %q is set by swarm run for every peer; leave it out", f)
 		}
 	}
 	return nil
@@ -433,7 +476,8 @@ type specJSON struct {
 
 type classJSON struct {
 	DeviceClass
-	Start string `json:"start"`
+	Start  string          `json:"start"`
+	Config json.RawMessage `json:"config"`
 }
 
 type failureJSON struct {
@@ -476,6 +520,16 @@ func ParseSpec(data []byte, dir string) (*Spec, error) {
 	}
 	for i, cj := range sj.Devices {
 		c := cj.DeviceClass
+		if len(cj.Config) > 0 && string(cj.Config) != "null" {
+			cfg := roleConfig(c.Role)
+			if cfg == nil {
+				return nil, fmt.Errorf("swarm: spec: devices[%d]: \"config\" needs a known \"role\", got %q", i, c.Role)
+			}
+			if err := (launch.File{Role: cfg.Role(), Config: cj.Config}).Decode(cfg); err != nil {
+				return nil, fmt.Errorf("swarm: spec: devices[%d]: \"config\": %w", i, err)
+			}
+			c.Config = cfg
+		}
 		if cj.Start != "" {
 			var err error
 			if c.Start, err = time.ParseDuration(cj.Start); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/swarm"
 )
@@ -26,9 +27,9 @@ type LaunchConfig struct {
 	Peers int
 	// Slowdowns gives each peer's emulated slowdown (nil: real speed).
 	Slowdowns []float64
-	// Args are passed to every `skyhive peer` (algorithm, model, duration,
-	// ...); --dht, --listen, --slowdown, --stats and --min-peers are added.
-	Args []string
+	// Peer is every peer's config (algorithm, model, duration, ...); Launch
+	// sets its DHT, listen address, slowdown, stats file and MinPeers.
+	Peer launch.Peer
 	// Dir holds each peer's log and stats file.
 	Dir string
 	// Duration is how long the peers run (they stop themselves); the
@@ -99,11 +100,11 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Launched, error) {
 	stats := func(p *swarm.Peer) string { return StatsFile(cfg.Dir, p.Index) }
 	pr := &swarm.Processes{
 		Path: cfg.Exe, Dir: cfg.Dir,
-		Args: func(p *swarm.Peer) []string {
-			a := append([]string{"peer", "--dht", out.DHT, "--listen", "/ip4/127.0.0.1/tcp/0",
-				"--slowdown", strconv.FormatFloat(p.Device.Slowdown(), 'g', -1, 64),
-				"--stats", stats(p), "--min-peers", strconv.Itoa(cfg.Peers)}, cfg.Args...)
-			return a
+		Config: func(p *swarm.Peer) launch.Config {
+			c := cfg.Peer
+			c.DHT, c.Listen = []string{out.DHT}, []string{"/ip4/127.0.0.1/tcp/0"}
+			c.Slowdown, c.Stats, c.MinPeers = p.Device.Slowdown(), stats(p), cfg.Peers
+			return c
 		},
 	}
 	for i := range cfg.Peers {
@@ -127,7 +128,11 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Launched, error) {
 	for _, p := range sw.Peers() {
 		r, err := ReadFinal(stats(p))
 		if err != nil {
-			werr = errors.Join(werr, fmt.Errorf("%s: %w (log: %s)", p.Name, err, filepath.Join(cfg.Dir, p.Name+".log")))
+			log := filepath.Join(cfg.Dir, p.Name+".log")
+			if t := launch.Tail(log, 3); t != "" {
+				err = fmt.Errorf("%w; its log ends: %s", err, t)
+			}
+			werr = errors.Join(werr, fmt.Errorf("%s: %w (log: %s)", p.Name, err, log))
 			continue
 		}
 		out.Peers = append(out.Peers, r)

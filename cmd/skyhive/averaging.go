@@ -23,6 +23,7 @@ import (
 	"github.com/skyhive/skyhive/averaging/sim"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/p2p"
@@ -30,21 +31,13 @@ import (
 	"github.com/skyhive/skyhive/wire"
 )
 
-// peerFlags are the options of `skyhive peer`.
+// peerFlags are the options of `skyhive peer`: most are the fields of its
+// typed config (launch.Peer), and config turns the rest into it.
 type peerFlags struct {
-	cfg    peer.Config
-	net    connectFlags
-	algo   string
-	match  string
-	codec  string
-	aggr   string
-	shard  string
-	stats  string
-	asJSON bool
-	quiet  bool
-	lm     averagingLMFlags
-	status statusFlags
-
+	cfg     launch.Peer
+	net     connectFlags
+	lm      averagingLMFlags
+	status  statusFlags
 	metrics metricsFlags
 }
 
@@ -59,6 +52,9 @@ type averagingLMFlags struct {
 	weightDecay float64
 }
 
+// lmWeightDecay is the default --weight-decay of averaging peers.
+const lmWeightDecay = 0.01
+
 // averagingLMOnly name the flags averagingLMFlags adds, which image models
 // refuse; averagingImageOnly those that language models refuse.
 var (
@@ -71,7 +67,7 @@ func (l *averagingLMFlags) register(fl *pflag.FlagSet) {
 	l.lmDataFlags.register(fl, 0)
 	fl.IntVar(&l.warmup, "warmup", int(lmDefaults.Warmup), "language models: linear learning-rate warm-up steps")
 	fl.Float64Var(&l.clip, "clip", lmDefaults.ClipNorm, "language models: global norm clip of the (averaged) gradients (0 disables)")
-	fl.Float64Var(&l.weightDecay, "weight-decay", 0.01, "language models: AdamW decoupled weight decay")
+	fl.Float64Var(&l.weightDecay, "weight-decay", lmWeightDecay, "language models: AdamW decoupled weight decay")
 }
 
 // resolve checks the flags given against the model, and for a language
@@ -120,17 +116,13 @@ func (l *averagingLMFlags) resolve(fl *pflag.FlagSet, model string) (lm bool, da
 	return true, dataset, seq, nil
 }
 
-// args are the flags that pass the language-model options on to a `skyhive
-// peer`.
-func (l *averagingLMFlags) args(dataset string, seq int) []string {
-	a := []string{"--data", dataset, "--vocab", strconv.Itoa(l.vocab),
-		"--corpus-bytes", strconv.FormatInt(l.corpusBytes, 10), "--token-width", strconv.Itoa(l.tokenWidth),
-		"--eval-tokens", strconv.Itoa(l.evalTokens), "--warmup", strconv.Itoa(l.warmup),
-		"--clip", strconv.FormatFloat(l.clip, 'g', -1, 64), "--weight-decay", strconv.FormatFloat(l.weightDecay, 'g', -1, 64)}
-	if seq > 0 {
-		a = append(a, "--seq", strconv.Itoa(seq))
-	}
-	return a
+// setConfig sets a peer config's language-model options from the flags,
+// for the data and context resolve returned.
+func (l *averagingLMFlags) setConfig(c *launch.Peer, dataset string, seq int) {
+	c.Data, c.Seq, c.Vocab, c.TokenWidth, c.EvalTokens = dataset, seq, l.vocab, l.tokenWidth, l.evalTokens
+	c.CorpusBytes = int64(toConfig(float64(l.corpusBytes)))
+	c.Warmup = int(toConfig(float64(l.warmup)))
+	c.Clip, c.WeightDecay = toConfig(l.clip), toConfig(l.weightDecay)
 }
 
 func newPeerCmd() *cobra.Command {
@@ -160,27 +152,38 @@ func newPeerCmd() *cobra.Command {
 			"  skyhive peer --dht ADDR --model gpt-mini --data gcide --duration 30m   # a GPT on the dictionary\n" +
 			"  srun skyhive peer --dht ADDR --shard $SLURM_PROCID/$SLURM_NTASKS   # see examples/slurm",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runPeer(cmd, &f) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.config(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			return runPeerRole(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), cfg)
+		},
 	}
-	fl := cmd.Flags()
+	f.register(cmd.Flags())
+	return cmd
+}
+
+// register adds the flags of `skyhive peer`, with their defaults.
+func (f *peerFlags) register(fl *pflag.FlagSet) {
 	c := &f.cfg
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
 	fl.StringVar(&c.RunID, "run-id", optimizer.DefaultRunID, "run name in DHT keys; every peer of a run must use the same")
-	fl.StringVar(&f.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
-	fl.StringVar(&f.match, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
+	fl.StringVar(&c.Algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
+	fl.StringVar(&c.Matchmaking, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
 	fl.IntVar(&c.GroupSize, "group-size", 0, "group size (0: 3 with dht matchmaking, round(sqrt(peers)) with ranks)")
 	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
 	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
-	fl.DurationVar(&c.RoundInterval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
+	fl.DurationVar(durationVar(&c.RoundInterval), "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
 	registerOuterFlags(fl, outerFlags{&c.InnerSteps, &c.WarmupInnerSteps, &c.Fragments, &c.OverlapSteps, &c.OuterLR, &c.OuterMomentum})
-	fl.StringVar(&f.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
-	fl.StringVar(&f.aggr, "aggregation", "mean", "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
+	fl.StringVar(&c.Codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
+	fl.StringVar(&c.Aggregation, "aggregation", "mean", "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
 	fl.Float64Var(&c.MaxNormRatio, "max-norm-ratio", averaging.DefaultMaxNormRatio, "drop a contribution whose norm is over this multiple of the group's median (negative: keep every finite one)")
 	fl.IntVar(&c.MinAgree, "min-agree", 1, "a joiner uses the swarm's state only if this many donors serve agreeing states (2 for open swarms)")
-	fl.DurationVar(&c.Timeout, "timeout", 0, "longest wait for one all-reduce (0: the round interval with dht matchmaking, 20s with ranks)")
+	fl.DurationVar(durationVar(&c.Timeout), "timeout", 0, "longest wait for one all-reduce (0: the round interval with dht matchmaking, 20s with ranks)")
 	fl.IntVar(&c.MinPeers, "min-peers", 2, "peers of the run (this one included) to wait for before training")
-	fl.DurationVar(&c.WaitPeers, "wait-peers", time.Minute, "how long to wait for --min-peers")
-	fl.DurationVar(&c.JoinTimeout, "join-timeout", 30*time.Second, "how long joining the DHT and downloading the swarm's state may take")
+	fl.DurationVar(durationVar(&c.WaitPeers), "wait-peers", time.Minute, "how long to wait for --min-peers")
+	fl.DurationVar(durationVar(&c.JoinTimeout), "join-timeout", 30*time.Second, "how long joining the DHT and downloading the swarm's state may take")
 	fl.Int64Var(&c.TargetBatchSize, "target-batch-size", 0, "samples summed over the swarm that make one swarm epoch (0: epochs do not advance)")
 	fl.StringVar(&c.Model, "model", "mlp-small", "model: "+models.Usage()+", or a language model: "+models.LMUsage()+", e.g. gpt-mini (every peer of a run must agree)")
 	fl.Uint64Var(&c.Seed, "seed", 1, "seed of the initial weights (equal on every peer) and of the batch order (mixed with the peer ID)")
@@ -189,116 +192,211 @@ func newPeerCmd() *cobra.Command {
 	fl.Float64Var(&c.Momentum, "momentum", 0.9, "SGD momentum (image models)")
 	fl.StringVar(&c.DataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
 	fl.IntVar(&c.Limit, "limit", 0, "use only the first N training examples (0 = all)")
-	fl.StringVar(&f.shard, "shard", "", "train on shard K/N of the data (e.g. $SLURM_PROCID/$SLURM_NTASKS; default: all of it, in this peer's own order)")
+	fl.StringVar(&c.Shard, "shard", "", "train on shard K/N of the data (e.g. $SLURM_PROCID/$SLURM_NTASKS; default: all of it, in this peer's own order)")
 	fl.IntVar(&c.EvalExamples, "eval-examples", 0, "test examples per evaluation (0 = all 10000)")
 	fl.IntVar(&c.Steps, "steps", 0, "stop after this many local steps (0: no limit)")
-	fl.DurationVar(&c.Duration, "duration", 0, "stop after this long (0: no limit; stop with Ctrl-C)")
-	fl.DurationVar(&c.EvalEvery, "eval-every", 0, "evaluate on the test set this often (0: only at the end); diloco and wa-diloco evaluate their outer model")
+	fl.DurationVar(durationVar(&c.Duration), "duration", 0, "stop after this long (0: no limit; stop with Ctrl-C)")
+	fl.DurationVar(durationVar(&c.EvalEvery), "eval-every", 0, "evaluate on the test set this often (0: only at the end); diloco and wa-diloco evaluate their outer model")
 	fl.Float64Var(&c.Slowdown, "slowdown", 1, "emulate a slower device: each step takes this many times its compute time (experiments)")
 	fl.StringVar(&c.Checkpoint, "checkpoint", "", "checkpoint file: resumed from if it exists, written atomically every --checkpoint-every and on exit")
-	fl.DurationVar(&c.CheckpointEvery, "checkpoint-every", time.Minute, "checkpoint interval")
-	fl.StringVar(&f.stats, "stats", "", "append JSON lines with counters, accuracy, memory and goroutines to this file")
-	fl.DurationVar(&c.StatsEvery, "stats-every", 10*time.Second, "interval of --stats lines")
-	fl.BoolVar(&f.asJSON, "json", false, "print the final result as one JSON line (benchmark protocol) on stdout")
-	fl.BoolVar(&f.quiet, "quiet", false, "no progress bar")
+	fl.DurationVar(durationVar(&c.CheckpointEvery), "checkpoint-every", time.Minute, "checkpoint interval")
+	fl.StringVar(&c.Stats, "stats", "", "append JSON lines with counters, accuracy, memory and goroutines to this file")
+	fl.DurationVar(durationVar(&c.StatsEvery), "stats-every", 10*time.Second, "interval of --stats lines")
+	fl.BoolVar(&c.JSON, "json", false, "print the final result as one JSON line (benchmark protocol) on stdout")
+	fl.BoolVar(&c.Quiet, "quiet", false, "no progress bar")
 	f.lm.register(fl)
 	f.status.register(fl)
 	f.metrics.register(fl)
-	return cmd
 }
 
-func runPeer(cmd *cobra.Command, f *peerFlags) error {
+// config turns the flags into the peer's typed config, checking the
+// language-model flags given against the model. Batch and LR not given
+// are left 0: the model's defaults.
+func (f *peerFlags) config(fl *pflag.FlagSet) (launch.Peer, error) {
 	c := f.cfg
-	var err error
-	if c.DHT, err = f.net.seeds(); err != nil {
-		return err
+	c.Net = f.net.launchNet()
+	c.Process = launch.Process{Region: f.status.region, StatusEvery: launchStatusEvery(f.status.every), Metrics: f.metrics.addr}
+	lm, dataset, seq, err := f.lm.resolve(fl, c.Model)
+	if err != nil {
+		return c, err
 	}
-	c.DHTMaxBytes = f.net.dhtMaxBytes()
-	if c.Host, err = f.net.config(); err != nil {
-		return err
+	f.lm.setConfig(&c, dataset, seq)
+	if !lm {
+		c.Data, c.Seq = "", 0
+	}
+	if !fl.Changed("lr") {
+		c.LR = 0
+	}
+	if !fl.Changed("batch") {
+		c.Batch = 0
+	}
+	return c, nil
+}
+
+// peerDefaults is the config of `skyhive peer` without flags, which a
+// config file's fields replace.
+func peerDefaults() (launch.Peer, error) {
+	var f peerFlags
+	fl := pflag.NewFlagSet("peer", pflag.ContinueOnError)
+	f.register(fl)
+	return f.config(fl)
+}
+
+// peerConfig turns a peer's typed config into peer.Config: its host, DHT
+// and averaging settings parsed, its language-model options applied when
+// the model is one. The writers, hooks and metrics are left to the caller.
+func peerConfig(l launch.Peer) (peer.Config, error) {
+	c := peer.Config{RunID: l.RunID, GroupSize: l.GroupSize, Tau: l.Tau, Period: l.Period,
+		RoundInterval: time.Duration(l.RoundInterval), InnerSteps: l.InnerSteps, WarmupInnerSteps: l.WarmupInnerSteps,
+		OuterLR: l.OuterLR, OuterMomentum: l.OuterMomentum, Fragments: l.Fragments, OverlapSteps: l.OverlapSteps,
+		MaxNormRatio: l.MaxNormRatio, MinAgree: l.MinAgree, Timeout: time.Duration(l.Timeout),
+		MinPeers: l.MinPeers, WaitPeers: time.Duration(l.WaitPeers), JoinTimeout: time.Duration(l.JoinTimeout),
+		TargetBatchSize: l.TargetBatchSize, Model: l.Model, Seed: l.Seed, Batch: l.Batch, LR: l.LR, Momentum: l.Momentum,
+		DataDir: l.DataDir, Limit: l.Limit, EvalExamples: l.EvalExamples, Steps: l.Steps, Duration: time.Duration(l.Duration),
+		EvalEvery: time.Duration(l.EvalEvery), Slowdown: l.Slowdown, Checkpoint: l.Checkpoint,
+		CheckpointEvery: time.Duration(l.CheckpointEvery), StatsEvery: time.Duration(l.StatsEvery)}
+	net := connectFlagsOf(l.Net)
+	var err error
+	if c.DHT, err = net.seeds(); err != nil {
+		return c, err
+	}
+	c.DHTMaxBytes = net.dhtMaxBytes()
+	if c.Host, err = net.config(); err != nil {
+		return c, err
 	}
 	if len(c.DHT) == 0 {
-		return fmt.Errorf("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
+		return c, fmt.Errorf("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
 	}
-	if c.Algo, err = optimizer.ParseAlgo(f.algo); err != nil {
-		return fmt.Errorf("--algo: %w", err)
+	if c.Algo, err = optimizer.ParseAlgo(l.Algo); err != nil {
+		return c, fmt.Errorf("--algo: %w", err)
 	}
-	if err := checkOuterFlags(f.algo, c.InnerSteps, c.WarmupInnerSteps, c.Fragments, c.OverlapSteps, c.OuterLR); err != nil {
-		return err
+	if err := checkOuterFlags(l.Algo, c.InnerSteps, c.WarmupInnerSteps, c.Fragments, c.OverlapSteps, c.OuterLR); err != nil {
+		return c, err
 	}
 	if c.OuterMomentum == 0 {
 		c.OuterMomentum = optimizer.NoMomentum // the flag's 0 is no momentum; the optimizer's 0 is its default
 	}
-	if f.match != "" {
-		if c.Matchmaking, err = averaging.ParseMatchmaking(f.match); err != nil {
-			return fmt.Errorf("--matchmaking: %w", err)
+	if l.Matchmaking != "" {
+		if c.Matchmaking, err = averaging.ParseMatchmaking(l.Matchmaking); err != nil {
+			return c, fmt.Errorf("--matchmaking: %w", err)
 		}
 	}
-	if c.Codec, err = wire.ParseCodec(f.codec); err != nil {
-		return fmt.Errorf("--codec: %w", err)
+	if c.Codec, err = wire.ParseCodec(l.Codec); err != nil {
+		return c, fmt.Errorf("--codec: %w", err)
 	}
-	if c.Aggregation, err = averaging.ParseAggregation(f.aggr); err != nil {
-		return fmt.Errorf("--aggregation: %w", err)
+	if c.Aggregation, err = averaging.ParseAggregation(l.Aggregation); err != nil {
+		return c, fmt.Errorf("--aggregation: %w", err)
 	}
-	if f.shard != "" {
-		k, n, ok := strings.Cut(f.shard, "/")
-		var e1, e2 error
-		c.Shard, e1 = strconv.Atoi(k)
-		c.Shards, e2 = strconv.Atoi(n)
-		if !ok || e1 != nil || e2 != nil || c.Shards < 1 || c.Shard < 0 || c.Shard >= c.Shards {
-			return fmt.Errorf("--shard wants K/N with 0 <= K < N, got %q", f.shard)
+	if c.Shard, c.Shards, err = parseShard(l.Shard); err != nil {
+		return c, err
+	}
+	return c, peerData(&c, l)
+}
+
+// parseShard parses --shard K/N ("": the whole set, 0 and 0).
+func parseShard(s string) (k, n int, err error) {
+	if s == "" {
+		return 0, 0, nil
+	}
+	ks, ns, ok := strings.Cut(s, "/")
+	k, e1 := strconv.Atoi(ks)
+	n, e2 := strconv.Atoi(ns)
+	if !ok || e1 != nil || e2 != nil || n < 1 || k < 0 || k >= n {
+		return 0, 0, fmt.Errorf("--shard wants K/N with 0 <= K < N, got %q", s)
+	}
+	return k, n, nil
+}
+
+// peerData checks a peer's data against its model and, for a language
+// model, applies the language-model options.
+func peerData(c *peer.Config, l launch.Peer) error {
+	if !train.IsLanguageModel(l.Model) {
+		if l.Data != "" && l.Data != "fashion-mnist" {
+			return fmt.Errorf("%s is an image classifier: train it on fashion-mnist, not %s", l.Model, l.Data)
 		}
+		return nil
 	}
-	lm, dataset, seq, err := f.lm.resolve(cmd.Flags(), c.Model)
+	if l.Data == "fashion-mnist" {
+		return fmt.Errorf("%s is a language model and fashion-mnist is images: train it on text (--data %s)", l.Model, train.TextDataUsage)
+	}
+	c.Data, c.Seq, c.TokenWidth, c.EvalTokens, c.Vocab = l.Data, l.Seq, l.TokenWidth, l.EvalTokens, l.Vocab
+	if c.Seq == 0 && !strings.Contains(l.Model, ":") {
+		c.Seq = lmSeq // a spec with a context gives its own
+	}
+	c.CorpusBytes = int64(fromConfig(float64(l.CorpusBytes), lmCorpusBytes))
+	c.Warmup = int(fromConfig(float64(l.Warmup), float64(models.DefaultsOf(l.Model).Warmup)))
+	c.ClipNorm = fromConfig(l.Clip, models.DefaultsOf(l.Model).ClipNorm)
+	c.WeightDecay = fromConfig(l.WeightDecay, lmWeightDecay)
+	return nil
+}
+
+// toConfig is a flag's value as a config field where a zero field takes the
+// default: the flag's 0 becomes negative.
+func toConfig(v float64) float64 {
+	if v == 0 {
+		return -1
+	}
+	return v
+}
+
+// fromConfig is the value of a config field written by toConfig, with def
+// for 0.
+func fromConfig(v, def float64) float64 {
+	if v == 0 {
+		return def
+	}
+	return max(v, 0)
+}
+
+// runPeerRole runs an averaging peer with its typed config, from the flags
+// of `skyhive peer` or from a config file (`skyhive @FILE`), printing its
+// result on stdout and its notices on stderr.
+func runPeerRole(ctx context.Context, stdout, stderr io.Writer, l launch.Peer) error {
+	c, err := peerConfig(l)
 	if err != nil {
 		return err
 	}
-	if lm {
-		l := f.lm
-		c.Data, c.Seq, c.CorpusBytes, c.TokenWidth, c.EvalTokens = dataset, seq, l.corpusBytes, l.tokenWidth, l.evalTokens
-		c.Vocab, c.Warmup, c.ClipNorm, c.WeightDecay = l.vocab, l.warmup, l.clip, l.weightDecay
-		h := withModelDefaults(cmd.Flags(), c.Model, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
-		c.Batch, c.LR = h.Batch, h.LR
+	if !l.Quiet {
+		c.Progress = stderr
 	}
-	if !f.quiet {
-		c.Progress = cmd.ErrOrStderr()
-	}
-	c.Log = cmd.ErrOrStderr()
-	c.Reach = func(r p2p.Reach) { printReach(cmd.ErrOrStderr(), r) }
-	if err := f.status.check(); err != nil {
+	c.Log = stderr
+	c.Reach = func(r p2p.Reach) { printReach(stderr, r) }
+	status := statusFlags{region: l.Region, every: max(time.Duration(l.StatusEvery), 0)}
+	if err := status.check(); err != nil {
 		return err
 	}
-	if f.status.every > 0 {
+	if status.every > 0 {
 		c.Status = func(ctx context.Context, h *p2p.Host, node *dht.Node, live func() peer.Live) {
-			stop := f.status.start(ctx, cmd.ErrOrStderr(), h, node, metrics.RolePeer, func(s *metrics.Status) {
+			stop := status.start(ctx, stderr, h, node, metrics.RolePeer, func(s *metrics.Status) {
 				peerStatus(s, live(), c.RunID, string(c.Algo))
 			})
 			<-ctx.Done()
 			stop()
 		}
 	}
-	if f.stats != "" {
-		sf, err := os.OpenFile(f.stats, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if l.Stats != "" {
+		sf, err := os.OpenFile(l.Stats, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			return fmt.Errorf("--stats: %w", err)
 		}
 		defer sf.Close()
 		c.Stats = sf
 	}
-	reg, stopMetrics, err := f.metrics.start(cmd.Context(), cmd.ErrOrStderr())
+	mf := metricsFlags{addr: l.Metrics}
+	reg, stopMetrics, err := mf.start(ctx, stderr)
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
 	c.Host.Metrics, c.Metrics = reg.Registerer(), reg.Registerer()
-	res, err := peer.Run(cmd.Context(), c)
+	res, err := peer.Run(ctx, c)
 	if c.Progress != nil {
 		fmt.Fprintln(c.Progress)
 	}
 	if err != nil {
 		return peerFlagHint(err)
 	}
-	return reportPeer(cmd.OutOrStdout(), res, f.asJSON)
+	return reportPeer(stdout, res, l.JSON)
 }
 
 // peerStatus fills an averaging peer's status record from its numbers.
@@ -505,34 +603,7 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 			return err
 		}
 	}
-	var args []string
-	if !lm {
-		args = []string{"--algo", a.algo, "--model", a.model, "--duration", duration.String(), "--quiet",
-			"--lr", strconv.FormatFloat(a.lr, 'g', -1, 64), "--momentum", strconv.FormatFloat(a.momentum, 'g', -1, 64),
-			"--batch", strconv.Itoa(a.batch), "--seed", strconv.FormatUint(a.seed, 10),
-			"--data-dir", a.data.dir, "--limit", strconv.Itoa(a.data.limit)}
-	} else {
-		h := withModelDefaults(fl, a.model, models.TrainDefaults{Batch: a.batch, LR: a.lr})
-		lr, batch := h.LR, h.Batch
-		args = append([]string{"--algo", a.algo, "--model", a.model, "--duration", duration.String(), "--quiet",
-			"--lr", strconv.FormatFloat(lr, 'g', -1, 64), "--batch", strconv.Itoa(batch), "--seed", strconv.FormatUint(a.seed, 10)},
-			a.lm.args(dataset, seq)...)
-	}
-	args = append(args, "--codec", a.codec, "--round-interval", a.interval.String(), "--run-id", a.runID,
-		"--group-size", strconv.Itoa(a.group), "--tau", strconv.Itoa(a.tau), "--period", strconv.Itoa(a.period),
-		"--inner-steps", strconv.Itoa(a.innerSteps), "--warmup-inner-steps", strconv.Itoa(a.warmupInnerSteps), "--outer-lr", strconv.FormatFloat(a.outerLR, 'g', -1, 64),
-		"--outer-momentum", strconv.FormatFloat(a.outerMomentum, 'g', -1, 64),
-		"--fragments", strconv.Itoa(a.fragments), "--overlap-steps", strconv.Itoa(a.overlapSteps),
-		"--stats-every", "5s")
-	if duration > 0 {
-		args = append(args, "--eval-every", (duration / 4).String())
-	}
-	if a.steps > 0 {
-		args = append(args, "--steps", strconv.Itoa(a.steps))
-	}
-	if a.match != "" {
-		args = append(args, "--matchmaking", a.match)
-	}
+	pc := a.launchPeer(fl, lm, dataset, seq, duration)
 	out := cmd.ErrOrStderr()
 	slow := sim.DrawSlowdowns(a.peers, a.slowLo, a.slowHi, a.seed)
 	length := duration.String()
@@ -554,7 +625,7 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 	}
 	defer stopMetrics()
 	res, err := peer.Launch(cmd.Context(), peer.LaunchConfig{
-		Exe: exe, Peers: a.peers, Slowdowns: slow, Args: args, Dir: dir, Duration: duration, Log: out,
+		Exe: exe, Peers: a.peers, Slowdowns: slow, Peer: pc, Dir: dir, Duration: duration, Log: out,
 		Metrics: reg.Registerer(),
 	})
 	if serr := a.copyStats(dir); serr != nil && err == nil {
@@ -580,6 +651,31 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 			a.algo, len(res.Peers), 100*res.MeanAccuracy, filepath.Clean(dir))
 	}
 	return err
+}
+
+// launchPeer is the config of every peer the command launches: the
+// command's options with the peer's names, for a run of duration (0: until
+// the steps are done).
+func (a *averagingFlags) launchPeer(fl *pflag.FlagSet, lm bool, dataset string, seq int, duration time.Duration) launch.Peer {
+	c := launch.Peer{Algo: a.algo, Model: a.model, Duration: launch.Duration(duration), Quiet: true,
+		LR: a.lr, Momentum: a.momentum, Batch: a.batch, Seed: a.seed, DataDir: a.data.dir, Limit: a.data.limit,
+		Codec: a.codec, RoundInterval: launch.Duration(a.interval), RunID: a.runID, GroupSize: a.group, Tau: a.tau,
+		Period: a.period, InnerSteps: a.innerSteps, WarmupInnerSteps: a.warmupInnerSteps, OuterLR: a.outerLR,
+		OuterMomentum: a.outerMomentum, Fragments: a.fragments, OverlapSteps: a.overlapSteps,
+		StatsEvery: launch.Duration(5 * time.Second), Steps: a.steps, Matchmaking: a.match}
+	if c.OuterMomentum == 0 {
+		c.OuterMomentum = optimizer.NoMomentum // a zero would be left out of the config, taking the default
+	}
+	if lm {
+		c.Momentum, c.DataDir, c.Limit = 0, "", 0
+		a.lm.setConfig(&c, dataset, seq)
+		d := withModelDefaults(fl, a.model, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
+		c.Batch, c.LR = d.Batch, d.LR
+	}
+	if duration > 0 {
+		c.EvalEvery = launch.Duration(duration / 4)
+	}
+	return c
 }
 
 // copyStats appends every peer's stats lines to --stats.

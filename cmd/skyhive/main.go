@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/libp2p/go-libp2p/gologshim"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/spf13/cobra"
@@ -78,9 +79,15 @@ func main() {
 		gologshim.SetDefaultHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 4}))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	root := newRootCmd()
-	root.SetArgs(legacyTrainArgs(os.Args[1:], os.Stderr))
-	err := root.ExecuteContext(ctx)
+	var err error
+	if path, ok := launch.FileArg(os.Args[1:]); ok {
+		// A child process that a launcher started with a config file.
+		err = runRoleFile(ctx, path, os.Stdout, os.Stderr)
+	} else {
+		root := newRootCmd()
+		root.SetArgs(legacyTrainArgs(os.Args[1:], os.Stderr))
+		err = root.ExecuteContext(ctx)
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "skyhive:", withHint(err))

@@ -81,7 +81,7 @@ func TestSwarmRunProcesses(t *testing.T) {
   "devices": [
     {"name": "dht", "count": 1, "role": "dht"},
     {"name": "peer", "count": 3, "role": "peer",
-     "args": ["--algo", "allreduce", "--min-peers", "3", "--steps", "30", "--batch", "32", "--shard", "{i}/{n}", "--run-id", "tiny"]}
+     "config": {"algo": "allreduce", "min_peers": 3, "steps": 30, "batch": 32, "shard": "{i}/{n}", "run_id": "tiny"}}
   ]
 }`)
 	peers := filepath.Join(dir, "peers")
@@ -122,8 +122,8 @@ func TestSwarmRunPeerFailsToStart(t *testing.T) {
   "timeout": "1m",
   "devices": [
     {"name": "dht", "count": 1, "role": "dht"},
-    {"name": "server", "count": 1, "role": "server", "args": ["--experts", "ffn.[0:x]"]},
-    {"name": "peer", "count": 2, "role": "peer", "args": ["--algo", "local", "--min-peers", "2", "--steps", "5", "--run-id", "bad"]}
+    {"name": "server", "count": 1, "role": "server", "config": {"experts": "ffn.[0:x]"}},
+    {"name": "peer", "count": 2, "role": "peer", "config": {"algo": "local", "min_peers": 2, "steps": 5, "run_id": "bad"}}
   ]
 }`)
 	peers := filepath.Join(dir, "peers")
@@ -148,7 +148,7 @@ func TestSwarmRunKilledLeavesNothing(t *testing.T) {
   "isolation": "processes",
   "devices": [
     {"name": "dht", "count": 1, "role": "dht"},
-    {"name": "peer", "count": 2, "role": "peer", "args": ["--algo", "local", "--duration", "5m", "--batch", "32"]}
+    {"name": "peer", "count": 2, "role": "peer", "config": {"algo": "local", "duration": "5m", "batch": 32}}
   ]
 }`)
 	peers := filepath.Join(dir, "peers")
@@ -189,9 +189,9 @@ func TestSwarmRunClosedRefusesStranger(t *testing.T) {
   "devices": [
     {"name": "dht", "count": 1, "role": "dht"},
     {"name": "peer", "count": 2, "role": "peer",
-     "args": ["--algo", "allreduce", "--min-peers", "2", "--steps", "20", "--batch", "32", "--run-id", "closed"]},
+     "config": {"algo": "allreduce", "min_peers": 2, "steps": 20, "batch": 32, "run_id": "closed"}},
     {"name": "intruder", "count": 1, "role": "peer", "stranger": true,
-     "args": ["--algo", "allreduce", "--min-peers", "2", "--steps", "20", "--run-id", "closed", "--join-timeout", "10s"]}
+     "config": {"algo": "allreduce", "min_peers": 2, "steps": 20, "run_id": "closed", "join_timeout": "10s"}}
   ]
 }`)
 	peers := filepath.Join(dir, "peers")

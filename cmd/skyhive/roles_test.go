@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/skyhive/skyhive/launch"
+)
+
+// A config file for a role runs that role with the file's fields over the
+// command's defaults; a file with an unknown role or field, or a config
+// the role refuses, fails with an error that says so.
+func TestRoleFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	const dht = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd"
+	cases := []struct{ body, want string }{
+		{`{"role": "painter", "config": {}}`, `unknown role "painter"`},
+		{`{"role": "peer", "config": {"algorithm": "wagma"}}`, `unknown field "algorithm"`},
+		{`{"role": "peer", "config": {"algo": "sgd", "dht": ["` + dht + `"]}}`, "--algo"},
+		{`{"role": "peer", "config": {"algo": "wagma"}}`, "--dht is required"},
+		{`{"role": "peer", "config": {"dht": ["` + dht + `"], "shard": "3/2"}}`, "--shard"},
+		{`{"role": "peer", "config": {"dht": ["` + dht + `"], "model": "gpt-mini", "data": "fashion-mnist"}}`, "gpt-mini is a language model"},
+	}
+	for i, c := range cases {
+		var out syncBuffer
+		err := runRoleFile(context.Background(), write("c"+string(rune('a'+i))+".json", c.body), &out, &out)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want an error containing %q", c.body, err, c.want)
+		}
+	}
+}
+
+// The peer's flags and a config file of the same options give the same
+// peer configuration: the defaults of one are the defaults of the other.
+func TestPeerFlagsAndFileAgree(t *testing.T) {
+	const dht = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd"
+	fromFile, err := peerDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "peer.json")
+	if err := launch.Write(path, launch.Peer{Net: launch.Net{DHT: []string{dht}}, Algo: "diloco", Model: "gpt-mini", Clip: -1}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := launch.Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Decode(&fromFile); err != nil {
+		t.Fatal(err)
+	}
+	var pf peerFlags
+	fl := pflag.NewFlagSet("peer", pflag.ContinueOnError)
+	pf.register(fl)
+	if err := fl.Parse([]string{"--dht", dht, "--algo", "diloco", "--model", "gpt-mini", "--clip", "0"}); err != nil {
+		t.Fatal(err)
+	}
+	fromFlags, err := pf.config(fl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := peerConfig(fromFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := peerConfig(fromFlags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Data == "" {
+		a.Data = "gcide" // the flags resolve it; the peer does the same for the file
+	}
+	a.Host.IdentityFile, b.Host.IdentityFile = "", ""
+	if !reflect.DeepEqual(a, b) || a.ClipNorm != 0 || a.Seq != lmSeq || a.Warmup != int(lmDefaults.Warmup) {
+		t.Errorf("from the file:\n%+v\nfrom the flags:\n%+v", a, b)
+	}
+}
+
+// A launcher whose children fail shows their own errors: a misspelt model
+// given to train averaging fails with the peer's message, not only with
+// the count of peers that finished.
+func TestTrainAveragingShowsPeerErrors(t *testing.T) {
+	t.Setenv(envAsCLI, "1")
+	var out syncBuffer
+	err := runCLI(context.Background(), &out, "train", "averaging", "--model", "mlp-smal", "--peers", "2",
+		"--duration", "20s", "--logs", t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), "mlp-smal") || !strings.Contains(err.Error(), "log ends") {
+		t.Fatalf("got %v, want the peers' error naming the model; output:\n%s", err, out.String())
+	}
+}
+
+// Every field of the configs that run through a command's flags names one
+// of its flags, of a type that takes the field's values: a renamed flag
+// fails here, not in a launched child.
+func TestRoleConfigsNameFlags(t *testing.T) {
+	cases := []struct {
+		role   string
+		newCmd func() *cobra.Command
+		absent []string // fields of shared structs the command has no flag for
+	}{
+		{launch.RoleWorker, newWorkerCmd, []string{"dht", "status_every"}},
+		{launch.RoleDHT, newDHTCmd, nil},
+		{launch.RoleServer, newServerCmd, nil},
+		{launch.RoleMoETrainer, newTrainMoECmd, nil},
+		{launch.RolePipeline, newTrainPipelineCmd, []string{"region"}},
+	}
+	kinds := map[string][]string{
+		"string": {"string"}, "[]string": {"stringSlice"}, "bool": {"bool"}, "int": {"int"}, "int64": {"int64", "int"},
+		"uint64": {"uint64"}, "float64": {"float64"}, "launch.Duration": {"duration"},
+	}
+	for _, c := range cases {
+		cfg, ok := launch.New(c.role)
+		if !ok {
+			t.Fatalf("no role %s", c.role)
+		}
+		fl := c.newCmd().Flags()
+		for name, v := range configFields(reflect.ValueOf(cfg).Elem()) {
+			if name == "gemm" || slices.Contains(c.absent, name) {
+				continue
+			}
+			f := fl.Lookup(strings.ReplaceAll(name, "_", "-"))
+			if f == nil {
+				t.Errorf("%s: field %q names no flag", c.role, name)
+				continue
+			}
+			if want := kinds[v.Type().String()]; !slices.Contains(want, f.Value.Type()) {
+				t.Errorf("%s: field %q is %s, flag --%s is %s", c.role, name, v.Type(), f.Name, f.Value.Type())
+			}
+		}
+	}
+}
+
+// A config file sets the flags its fields name and runs the command: a
+// worker with a config naming no coordinator fails as `skyhive worker`
+// without --join does, and one with a field its command lacks is refused.
+func TestFlagRoleFromFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "w.json")
+	if err := launch.Write(path, launch.Worker{Net: launch.Net{DHT: []string{"/ip4/127.0.0.1/tcp/1/p2p/x"}}, Name: "w0"}); err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	if err := runRoleFile(context.Background(), path, &out, &out); err == nil || !strings.Contains(err.Error(), `"dht" is not an option`) {
+		t.Errorf("worker with a dht: got %v", err)
+	}
+	if err := launch.Write(path, launch.Worker{Name: "w0", Join: "not-an-address", Slowdown: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := runRoleFile(context.Background(), path, &out, &out); err == nil || !strings.Contains(err.Error(), "--join") {
+		t.Errorf("worker with a bad --join: got %v", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -70,7 +71,7 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	m.train.out.register(fl, "the result (accuracy, steps, failures)", "one per epoch")
 	fl.IntVar(&m.train.steps, "steps", 0, "stop after N steps in total (0: --epochs)")
 	fl.StringVar(&m.grids, "grids", "ffn.4.4", "one DMoE layer per grid, PREFIX.SIZE1.SIZE2… (comma-separated)")
-	fl.IntVar(&m.hidden, "hidden", 64, "experts' hidden size")
+	fl.IntVar(&m.hidden, "hidden", defaultHidden, "experts' hidden size (train moe without --hidden: what the swarm's experts declare on the DHT)")
 	fl.IntVar(&m.kBest, "k-best", 4, "experts per sample")
 	fl.IntVar(&m.kMin, "k-min", 1, "answers per sample before --timeout-after-k-min starts")
 	fl.DurationVar(&m.forwardTimeout, "forward-timeout", 10*time.Second, "bound on a layer's forward calls")
@@ -310,9 +311,10 @@ func newTrainMoECmd() *cobra.Command {
 			"ones (--k-min, --timeout-after-k-min). The experts are hosted and trained by `skyhive server`.\n" +
 			"With --data gcide (or text:PATH, tokens:PATH) it trains a DMoE transformer language model\n" +
 			"instead, one block per grid whose feed-forward sub-block is the grid's experts, and reports\n" +
-			"its validation perplexity; the servers' --hidden must be the model's.",
-		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]' --hidden 64     # prints its address\n" +
-			"  skyhive train moe --dht ADDR --grids ffn.16.16 --hidden 64 --trainers 4 [--latency 50ms]\n" +
+			"its validation perplexity. The model takes the experts' hidden size from their DHT records\n" +
+			"unless --hidden is given, which must then be the servers' --hidden.",
+		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]'     # prints its address\n" +
+			"  skyhive train moe --dht ADDR --grids ffn.16.16 --trainers 4 [--latency 50ms]\n" +
 			"  skyhive train moe --dht ADDR --data gcide --grids ffn.16.16 --hidden 64 --seq 64 --steps 300",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return m.run(cmd) },
@@ -384,14 +386,84 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	if err := node.Bootstrap(ctx, seeds); err != nil {
 		return fmt.Errorf("join DHT: %w", err)
 	}
+	out := cmd.ErrOrStderr()
+	if err := m.matchExperts(ctx, out, node, grids, cmd.Flags().Changed("hidden")); err != nil {
+		return err
+	}
 	m.live = &metrics.Live{}
 	defer m.status.start(ctx, cmd.ErrOrStderr(), h, node, metrics.RoleTrainer, m.live.Sample)()
-	out := cmd.ErrOrStderr()
 	res, err := m.trainOn(ctx, out, d, grids, tr, node)
 	if err != nil {
 		return err
 	}
 	return m.report(cmd.OutOrStdout(), res)
+}
+
+// expertsWait bounds how long train moe waits for the grids' experts to be
+// declared before it starts training without checking them.
+const expertsWait = 10 * time.Second
+
+// matchExperts reads what the grids' experts declare on the DHT (their type
+// and hidden size; client.Declared) and makes the model fit them: without
+// an explicit --hidden it takes the experts' hidden size, and it refuses,
+// naming the flag to change, experts of another type, experts of several
+// sizes, or a --hidden that differs from theirs. It waits up to
+// expertsWait for the first declarations; servers that declare neither
+// type nor size are not checked.
+func (m *moeFlags) matchExperts(ctx context.Context, out io.Writer, node client.Getter, grids []moe.Grid, hiddenSet bool) error {
+	var infos []moe.ExpertInfo
+	deadline := time.Now().Add(expertsWait)
+	for _, g := range grids {
+		for {
+			found, err := client.Declared(ctx, node, g)
+			if err != nil && ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if len(found) > 0 || time.Now().After(deadline) {
+				infos = append(infos, found...)
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	if len(infos) == 0 {
+		fmt.Fprintf(out, "no experts of --grids %s are declared on the DHT yet: training with --hidden %d\n", m.grids, m.hidden)
+		return nil
+	}
+	sized := map[int]moe.ExpertInfo{} // an expert of each declared size
+	for _, e := range infos {
+		if e.Type != "" && e.Type != server.TypeFFN {
+			return fmt.Errorf("expert %s on %s is a %s expert, but a DMoE trainer calls %s experts: start its server with --expert-type %s, or choose other --grids",
+				e.UID, e.Peer.ID.ShortString(), e.Type, server.TypeFFN, server.TypeFFN)
+		}
+		if e.Hidden > 0 {
+			sized[e.Hidden] = e
+		}
+	}
+	if len(sized) > 1 {
+		var sizes []string
+		for h, e := range sized {
+			sizes = append(sizes, fmt.Sprintf("%s has hidden %d", e.UID, h))
+		}
+		slices.Sort(sizes)
+		return fmt.Errorf("the experts of --grids %s differ in size (%s): start the servers with the same --hidden", m.grids, strings.Join(sizes, ", "))
+	}
+	for h, e := range sized {
+		switch {
+		case h == m.hidden:
+		case hiddenSet:
+			return fmt.Errorf("--hidden %d, but expert %s on %s has hidden %d: pass --hidden %d (or leave it out), or start the servers with --hidden %d",
+				m.hidden, e.UID, e.Peer.ID.ShortString(), h, h, m.hidden)
+		default:
+			fmt.Fprintf(out, "the swarm's experts have hidden size %d: the model uses it (--hidden)\n", h)
+			m.hidden = h
+		}
+	}
+	return nil
 }
 
 // newDemoMoECmd is `skyhive demo moe`: a whole DMoE swarm on loopback.

@@ -59,7 +59,8 @@ func newServerCmd() *cobra.Command {
 			"while the server runs; weights and optimizer state are checkpointed on an interval and on\n" +
 			"exit, and reloaded on restart. Per-expert statistics are printed periodically and served\n" +
 			"over the stats RPC; --json prints them as JSON lines, --stats FILE appends them to FILE.",
-		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]' --hidden 1024 --dht /ip4/127.0.0.1/tcp/4001/p2p/12D3...\n" +
+		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]' --dht /ip4/127.0.0.1/tcp/4001/p2p/12D3...\n" +
+			"  skyhive server --experts 'ffn.[0:16].[0:16]' --hidden 1024 --lazy --dht /ip4/127.0.0.1/tcp/4001/p2p/12D3...\n" +
 			"  skyhive server --experts 'ffn.[0:4].[0:4]' --hidden 64 --checkpoint experts.safetensors",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServer(cmd, f) },
@@ -67,7 +68,7 @@ func newServerCmd() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&f.experts, "experts", "ffn.[0:4].[0:4]", "expert UIDs or patterns, e.g. 'ffn.[0:16].[0:16]' (comma-separated)")
 	fl.StringVar(&f.expertType, "expert-type", server.TypeFFN, "expert type: ffn (x + FFN(LN(x))) or transformer (BERT encoder layer)")
-	fl.IntVar(&f.hidden, "hidden", 1024, "experts' hidden size")
+	fl.IntVar(&f.hidden, "hidden", defaultHidden, "experts' hidden size (trainers of `train moe` learn it from the DHT)")
 	fl.IntVar(&f.heads, "heads", 0, "attention heads of transformer experts (0: hidden/64)")
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (none: this server starts a DHT)")
 	fl.IntVar(&f.minBatch, "min-batch", 1, "rows an expert's queue waits for before it runs")
@@ -82,7 +83,7 @@ func newServerCmd() *cobra.Command {
 	fl.BoolVar(&f.zeroInit, "zero-init", false, "start each FFN expert as the identity (zero output layer)")
 	fl.IntVar(&f.stepRows, "step-rows", 1, "backward rows an expert accumulates per optimizer step (1: a step per backward batch)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the initial weights (with each expert's UID)")
-	fl.BoolVar(&f.lazy, "lazy", false, "create an expert's weights on its first request")
+	fl.BoolVar(&f.lazy, "lazy", false, "create an expert's weights on its first request (default: when the experts would take more than 1 GiB)")
 	fl.StringVar(&f.checkpoint, "checkpoint", "", "safetensors file for weights and optimizer state (loaded if present)")
 	fl.DurationVar(&f.ckptEvery, "checkpoint-every", 5*time.Minute, "checkpoint interval (0: only on exit)")
 	fl.DurationVar(&f.declareEvery, "declare-every", 30*time.Second, "DHT declaration interval (records expire after twice this)")
@@ -139,7 +140,10 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	if f.out.json {
 		jsonOut = out
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "expert server hosting %d %s experts (hidden %d)\n", len(uids), f.expertType, f.hidden)
+	if !cmd.Flags().Changed("lazy") {
+		f.lazy = lazyByDefault(len(uids), f.expertType, f.hidden)
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "expert server hosting %d %s experts (hidden %d, %s)\n", len(uids), f.expertType, f.hidden, expertMemory(len(uids), f.expertType, f.hidden, f.lazy))
 	reportReach(ctx, h, out, jsonOut)
 	if len(seeds) > 0 {
 		bctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -151,7 +155,7 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	} else {
 		fmt.Fprintln(cmd.ErrOrStderr(), "no --dht given: this server is the DHT's first node; pass its address to others")
 	}
-	srv, err := server.New(server.Config{
+	srv, err := server.NewContext(ctx, server.Config{
 		Transport: h, DHT: node, Experts: uids, Type: f.expertType, Hidden: f.hidden, Heads: f.heads,
 		MinBatch: f.minBatch, MaxBatch: f.maxBatch, BatchTimeout: f.batchTimeout, Workers: f.workers,
 		LR: f.lr, ClipNorm: f.clip, StepRows: f.stepRows, MaxSeqLen: f.maxSeqLen,
@@ -201,6 +205,36 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 			show(srv.Stats())
 		}
 	}
+}
+
+// defaultHidden is the experts' hidden size of `server` and of the MoE
+// trainers without --hidden: small enough that the default grid, or the
+// 256 experts of a 16×16 one, start in a second on a laptop.
+const defaultHidden = 64
+
+// lazyMemory is the memory of eagerly created experts above which a
+// server creates them lazily unless --lazy is given.
+const lazyMemory = 1 << 30
+
+// expertBytes is the memory of n experts once created: four float32s per
+// parameter (weight, gradient, two AdamW moments).
+func expertBytes(n int, typ string, hidden int) int64 {
+	return int64(n) * server.ExpertParams(typ, hidden) * 16
+}
+
+// lazyByDefault reports whether n experts would take more than lazyMemory
+// if all were created at start.
+func lazyByDefault(n int, typ string, hidden int) bool {
+	return expertBytes(n, typ, hidden) > lazyMemory
+}
+
+// expertMemory describes the experts' memory for the start-up line.
+func expertMemory(n int, typ string, hidden int, lazy bool) string {
+	mib := float64(expertBytes(n, typ, hidden)) / (1 << 20)
+	if lazy {
+		return fmt.Sprintf("created on first use, up to %.0f MiB", mib)
+	}
+	return fmt.Sprintf("%.0f MiB", mib)
 }
 
 // printServerStats prints one line per expert that has seen requests.

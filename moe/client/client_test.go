@@ -436,3 +436,29 @@ func TestBeamSearchPicksTopScores(t *testing.T) {
 		}
 	}
 }
+
+// TestDeclared checks that a trainer learns the type and hidden size of a
+// grid's experts from their DHT records, and finds none for a grid no
+// server hosts.
+func TestDeclared(t *testing.T) {
+	grid := moe.Grid{Prefix: "ffn", Size: []int{2, 2}}
+	sw := newSwarm(t, nil, server.Config{Experts: grid.UIDs(), Hidden: 24, Seed: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	infos, err := Declared(ctx, sw.tdht, grid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 2 {
+		t.Fatalf("%d records under ffn., want one per first coordinate (2): %+v", len(infos), infos)
+	}
+	for _, e := range infos {
+		if e.Type != server.TypeFFN || e.Hidden != 24 || e.Peer.ID != sw.peers[0].ID() {
+			t.Errorf("record %+v, want an ffn expert of hidden 24 on %s", e, sw.peers[0].ID())
+		}
+	}
+	none, err := Declared(ctx, sw.tdht, moe.Grid{Prefix: "att", Size: []int{2}})
+	if err != nil || len(none) != 0 {
+		t.Fatalf("grid without servers: %+v, %v", none, err)
+	}
+}

@@ -44,8 +44,11 @@ type moeFlags struct {
 	evalLimit        int
 	cacheTTL         time.Duration
 	allowZeroOutputs bool
-	link             linkFlags
-	rtt              time.Duration // retired --rtt and --emulated-rtt
+	// maxFailed is --max-failed-steps: the fraction of steps that may
+	// fail before the run counts as failed.
+	maxFailed float64
+	link      linkFlags
+	rtt       time.Duration // retired --rtt and --emulated-rtt
 	// dataset is --data: Fashion-MNIST for a DMoE classifier, text for a
 	// DMoE transformer language model (moeLMFlags).
 	dataset string
@@ -81,6 +84,7 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	fl.IntVar(&m.evalLimit, "eval-limit", 0, "evaluate on the first N test examples (0: all)")
 	fl.DurationVar(&m.cacheTTL, "dht-cache", 30*time.Second, "how long beam search caches prefix records")
 	fl.BoolVar(&m.allowZeroOutputs, "allow-zero-outputs", false, "samples no expert answered pass zeros instead of failing the step")
+	fl.Float64Var(&m.maxFailed, "max-failed-steps", defaultMaxFailed, "fraction of steps that may fail (no expert answered): a run with more failed steps exits with an error")
 	m.link.register(fl, "of every expert and DHT call of the trainers, each way", latency)
 	fl.DurationVar(&m.rtt, "rtt", 0, "retired: use --latency, the one-way latency (half the round trip)")
 	_ = fl.MarkDeprecated("rtt", "use --latency with the one-way latency (half of --rtt)")
@@ -90,6 +94,9 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	fl.Float64Var(&m.lm.clip, "clip", 1, "language model: global norm clip of the local gradients (0 disables)")
 	renameFlags(fl, map[string]string{"moe-grids": "grids", "moe-hidden": "hidden", "moe-steps": "steps", "moe-listen": "listen", "emulated-rtt": "rtt"})
 }
+
+// moeNumbers are the MoE commands' rules for numeric flags.
+var moeNumbers = numberRules{Positive: []string{"epochs", "batch", "lr", "hidden", "k-best", "k-min", "trainers", "heads", "seq", "servers"}}
 
 // emulated returns the trainers' link: --latency and --bandwidth, or half
 // of a retired --rtt.
@@ -164,6 +171,8 @@ type moeResult struct {
 	// (demo moe only).
 	ExpertCalls   int64 `json:"expert_calls,omitempty"`
 	ExpertBatches int64 `json:"expert_batches,omitempty"`
+	// firstErr is the first failed step's error.
+	firstErr error
 	// A language model (--data gcide) reports its data, vocabulary,
 	// training loss and validation loss and perplexity instead of a test
 	// accuracy.
@@ -230,18 +239,18 @@ func (m *moeFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Grid
 		return progress.New(out, fmt.Sprintf("epoch %d/%d", epoch+1, f.cfg.Epochs), t.EpochLen())
 	}
 	bar = newBar(0)
-	reportFailures := func(s client.Stats) {
-		if s.Failed > 0 {
-			fmt.Fprintf(out, "\n%d of %d steps failed; first error: %v\n", s.Failed, s.Steps, s.Err)
-		}
-	}
 	start := time.Now()
 	err = t.TrainEpochs(ctx, client.EpochOptions{
 		Epochs:   f.cfg.Epochs,
 		MaxSteps: int64(f.steps),
 		LR:       optim.Schedule{Peak: f.cfg.LR, Min: f.cfg.LR / 20, Warmup: min(f.cfg.Warmup, totalSteps/10), Total: totalSteps, Decay: optim.Cosine},
 		OnEpoch: func(ctx context.Context, epoch int, s client.Stats) error {
-			reportFailures(s)
+			if s.Failed > 0 {
+				fmt.Fprintf(out, "\nepoch %d: %d of %d steps failed", epoch+1, s.Failed, s.Steps)
+				if res.firstErr == nil {
+					res.firstErr = s.Err
+				}
+			}
 			testLoss, acc, err := t.Evaluate(ctx, testSet)
 			if err != nil {
 				return err
@@ -264,11 +273,6 @@ func (m *moeFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Grid
 		},
 	})
 	res.Seconds = time.Since(start).Seconds()
-	if err != nil && ctx.Err() == nil {
-		if s := t.Stats(); s.Failed == s.Steps {
-			reportFailures(s)
-		}
-	}
 	if err == nil && lines.err != nil {
 		err = fmt.Errorf("--stats: %w", lines.err)
 	}
@@ -290,6 +294,26 @@ func (m *moeFlags) report(w io.Writer, res moeResult) error {
 		fmt.Fprintf(w, "; servers answered %d expert calls in %d batches", res.ExpertCalls, res.ExpertBatches)
 	}
 	fmt.Fprintln(w)
+	return nil
+}
+
+// defaultMaxFailed is the default --max-failed-steps: a run in which more
+// than a tenth of the steps failed has failed.
+const defaultMaxFailed = 0.1
+
+// checkFailures is the verdict on a finished run: an error when more than
+// --max-failed-steps of its steps failed, counting them and giving the
+// first failure's cause once; a note on log when fewer did.
+func (m *moeFlags) checkFailures(log io.Writer, res moeResult) error {
+	if res.Failed == 0 {
+		return nil
+	}
+	frac := float64(res.Failed) / float64(max(res.Steps, 1))
+	if frac > m.maxFailed {
+		return fmt.Errorf("%d of %d steps failed (%.0f%%, more than --max-failed-steps %g); the first failure: %w",
+			res.Failed, res.Steps, 100*frac, m.maxFailed, res.firstErr)
+	}
+	fmt.Fprintf(log, "%d of %d steps failed (within --max-failed-steps %g); the first failure: %v\n", res.Failed, res.Steps, m.maxFailed, res.firstErr)
 	return nil
 }
 
@@ -319,6 +343,7 @@ func newTrainMoECmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return m.run(cmd) },
 	}
+	cmd.PreRunE = checkedNumbers(moeNumbers)
 	fl := cmd.Flags()
 	m.register(fl, 0)
 	m.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
@@ -330,6 +355,9 @@ func newTrainMoECmd() *cobra.Command {
 // run trains the local layers of a DMoE model against a live swarm.
 func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	ctx := cmd.Context()
+	if m.maxFailed > 1 {
+		return fmt.Errorf("--max-failed-steps %g: a fraction of the steps, at most 1", m.maxFailed)
+	}
 	if len(m.net.dht) == 0 {
 		return errors.New("--dht is required: the address of the swarm's DHT, e.g. printed by `skyhive server` or `skyhive dht`")
 	}
@@ -396,7 +424,10 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	return m.report(cmd.OutOrStdout(), res)
+	if err := m.report(cmd.OutOrStdout(), res); err != nil {
+		return err
+	}
+	return m.checkFailures(out, res)
 }
 
 // expertsWait bounds how long train moe waits for the grids' experts to be
@@ -483,6 +514,7 @@ func newDemoMoECmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runDemoMoE(cmd, &m, servers) },
 	}
+	cmd.PreRunE = checkedNumbers(moeNumbers)
 	fl := cmd.Flags()
 	m.register(fl, 10*time.Millisecond)
 	fl.IntVar(&servers, "servers", 4, "expert servers to start")
@@ -499,6 +531,9 @@ func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 	ctx := cmd.Context()
 	out := cmd.ErrOrStderr()
 	f := &m.train
+	if m.maxFailed > 1 {
+		return fmt.Errorf("--max-failed-steps %g: a fraction of the steps, at most 1", m.maxFailed)
+	}
 	grids, err := parseGrids(m.grids)
 	if err != nil {
 		return fmt.Errorf("--grids: %w", err)
@@ -592,7 +627,10 @@ func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 			res.ExpertBatches += e.Forward.Batches + e.Backward.Batches
 		}
 	}
-	return m.report(cmd.OutOrStdout(), res)
+	if err := m.report(cmd.OutOrStdout(), res); err != nil {
+		return err
+	}
+	return m.checkFailures(out, res)
 }
 
 // moeData is what a MoE command trains on: Fashion-MNIST for a DMoE
@@ -730,11 +768,8 @@ func (m *moeFlags) trainLM(ctx context.Context, out io.Writer, grids []moe.Grid,
 			}
 		},
 	})
-	res.Steps, res.Failed, res.TrainLoss = st.Steps, st.Failed, st.LastLoss
+	res.Steps, res.Failed, res.TrainLoss, res.firstErr = st.Steps, st.Failed, st.LastLoss, st.Err
 	res.Seconds = time.Since(start).Seconds()
-	if st.Failed > 0 {
-		fmt.Fprintf(out, "\n%d of %d steps failed; first error: %v\n", st.Failed, st.Steps, st.Err)
-	}
 	if err != nil {
 		return res, err
 	}

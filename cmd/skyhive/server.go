@@ -65,6 +65,7 @@ func newServerCmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServer(cmd, f) },
 	}
+	cmd.PreRunE = checkedNumbers(numberRules{Positive: []string{"hidden"}, Negative: []string{"clip"}})
 	fl := cmd.Flags()
 	fl.StringVar(&f.experts, "experts", "ffn.[0:4].[0:4]", "expert UIDs or patterns, e.g. 'ffn.[0:16].[0:16]' (comma-separated)")
 	fl.StringVar(&f.expertType, "expert-type", server.TypeFFN, "expert type: ffn (x + FFN(LN(x))) or transformer (BERT encoder layer)")

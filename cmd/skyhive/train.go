@@ -149,6 +149,7 @@ func newTrainLocalCmd(use string) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return f.runLocal(cmd) },
 	}
+	cmd.PreRunE = checkedNumbers(numberRules{Positive: []string{"epochs", "batch", "lr"}})
 	fl := cmd.Flags()
 	f.register(fl)
 	f.registerModel(fl, "fashion-mnist for image models; for language models gcide (their default), gcide:PATH, text:PATH or tokens:PATH")

@@ -592,7 +592,7 @@ func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 		for _, us := range uids {
 			mine = append(mine, us[i*len(us)/servers:(i+1)*len(us)/servers]...)
 		}
-		srv, err := server.New(server.Config{Transport: h, DHT: n, Experts: mine, Hidden: m.hidden, LR: f.cfg.LR,
+		srv, err := server.NewContext(ctx, server.Config{Transport: h, DHT: n, Experts: mine, Hidden: m.hidden, LR: f.cfg.LR,
 			Seed: f.cfg.Seed, Limits: wireLimitsFor(4096, m.hidden), DeclareEvery: 20 * time.Second})
 		if err != nil {
 			return err

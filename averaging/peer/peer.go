@@ -414,14 +414,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	defer node.Close()
 	jctx, cancel := context.WithTimeout(ctx, cfg.JoinTimeout)
+	joinStart := time.Now()
 	err = node.Bootstrap(jctx, cfg.DHT)
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
 			return res, ctx.Err()
 		}
-		return res, fmt.Errorf("%w at %s within %v: %v (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)",
-			ErrDHT, addrList(cfg.DHT), cfg.JoinTimeout, err)
+		return res, fmt.Errorf("%w at %s: failed after %v (of up to %v): %v (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)",
+			ErrDHT, addrList(cfg.DHT), time.Since(joinStart).Round(time.Millisecond), cfg.JoinTimeout, err)
 	}
 	live := &liveState{}
 	defer startStatus(ctx, cfg, h, node, live)()

@@ -71,7 +71,7 @@ func (t *trainer) loop(ctx context.Context) error {
 	lastEval, lastBar := time.Now(), time.Now()
 	t.lastStat, t.lastCkpt = time.Now(), time.Now()
 	steps := 0
-	var ema float64
+	var avg lossAverage
 	var pendingEval time.Duration // evaluation time since the last step
 	for t.cfg.Steps <= 0 || steps < t.cfg.Steps {
 		if ctx.Err() != nil {
@@ -110,8 +110,8 @@ func (t *trainer) loop(ctx context.Context) error {
 		t.res.MaxStepSeconds = max(t.res.MaxStepSeconds, t.lastStep.Sub(ts).Seconds())
 		steps++
 		t.tm.Step(examples, loss)
-		ema = 0.98*ema + 0.02*loss
-		t.live.setLoss(ema / (1 - math.Pow(0.98, float64(steps)))) // without the average's bias towards 0
+		smoothed := avg.add(loss)
+		t.live.setLoss(smoothed)
 		now := time.Now()
 		if bar != nil && now.Sub(lastBar) >= time.Second {
 			lastBar = now
@@ -120,7 +120,7 @@ func (t *trainer) loop(ctx context.Context) error {
 			if t.cfg.Steps <= 0 {
 				done = int(now.Sub(t.start) / time.Second)
 			}
-			bar.Update(min(done, max(total, 1)), int64(steps*t.cfg.Batch), progress.F("loss", ema),
+			bar.Update(min(done, max(total, 1)), int64(steps*t.cfg.Batch), progress.F("loss", smoothed),
 				progress.F("peers", float64(p.Peers)), progress.F("round", float64(t.opt.Round())))
 		}
 		if t.cfg.EvalEvery > 0 && now.Sub(lastEval) >= t.cfg.EvalEvery {
@@ -150,6 +150,25 @@ func (t *trainer) loop(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// lossDecay is the weight of the past in the progress line's loss.
+const lossDecay = 0.98
+
+// lossAverage is the exponential moving average of the loss that the
+// progress line and the status record show, divided by 1 - lossDecay^n
+// after n losses (as Adam corrects its moments), so that it is the loss's
+// level from the first step on instead of rising from 0 towards it.
+type lossAverage struct {
+	ema float64
+	n   int
+}
+
+// add takes one step's loss and returns the corrected average.
+func (a *lossAverage) add(loss float64) float64 {
+	a.n++
+	a.ema = lossDecay*a.ema + (1-lossDecay)*loss
+	return a.ema / (1 - math.Pow(lossDecay, float64(a.n)))
 }
 
 // learningRate is the learning rate of the step after steps local steps,

@@ -120,7 +120,11 @@ func withHint(err error) error {
 		return fmt.Errorf("%w (--relay must name a publicly reachable peer started with --relay-service)", err)
 	}
 	if strings.Contains(err.Error(), "address already in use") {
-		return fmt.Errorf("%w (a --listen port is taken, perhaps by another skyhive: choose another port, or 0 for a free one)", err)
+		flag := "--listen"
+		if strings.HasPrefix(err.Error(), "--metrics") {
+			flag = "--metrics" // metricsFlags.start names it
+		}
+		return fmt.Errorf("%w (the %s port is taken, perhaps by another skyhive: choose another port, or 0 for a free one)", err, flag)
 	}
 	return err
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -341,13 +343,34 @@ func (c *connectFlags) seeds() ([]peer.AddrInfo, error) {
 	return s, nil
 }
 
-// printReach prints where others reach a peer and whether they can.
+// printReach prints where others reach a peer and whether they can. The
+// advice on reaching it from other networks is left out for a peer that
+// listens only on loopback, which is meant for this machine (a local
+// pipeline's workers, a demo).
 func printReach(w io.Writer, r p2p.Reach) {
 	fmt.Fprintln(w, "reachable at:")
 	for _, a := range r.Addrs {
 		fmt.Fprintf(w, "  %s\n", a)
 	}
+	if loopbackOnly(r) {
+		fmt.Fprintln(w, "reachability: this machine only (loopback)")
+		return
+	}
 	fmt.Fprintln(w, r)
+}
+
+// loopbackOnly reports whether every address of r is a loopback one.
+func loopbackOnly(r p2p.Reach) bool {
+	if len(r.Addrs) == 0 || len(r.Relayed) > 0 {
+		return false
+	}
+	for _, s := range r.Addrs {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil || !manet.IsIPLoopback(a) {
+			return false
+		}
+	}
+	return true
 }
 
 // reportReach prints h's addresses and reachability now (to w, or as one
@@ -360,6 +383,9 @@ func reportReach(ctx context.Context, h *p2p.Host, w, jsonOut io.Writer) {
 	} else {
 		fmt.Fprintf(w, "peer %s\n", h.ID())
 		printReach(w, r)
+	}
+	if loopbackOnly(r) {
+		return // AutoNAT has nothing to say about loopback
 	}
 	go func() {
 		_ = h.WatchReach(ctx, func(n p2p.Reach) {

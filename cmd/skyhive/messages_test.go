@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/p2p"
 )
 
 // TestPeerDialFailureSaysElapsed checks that a peer whose DHT address
@@ -99,5 +100,22 @@ func TestResumeFinishedCheckpoint(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "has finished all 1 epochs: nothing left to do") || strings.Contains(out.String(), "after 0 epochs") {
 		t.Fatalf("resuming a finished run printed:\n%s", out.String())
+	}
+}
+
+// TestLoopbackPeerGetsNoReachabilityAdvice checks that a peer listening on
+// loopback only (a local pipeline's worker) is not told how to be reached
+// from other networks, and that one with a private address still is.
+func TestLoopbackPeerGetsNoReachabilityAdvice(t *testing.T) {
+	id := "/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd"
+	var out strings.Builder
+	printReach(&out, p2p.Reach{Status: "local", Addrs: []string{"/ip4/127.0.0.1/tcp/4001" + id, "/ip6/::1/tcp/4001" + id}, Advice: "forward a port"})
+	if strings.Contains(out.String(), "forward a port") || !strings.Contains(out.String(), "this machine only") || !strings.Contains(out.String(), "127.0.0.1") {
+		t.Fatalf("loopback peer:\n%s", out.String())
+	}
+	out.Reset()
+	printReach(&out, p2p.Reach{Status: "local", Addrs: []string{"/ip4/192.168.1.5/tcp/4001" + id}, Advice: "forward a port"})
+	if !strings.Contains(out.String(), "forward a port") {
+		t.Fatalf("peer on a private network got no advice:\n%s", out.String())
 	}
 }

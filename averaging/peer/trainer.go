@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"runtime"
@@ -152,6 +153,32 @@ func (t *trainer) loop(ctx context.Context) error {
 	return nil
 }
 
+// waitNotice tells a peer's user how the wait for the run's peers goes, as
+// one line whenever the count changes and at most every waitNoticeEvery
+// otherwise, so that the minutes before the first step are not silent.
+type waitNotice struct {
+	w     io.Writer // nil: nothing is written
+	start time.Time
+	at    time.Time // of the last line
+	last  int
+}
+
+// waitNoticeEvery is how often an unchanged wait is reported.
+const waitNoticeEvery = 5 * time.Second
+
+func newWaitNotice(w io.Writer) *waitNotice {
+	return &waitNotice{w: w, start: time.Now(), last: -1}
+}
+
+// update reports that have of the want peers of run are there.
+func (n *waitNotice) update(run string, have, want int) {
+	if n.w == nil || (have == n.last && time.Since(n.at) < waitNoticeEvery) {
+		return
+	}
+	n.last, n.at = have, time.Now()
+	fmt.Fprintf(n.w, "waiting for the peers of run %q: %d of %d here after %v\n", run, have, want, time.Since(n.start).Round(time.Second))
+}
+
 // lossDecay is the weight of the past in the progress line's loss.
 const lossDecay = 0.98
 
@@ -196,11 +223,22 @@ func learningRate(cfg Config, steps int, elapsed time.Duration) float64 {
 // evaluate measures the model (with averages that arrived) on the held-out
 // data: the test set of an image model, the validation tokens of a
 // language model.
+//
+// With a progress bar it says when it starts and how long it took, so that
+// an evaluation of many seconds, after the bar's 100% or between its
+// updates, does not look like a hang.
 func (t *trainer) evaluate(ctx context.Context) error {
 	nn.SetFlatValues(t.model.Params(), t.opt.Consensus())
 	e := Eval{Steps: t.opt.Stats().Steps}
+	e0 := time.Now()
+	if w := t.cfg.Progress; w != nil {
+		fmt.Fprintf(w, "\nevaluating after %d steps …\n", e.Steps)
+	}
 	if err := t.task.eval(ctx, t.model, &e); err != nil {
 		return fmt.Errorf("evaluate: %w", err)
+	}
+	if w := t.cfg.Progress; w != nil {
+		fmt.Fprintf(w, "evaluated in %v\n", time.Since(e0).Round(100*time.Millisecond))
 	}
 	e.Unix, e.Seconds = float64(time.Now().UnixNano())/1e9, time.Since(t.start).Seconds()
 	t.mu.Lock()

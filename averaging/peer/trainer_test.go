@@ -2,6 +2,7 @@ package peer
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -31,4 +32,20 @@ func TestLossAverageHasNoStartUpBias(t *testing.T) {
 			t.Fatalf("a constant loss of 2.5 averages to %v", got)
 		}
 	}
+}
+
+// TestWaitNoticeReportsChanges checks the notices of the wait for a run's
+// peers: a line when the count changes, none when it does not (within
+// waitNoticeEvery), and nothing without a writer.
+func TestWaitNoticeReportsChanges(t *testing.T) {
+	var out strings.Builder
+	n := newWaitNotice(&out)
+	n.update("r", 1, 3)
+	n.update("r", 1, 3)
+	n.update("r", 2, 3)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], `run "r": 1 of 3 here`) || !strings.Contains(lines[1], "2 of 3 here") {
+		t.Fatalf("notices:\n%s", out.String())
+	}
+	newWaitNotice(nil).update("r", 1, 3) // no writer: no output, no panic
 }

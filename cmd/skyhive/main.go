@@ -86,7 +86,13 @@ func main() {
 	root.SetArgs(legacyTrainArgs(os.Args[1:], os.Stderr))
 	err := root.ExecuteContext(ctx)
 	signal.Stop(sigs)
+	interrupted := ctx.Err() != nil
 	cancel()
+	if err != nil && interrupted && errors.Is(err, context.Canceled) {
+		// Stopped by a signal before it finished: not a failure to explain.
+		fmt.Fprintln(os.Stderr, "skyhive: stopped before finishing:", strings.Replace(err.Error(), context.Canceled.Error(), "interrupted", 1))
+		os.Exit(forcedExit)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "skyhive:", withHint(err))
 		os.Exit(1)

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/skyhive/skyhive/data"
 )
 
 // stopBound is how soon after the first SIGINT or SIGTERM a long-running
@@ -156,5 +159,25 @@ func TestSignalSecondForcesExit(t *testing.T) {
 	<-done
 	if !strings.Contains(out.String(), "stopping") || !strings.Contains(out.String(), "exiting now") {
 		t.Fatalf("the handler said %q", out.String())
+	}
+}
+
+// TestSignalStopsTrain checks that SIGTERM stops `skyhive train` within
+// stopBound, saying it stopped before finishing (no "context canceled"),
+// with the exit status of an interrupted command.
+func TestSignalStopsTrain(t *testing.T) {
+	if _, err := os.Stat(filepath.Join(data.DefaultDir, "train-images-idx3-ubyte.gz")); err != nil {
+		t.Skip("Fashion-MNIST not installed")
+	}
+	took, err, out := startAndStop(t, "epoch 1/1", "train", "--model", "mlp-small", "--epochs", "1", "--batch", "8")
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != forcedExit {
+		t.Fatalf("train exited with %v after SIGTERM, want status %d:\n%s", err, forcedExit, tail(out))
+	}
+	if took > stopBound {
+		t.Fatalf("train took %v to stop after SIGTERM, want at most %v", took, stopBound)
+	}
+	if !strings.Contains(out, "stopped before finishing: interrupted") || strings.Contains(out, "context canceled") {
+		t.Fatalf("output after SIGTERM:\n%s", tail(out))
 	}
 }

@@ -102,7 +102,7 @@ func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 		cfg.Model, trainSet.Len(), testSet.Len(), tensor.Backend())
 	res, err := train.Run(cmd.Context(), cfg, trainSet, testSet, out)
 	if err != nil {
-		if cfg.Checkpoint != "" && cmd.Context().Err() != nil {
+		if cfg.Checkpoint != "" && cmd.Context().Err() != nil && !strings.Contains(err.Error(), "resume") {
 			return fmt.Errorf("%w (continue with --resume)", err)
 		}
 		return err

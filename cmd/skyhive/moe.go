@@ -95,6 +95,24 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	renameFlags(fl, map[string]string{"moe-grids": "grids", "moe-hidden": "hidden", "moe-steps": "steps", "moe-listen": "listen", "emulated-rtt": "rtt"})
 }
 
+// setup checks the flags both MoE commands share and reads what they
+// train on: the grids, the trainers' emulated link and the data.
+func (m *moeFlags) setup(out io.Writer) ([]moe.Grid, netem.LinkParams, moeData, error) {
+	if m.maxFailed > 1 {
+		return nil, netem.LinkParams{}, moeData{}, fmt.Errorf("--max-failed-steps %g: a fraction of the steps, at most 1", m.maxFailed)
+	}
+	grids, err := parseGrids(m.grids)
+	if err != nil {
+		return nil, netem.LinkParams{}, moeData{}, fmt.Errorf("--grids: %w", err)
+	}
+	link, err := m.emulated()
+	if err != nil {
+		return nil, netem.LinkParams{}, moeData{}, err
+	}
+	d, err := m.loadData(out)
+	return grids, link, d, err
+}
+
 // moeNumbers are the MoE commands' rules for numeric flags.
 var moeNumbers = numberRules{Positive: []string{"epochs", "batch", "lr", "hidden", "k-best", "k-min", "trainers", "heads", "seq", "servers"}}
 
@@ -355,15 +373,12 @@ func newTrainMoECmd() *cobra.Command {
 // run trains the local layers of a DMoE model against a live swarm.
 func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	ctx := cmd.Context()
-	if m.maxFailed > 1 {
-		return fmt.Errorf("--max-failed-steps %g: a fraction of the steps, at most 1", m.maxFailed)
-	}
 	if len(m.net.dht) == 0 {
 		return errors.New("--dht is required: the address of the swarm's DHT, e.g. printed by `skyhive server` or `skyhive dht`")
 	}
-	grids, err := parseGrids(m.grids)
+	grids, link, d, err := m.setup(cmd.ErrOrStderr())
 	if err != nil {
-		return fmt.Errorf("--grids: %w", err)
+		return err
 	}
 	if err := m.status.check(); err != nil {
 		return err
@@ -377,14 +392,6 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	hcfg.MaxMessageBytes = 256 << 20
-	link, err := m.emulated()
-	if err != nil {
-		return err
-	}
-	d, err := m.loadData(cmd.ErrOrStderr())
-	if err != nil {
-		return err
-	}
 	reg, stopMetrics, err := m.train.metrics.start(ctx, cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -531,21 +538,10 @@ func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 	ctx := cmd.Context()
 	out := cmd.ErrOrStderr()
 	f := &m.train
-	if m.maxFailed > 1 {
-		return fmt.Errorf("--max-failed-steps %g: a fraction of the steps, at most 1", m.maxFailed)
-	}
-	grids, err := parseGrids(m.grids)
-	if err != nil {
-		return fmt.Errorf("--grids: %w", err)
-	}
 	if servers < 1 {
 		return errors.New("--servers must be at least 1")
 	}
-	link, err := m.emulated()
-	if err != nil {
-		return err
-	}
-	d, err := m.loadData(out)
+	grids, link, d, err := m.setup(out)
 	if err != nil {
 		return err
 	}

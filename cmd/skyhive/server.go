@@ -178,6 +178,13 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "serving %s … %s; Ctrl-C to stop\n", uids[0], uids[len(uids)-1])
 	defer f.status.start(ctx, cmd.ErrOrStderr(), h, node, metrics.RoleServer, func(s *metrics.Status) { serverStatus(s, srv.Stats()) })()
+	return f.serve(ctx, cmd.ErrOrStderr(), out, srv, logs)
+}
+
+// serve prints the server's statistics every --stats-every (and appends
+// them to --stats) until ctx ends, then closes srv, which checkpoints, and
+// prints them once more.
+func (f *serverFlags) serve(ctx context.Context, log, out io.Writer, srv *server.Server, logs *quietHandler) error {
 	stats, closeStats, err := f.out.openStats()
 	if err != nil {
 		srv.Close()
@@ -208,7 +215,7 @@ func runServer(cmd *cobra.Command, f serverFlags) error {
 	for {
 		select {
 		case <-ctx.Done():
-			fmt.Fprintln(cmd.ErrOrStderr(), "stopping: checkpointing and closing")
+			fmt.Fprintln(log, "stopping: checkpointing and closing")
 			err := srv.Close()
 			show(srv.Stats(), true)
 			if err == nil && lines.err != nil {

@@ -20,9 +20,9 @@ import (
 const stopBound = 2 * time.Second
 
 // startAndStop starts the binary as `skyhive args...`, waits until its
-// output contains ready, sends SIGTERM and returns how long it took to exit
-// and its error.
-func startAndStop(t *testing.T, ready string, args ...string) (time.Duration, error, string) {
+// output contains ready, sends SIGTERM and returns how long it took to
+// exit, its output and its error.
+func startAndStop(t *testing.T, ready string, args ...string) (time.Duration, string, error) {
 	t.Helper()
 	seen := make(chan struct{})
 	w := &watchWriter{want: ready, seen: seen}
@@ -40,10 +40,10 @@ func startAndStop(t *testing.T, ready string, args ...string) (time.Duration, er
 	}
 	select {
 	case <-p.done:
-		return time.Since(sent), p.err, p.stderr.String()
+		return time.Since(sent), p.stderr.String(), p.err
 	case <-time.After(stopBound + 10*time.Second):
 		t.Fatalf("%v still running %v after SIGTERM:\n%s", args, stopBound+10*time.Second, tail(p.stderr.String()))
-		return 0, nil, ""
+		return 0, "", nil
 	}
 }
 
@@ -73,7 +73,7 @@ func (w *watchWriter) Write(p []byte) (int, error) {
 // grid and a checkpoint, which it must have written when it exits.
 func TestSignalStopsServer(t *testing.T) {
 	start := time.Now()
-	took, err, out := startAndStop(t, "Ctrl-C to stop", "server", "--listen", "/ip4/127.0.0.1/tcp/0",
+	took, out, err := startAndStop(t, "Ctrl-C to stop", "server", "--listen", "/ip4/127.0.0.1/tcp/0",
 		"--experts", "ffn.[0:16].[0:16]")
 	if err != nil {
 		t.Fatalf("server exited with %v after SIGTERM:\n%s", err, tail(out))
@@ -84,7 +84,7 @@ func TestSignalStopsServer(t *testing.T) {
 	t.Logf("16×16 grid: up and stopped in %v; stopped %v after SIGTERM", time.Since(start).Round(time.Millisecond), took.Round(time.Millisecond))
 
 	ckpt := t.TempDir() + "/experts.safetensors"
-	took, err, out = startAndStop(t, "Ctrl-C to stop", "server", "--listen", "/ip4/127.0.0.1/tcp/0", "--checkpoint", ckpt)
+	took, out, err = startAndStop(t, "Ctrl-C to stop", "server", "--listen", "/ip4/127.0.0.1/tcp/0", "--checkpoint", ckpt)
 	if err != nil {
 		t.Fatalf("server exited with %v after SIGTERM:\n%s", err, tail(out))
 	}
@@ -100,7 +100,7 @@ func TestSignalStopsServer(t *testing.T) {
 // experts (256 of hidden 512, 8.6 GB if it went on): it must stop creating
 // them and exit within stopBound.
 func TestSignalStopsServerSetup(t *testing.T) {
-	took, err, stderr := startAndStop(t, "expert server hosting", "server", "--listen", "/ip4/127.0.0.1/tcp/0",
+	took, stderr, err := startAndStop(t, "expert server hosting", "server", "--listen", "/ip4/127.0.0.1/tcp/0",
 		"--experts", "ffn.[0:16].[0:16]", "--hidden", "512", "--lazy=false")
 	var exit *exec.ExitError
 	if err != nil && !errors.As(err, &exit) {
@@ -114,7 +114,7 @@ func TestSignalStopsServerSetup(t *testing.T) {
 // TestSignalStopsDHT checks that SIGTERM stops `skyhive dht` within
 // stopBound.
 func TestSignalStopsDHT(t *testing.T) {
-	took, err, stderr := startAndStop(t, "/p2p/", "dht", "--listen", "/ip4/127.0.0.1/tcp/0")
+	took, stderr, err := startAndStop(t, "/p2p/", "dht", "--listen", "/ip4/127.0.0.1/tcp/0")
 	if err != nil {
 		t.Fatalf("dht exited with %v after SIGTERM:\n%s", err, tail(stderr))
 	}
@@ -169,7 +169,7 @@ func TestSignalStopsTrain(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(data.DefaultDir, "train-images-idx3-ubyte.gz")); err != nil {
 		t.Skip("Fashion-MNIST not installed")
 	}
-	took, err, out := startAndStop(t, "epoch 1/1", "train", "--model", "mlp-small", "--epochs", "1", "--batch", "8")
+	took, out, err := startAndStop(t, "epoch 1/1", "train", "--model", "mlp-small", "--epochs", "1", "--batch", "8")
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != forcedExit {
 		t.Fatalf("train exited with %v after SIGTERM, want status %d:\n%s", err, forcedExit, tail(out))

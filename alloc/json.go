@@ -5,11 +5,100 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"reflect"
+	"strings"
 )
 
 // The JSON formats are documented in docs/alloc.md.
+
+// DecodeJSON decodes one JSON value from data into v, refusing fields v
+// does not have, with errors in the file's terms: the line and column, the
+// field's path (e.g. "devices.tflops") and the kind of value expected (a
+// number, a list...), never Go's type names.
+func DecodeJSON(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		return nil
+	}
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		// Offset counts the offending byte.
+		return fmt.Errorf("%s: %s", position(data, syn.Offset-1), strings.TrimPrefix(syn.Error(), "json: "))
+	case errors.As(err, &typ):
+		what := typ.Field
+		if what == "" {
+			what = "the file"
+		}
+		return fmt.Errorf("%s: %s must be %s, not %s", position(data, typ.Offset), what, jsonKind(typ.Type), article(typ.Value))
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return fmt.Errorf("%s: the JSON ends early (a missing } or ]?)", position(data, int64(len(data))))
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.TrimPrefix(err.Error(), "json: unknown field ") // quoted
+		off := int64(bytes.Index(data, []byte(field)))
+		if off < 0 {
+			off = dec.InputOffset()
+		}
+		return fmt.Errorf("%s: unknown field %s (docs/alloc.md lists the fields)", position(data, off), field)
+	}
+	return err
+}
+
+// position is "line L, column C" of byte offset off in data (1-based; the
+// column counts bytes).
+func position(data []byte, off int64) string {
+	off = min(max(off, 0), int64(len(data)))
+	before := data[:off]
+	line := bytes.Count(before, []byte("\n")) + 1
+	col := int(off) - (bytes.LastIndexByte(before, '\n') + 1) + 1
+	return fmt.Sprintf("line %d, column %d", line, col)
+}
+
+// jsonKind names the kind of JSON value that decodes into t.
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "a list [...]"
+	case reflect.Struct, reflect.Map:
+		return "an object {...}"
+	}
+	return "another kind of value"
+}
+
+// article puts "a" or "an" before the kind of JSON value json reports
+// ("string", "number", "array", "object", "bool", or a number's text such
+// as "number 1.5").
+func article(v string) string {
+	switch {
+	case v == "array":
+		return "a list"
+	case v == "object":
+		return "an object"
+	case v == "bool":
+		return "true or false"
+	case strings.HasPrefix(v, "number "):
+		return strings.TrimPrefix(v, "number ")
+	}
+	return "a " + v
+}
 
 type linkJSON struct {
 	LatencyMs     float64 `json:"latency_ms"`
@@ -47,9 +136,7 @@ type clusterJSON struct {
 // ParseCluster parses a cluster description (see docs/alloc.md).
 func ParseCluster(data []byte) (*Cluster, error) {
 	var cj clusterJSON
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cj); err != nil {
+	if err := DecodeJSON(data, &cj); err != nil {
 		return nil, fmt.Errorf("alloc: parse cluster: %w", err)
 	}
 	c := &Cluster{Intra: cj.Intra.link(), Inter: cj.Inter.link()}
@@ -119,9 +206,7 @@ func ParseModel(data []byte) (*Model, error) {
 		return GenerateModel(string(trimmed), 0, 1)
 	}
 	var mj modelJSON
-	dec := json.NewDecoder(bytes.NewReader(trimmed))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&mj); err != nil {
+	if err := DecodeJSON(data, &mj); err != nil {
 		return nil, fmt.Errorf("alloc: parse model: %w", err)
 	}
 	var m *Model

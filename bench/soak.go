@@ -23,13 +23,28 @@ func soakSuite() Suite {
 // SoakPeers is the number of peer processes of the soak.
 const SoakPeers = 8
 
+// MinSoakDuration is the shortest soak AnalyzeSoak can judge: the warm-up
+// (at least 30 s) and two measuring windows (each at least 30 s) after it.
+const MinSoakDuration = 90 * time.Second
+
+// CheckSoakDuration reports a soak too short to be judged, before it runs.
+func CheckSoakDuration(d time.Duration) error {
+	if d < MinSoakDuration {
+		return fmt.Errorf("--duration %v is too short for a soak: it measures after a 30 s warm-up over two windows of at least 30 s, so it needs at least %v", d, MinSoakDuration)
+	}
+	return nil
+}
+
 func runSoak(o Options) ([]Result, error) {
 	d := o.Duration
 	if d <= 0 {
 		d = 10 * time.Minute
 		if o.Quick {
-			d = 90 * time.Second
+			d = MinSoakDuration
 		}
+	}
+	if err := CheckSoakDuration(d); err != nil {
+		return nil, err
 	}
 	exe, err := os.Executable()
 	if err != nil {

@@ -3,6 +3,7 @@ package bench
 import (
 	"encoding/json"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,5 +47,21 @@ func TestAnalyzeSoak(t *testing.T) {
 	}
 	if rs[0].Value < 0.5 || rs[2].Value < 5 {
 		t.Fatalf("growing peer not caught: %+v", rs)
+	}
+}
+
+// TestSoakTooShortRefusedFirst checks that a soak too short to be judged
+// is refused before any peer starts.
+func TestSoakTooShortRefusedFirst(t *testing.T) {
+	start := time.Now()
+	_, err := runSoak(Options{Duration: time.Minute})
+	if err == nil || !strings.Contains(err.Error(), "--duration 1m0s is too short") {
+		t.Fatalf("a 1-minute soak: %v, want it refused as too short", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("refused after %v, want at once", d)
+	}
+	if err := CheckSoakDuration(MinSoakDuration); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -260,16 +260,49 @@ func ParseExperts(spec string, maxExperts int) ([]string, error) {
 	return out, nil
 }
 
-// ExpertInfo is the value of an expert's DHT records: its UID and where its
-// server listens.
+// ExpertInfo is the value of an expert's DHT records: its UID, where its
+// server listens and, from servers that say, what the expert is (its type
+// and hidden size), so that a trainer can check that it can call it
+// before it does.
 type ExpertInfo struct {
 	UID  string        `json:"uid"`
 	Peer peer.AddrInfo `json:"peer"`
+	// Type is the expert's type (e.g. "ffn"); empty if not declared.
+	Type string `json:"type,omitempty"`
+	// Hidden is the expert's hidden size; 0 if not declared.
+	Hidden int `json:"hidden,omitempty"`
+}
+
+// MaxHidden bounds the hidden size an ExpertInfo may declare.
+const MaxHidden = 1 << 16
+
+// maxTypeLen bounds the type an ExpertInfo may declare.
+const maxTypeLen = 32
+
+// checkSpec reports a declared type or hidden size out of bounds: a type
+// must be at most 32 lower-case letters, digits or dashes, and a hidden
+// size in [0, MaxHidden].
+func (e ExpertInfo) checkSpec() error {
+	if e.Hidden < 0 || e.Hidden > MaxHidden {
+		return fmt.Errorf("%w: expert %s declares hidden size %d, not in [0, %d]", ErrRequest, e.UID, e.Hidden, MaxHidden)
+	}
+	if len(e.Type) > maxTypeLen {
+		return fmt.Errorf("%w: expert %s declares a type of %d bytes", ErrRequest, e.UID, len(e.Type))
+	}
+	for _, r := range e.Type {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
+			return fmt.Errorf("%w: expert %s declares type %q", ErrRequest, e.UID, e.Type)
+		}
+	}
+	return nil
 }
 
 // MarshalInfo encodes an ExpertInfo for the DHT.
 func MarshalInfo(e ExpertInfo) ([]byte, error) {
 	if _, _, err := SplitUID(e.UID); err != nil {
+		return nil, err
+	}
+	if err := e.checkSpec(); err != nil {
 		return nil, err
 	}
 	if len(e.Peer.Addrs) > maxAddrs {
@@ -300,6 +333,9 @@ func UnmarshalInfo(b []byte) (ExpertInfo, error) {
 	}
 	if e.Peer.ID == "" || len(e.Peer.Addrs) > maxAddrs {
 		return ExpertInfo{}, fmt.Errorf("%w: expert info for %s without a peer or with too many addresses", ErrRequest, e.UID)
+	}
+	if err := e.checkSpec(); err != nil {
+		return ExpertInfo{}, err
 	}
 	return e, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -74,6 +75,43 @@ func TestInfoRoundTrip(t *testing.T) {
 	}
 	if _, err := UnmarshalInfo([]byte(`{"uid":"bad","peer":{"ID":"x"}}`)); err == nil {
 		t.Fatal("bad uid accepted")
+	}
+}
+
+// TestInfoSpec checks that an expert's declared type and hidden size
+// survive the DHT record and that out-of-bounds ones are refused on both
+// sides.
+func TestInfoSpec(t *testing.T) {
+	id, err := peer.Decode("12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := ExpertInfo{UID: "ffn.1.2", Peer: peer.AddrInfo{ID: id}, Type: "ffn", Hidden: 1024}
+	b, err := MarshalInfo(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := UnmarshalInfo(b)
+	if err != nil || out.Type != "ffn" || out.Hidden != 1024 {
+		t.Fatalf("round trip: %+v, %v", out, err)
+	}
+	for _, bad := range []ExpertInfo{
+		{UID: "ffn.1", Peer: in.Peer, Hidden: -1},
+		{UID: "ffn.1", Peer: in.Peer, Hidden: MaxHidden + 1},
+		{UID: "ffn.1", Peer: in.Peer, Type: "FFN\n"},
+		{UID: "ffn.1", Peer: in.Peer, Type: strings.Repeat("a", 33)},
+	} {
+		if _, err := MarshalInfo(bad); err == nil {
+			t.Errorf("MarshalInfo accepted %+v", bad)
+		}
+	}
+	for _, raw := range []string{
+		`{"uid":"ffn.1","peer":{"ID":"12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"},"hidden":99999999}`,
+		`{"uid":"ffn.1","peer":{"ID":"12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"},"type":"<b>"}`,
+	} {
+		if e, err := UnmarshalInfo([]byte(raw)); !errors.Is(err, ErrRequest) {
+			t.Errorf("UnmarshalInfo(%s) = %+v, %v; want ErrRequest", raw, e, err)
+		}
 	}
 }
 

@@ -36,6 +36,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -187,6 +188,7 @@ func (n *Node) join(ctx context.Context) error {
 		})
 		return nil
 	}
+	start := time.Now()
 	err := n.bootstrap(ctx)
 	if err == nil {
 		return nil
@@ -194,7 +196,8 @@ func (n *Node) join(ctx context.Context) error {
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w: %v", cerr, err)
 	}
-	return fmt.Errorf("%w at %s within %v: %w", ErrJoin, strings.Join(n.cfg.DHT.Bootstrap, ", "), n.cfg.DHT.JoinTimeout, err)
+	return fmt.Errorf("%w at %s: failed after %v (of up to %v): %w", ErrJoin, strings.Join(n.cfg.DHT.Bootstrap, ", "),
+		time.Since(start).Round(time.Millisecond), n.cfg.DHT.JoinTimeout, err)
 }
 
 func (n *Node) bootstrap(ctx context.Context) error {

@@ -575,6 +575,7 @@ func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, nod
 	deadline := time.Now().Add(cfg.WaitPeers)
 	var mismatched []averaging.PeerInfo
 	founder, first := false, true
+	notice := newWaitNotice(cfg.Log)
 	for {
 		actx, cancel := context.WithTimeout(ctx, cfg.RoundInterval)
 		_ = mm.Announce(actx, 0)
@@ -605,6 +606,7 @@ func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, nod
 			}
 			return same, founder, nil
 		}
+		notice.update(cfg.RunID, len(same)+1, cfg.MinPeers)
 		if time.Now().After(deadline) {
 			return nil, false, fmt.Errorf("%w: %d of %d peers of run %q appeared in the DHT within %v; check that every peer uses the same run ID, or lower the minimum of peers",
 				ErrNoSwarm, len(same)+1, cfg.MinPeers, cfg.RunID, cfg.WaitPeers)

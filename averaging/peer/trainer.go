@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"runtime"
@@ -71,7 +72,7 @@ func (t *trainer) loop(ctx context.Context) error {
 	lastEval, lastBar := time.Now(), time.Now()
 	t.lastStat, t.lastCkpt = time.Now(), time.Now()
 	steps := 0
-	var ema float64
+	var avg lossAverage
 	var pendingEval time.Duration // evaluation time since the last step
 	for t.cfg.Steps <= 0 || steps < t.cfg.Steps {
 		if ctx.Err() != nil {
@@ -110,8 +111,8 @@ func (t *trainer) loop(ctx context.Context) error {
 		t.res.MaxStepSeconds = max(t.res.MaxStepSeconds, t.lastStep.Sub(ts).Seconds())
 		steps++
 		t.tm.Step(examples, loss)
-		ema = 0.98*ema + 0.02*loss
-		t.live.setLoss(ema / (1 - math.Pow(0.98, float64(steps)))) // without the average's bias towards 0
+		smoothed := avg.add(loss)
+		t.live.setLoss(smoothed)
 		now := time.Now()
 		if bar != nil && now.Sub(lastBar) >= time.Second {
 			lastBar = now
@@ -120,7 +121,7 @@ func (t *trainer) loop(ctx context.Context) error {
 			if t.cfg.Steps <= 0 {
 				done = int(now.Sub(t.start) / time.Second)
 			}
-			bar.Update(min(done, max(total, 1)), int64(steps*t.cfg.Batch), progress.F("loss", ema),
+			bar.Update(min(done, max(total, 1)), int64(steps*t.cfg.Batch), progress.F("loss", smoothed),
 				progress.F("peers", float64(p.Peers)), progress.F("round", float64(t.opt.Round())))
 		}
 		if t.cfg.EvalEvery > 0 && now.Sub(lastEval) >= t.cfg.EvalEvery {
@@ -152,6 +153,51 @@ func (t *trainer) loop(ctx context.Context) error {
 	return nil
 }
 
+// waitNotice tells a peer's user how the wait for the run's peers goes, as
+// one line whenever the count changes and at most every waitNoticeEvery
+// otherwise, so that the minutes before the first step are not silent.
+type waitNotice struct {
+	w     io.Writer // nil: nothing is written
+	start time.Time
+	at    time.Time // of the last line
+	last  int
+}
+
+// waitNoticeEvery is how often an unchanged wait is reported.
+const waitNoticeEvery = 5 * time.Second
+
+func newWaitNotice(w io.Writer) *waitNotice {
+	return &waitNotice{w: w, start: time.Now(), last: -1}
+}
+
+// update reports that have of the want peers of run are there.
+func (n *waitNotice) update(run string, have, want int) {
+	if n.w == nil || (have == n.last && time.Since(n.at) < waitNoticeEvery) {
+		return
+	}
+	n.last, n.at = have, time.Now()
+	fmt.Fprintf(n.w, "waiting for the peers of run %q: %d of %d here after %v\n", run, have, want, time.Since(n.start).Round(time.Second))
+}
+
+// lossDecay is the weight of the past in the progress line's loss.
+const lossDecay = 0.98
+
+// lossAverage is the exponential moving average of the loss that the
+// progress line and the status record show, divided by 1 - lossDecay^n
+// after n losses (as Adam corrects its moments), so that it is the loss's
+// level from the first step on instead of rising from 0 towards it.
+type lossAverage struct {
+	ema float64
+	n   int
+}
+
+// add takes one step's loss and returns the corrected average.
+func (a *lossAverage) add(loss float64) float64 {
+	a.n++
+	a.ema = lossDecay*a.ema + (1-lossDecay)*loss
+	return a.ema / (1 - math.Pow(lossDecay, float64(a.n)))
+}
+
 // learningRate is the learning rate of the step after steps local steps,
 // elapsed into the run: a linear warm-up over cfg.Warmup steps, then a
 // cosine decay from LR to LR/10 over Steps or Duration when the run's
@@ -177,11 +223,22 @@ func learningRate(cfg Config, steps int, elapsed time.Duration) float64 {
 // evaluate measures the model (with averages that arrived) on the held-out
 // data: the test set of an image model, the validation tokens of a
 // language model.
+//
+// With a progress bar it says when it starts and how long it took, so that
+// an evaluation of many seconds, after the bar's 100% or between its
+// updates, does not look like a hang.
 func (t *trainer) evaluate(ctx context.Context) error {
 	nn.SetFlatValues(t.model.Params(), t.opt.Consensus())
 	e := Eval{Steps: t.opt.Stats().Steps}
+	e0 := time.Now()
+	if w := t.cfg.Progress; w != nil {
+		fmt.Fprintf(w, "\nevaluating after %d steps …\n", e.Steps)
+	}
 	if err := t.task.eval(ctx, t.model, &e); err != nil {
 		return fmt.Errorf("evaluate: %w", err)
+	}
+	if w := t.cfg.Progress; w != nil {
+		fmt.Fprintf(w, "evaluated in %v\n", time.Since(e0).Round(100*time.Millisecond))
 	}
 	e.Unix, e.Seconds = float64(time.Now().UnixNano())/1e9, time.Since(t.start).Seconds()
 	t.mu.Lock()

@@ -6,12 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/data"
@@ -34,6 +39,62 @@ import (
 //   - data: --data-dir and --limit;
 //   - metrics: --metrics ADDR (Prometheus metrics on http://ADDR/metrics),
 //     on every long-running command.
+
+// numberRules say which numeric flags checkNumbers holds to more, or less,
+// than "a finite number, not negative".
+type numberRules struct {
+	// Positive names the flags that must be above zero.
+	Positive []string
+	// Negative names the flags whose negative values mean something
+	// (e.g. "disabled").
+	Negative []string
+}
+
+// checkNumbers validates the numeric flags given on the command line (ints,
+// floats and durations; defaults are not checked) as soon as a command
+// starts, before it loads data or joins a network: each must be a finite
+// number and not negative, except as r says. The error names the first
+// offending flag, with the value given and what it must be.
+func checkNumbers(fl *pflag.FlagSet, r numberRules) error {
+	var first error
+	fl.Visit(func(f *pflag.Flag) {
+		if first != nil {
+			return
+		}
+		var v float64
+		switch f.Value.Type() {
+		case "int", "int8", "int16", "int32", "int64", "float32", "float64":
+			x, err := strconv.ParseFloat(f.Value.String(), 64)
+			if err != nil {
+				return
+			}
+			v = x
+		case "duration":
+			d, err := time.ParseDuration(f.Value.String())
+			if err != nil {
+				return
+			}
+			v = float64(d)
+		default:
+			return
+		}
+		switch {
+		case math.IsNaN(v) || math.IsInf(v, 0):
+			first = fmt.Errorf("--%s %s: must be a finite number", f.Name, f.Value)
+		case slices.Contains(r.Positive, f.Name) && v <= 0:
+			first = fmt.Errorf("--%s %s: must be above 0", f.Name, f.Value)
+		case v < 0 && !slices.Contains(r.Negative, f.Name):
+			first = fmt.Errorf("--%s %s: must not be negative", f.Name, f.Value)
+		}
+	})
+	return first
+}
+
+// checkedNumbers is a cobra PreRunE that checks the command's numeric flags
+// (checkNumbers) before it runs: cmd.PreRunE = checkedNumbers(rules).
+func checkedNumbers(r numberRules) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error { return checkNumbers(cmd.Flags(), r) }
+}
 
 // outputFlags are --json and --stats.
 type outputFlags struct {
@@ -283,13 +344,34 @@ func (c *connectFlags) seeds() ([]peer.AddrInfo, error) {
 	return s, nil
 }
 
-// printReach prints where others reach a peer and whether they can.
+// printReach prints where others reach a peer and whether they can. The
+// advice on reaching it from other networks is left out for a peer that
+// listens only on loopback, which is meant for this machine (a local
+// pipeline's workers, a demo).
 func printReach(w io.Writer, r p2p.Reach) {
 	fmt.Fprintln(w, "reachable at:")
 	for _, a := range r.Addrs {
 		fmt.Fprintf(w, "  %s\n", a)
 	}
+	if loopbackOnly(r) {
+		fmt.Fprintln(w, "reachability: this machine only (loopback)")
+		return
+	}
 	fmt.Fprintln(w, r)
+}
+
+// loopbackOnly reports whether every address of r is a loopback one.
+func loopbackOnly(r p2p.Reach) bool {
+	if len(r.Addrs) == 0 || len(r.Relayed) > 0 {
+		return false
+	}
+	for _, s := range r.Addrs {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil || !manet.IsIPLoopback(a) {
+			return false
+		}
+	}
+	return true
 }
 
 // reportReach prints h's addresses and reachability now (to w, or as one
@@ -302,6 +384,9 @@ func reportReach(ctx context.Context, h *p2p.Host, w, jsonOut io.Writer) {
 	} else {
 		fmt.Fprintf(w, "peer %s\n", h.ID())
 		printReach(w, r)
+	}
+	if loopbackOnly(r) {
+		return // AutoNAT has nothing to say about loopback
 	}
 	go func() {
 		_ = h.WatchReach(ctx, func(n p2p.Reach) {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -78,7 +79,10 @@ func main() {
 	if os.Getenv("GOLOG_LOG_LEVEL") == "" {
 		gologshim.SetDefaultHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 4}))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go handleSignals(sigs, cancel, os.Stderr, os.Exit)
 	var err error
 	if path, ok := launch.FileArg(os.Args[1:]); ok {
 		// A child process that a launcher started with a config file.
@@ -88,10 +92,38 @@ func main() {
 		root.SetArgs(legacyTrainArgs(os.Args[1:], os.Stderr))
 		err = root.ExecuteContext(ctx)
 	}
-	stop()
+	signal.Stop(sigs)
+	interrupted := ctx.Err() != nil
+	cancel()
+	if err != nil && interrupted && errors.Is(err, context.Canceled) {
+		// Stopped by a signal before it finished: not a failure to explain.
+		fmt.Fprintln(os.Stderr, "skyhive: stopped before finishing:", strings.Replace(err.Error(), context.Canceled.Error(), "interrupted", 1))
+		os.Exit(forcedExit)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "skyhive:", withHint(err))
 		os.Exit(1)
+	}
+}
+
+// forcedExit is the exit status after a second signal: 128 + SIGINT, as a
+// shell reports a process that Ctrl-C killed.
+const forcedExit = 130
+
+// handleSignals turns the first SIGINT or SIGTERM into a clean stop (cancel:
+// every long-running command then stops within a couple of seconds,
+// checkpointing what it must) and a second one into an immediate exit,
+// saying so on w. It returns when sigs is closed.
+func handleSignals(sigs <-chan os.Signal, cancel context.CancelFunc, w io.Writer, exit func(int)) {
+	s, ok := <-sigs
+	if !ok {
+		return
+	}
+	fmt.Fprintf(w, "skyhive: %v: stopping (send it again to stop at once)\n", s)
+	cancel()
+	if s, ok = <-sigs; ok {
+		fmt.Fprintf(w, "skyhive: %v again: exiting now\n", s)
+		exit(forcedExit)
 	}
 }
 
@@ -101,7 +133,11 @@ func withHint(err error) error {
 		return fmt.Errorf("%w (--relay must name a publicly reachable peer started with --relay-service)", err)
 	}
 	if strings.Contains(err.Error(), "address already in use") {
-		return fmt.Errorf("%w (a --listen port is taken, perhaps by another skyhive: choose another port, or 0 for a free one)", err)
+		flag := "--listen"
+		if msg := err.Error(); strings.HasPrefix(msg, "--metrics") || strings.HasPrefix(msg, "metrics:") {
+			flag = "--metrics" // metricsFlags.start names it
+		}
+		return fmt.Errorf("%w (the %s port is taken, perhaps by another skyhive: choose another port, or 0 for a free one)", err, flag)
 	}
 	return err
 }

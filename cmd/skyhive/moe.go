@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,8 +44,11 @@ type moeFlags struct {
 	evalLimit        int
 	cacheTTL         time.Duration
 	allowZeroOutputs bool
-	link             linkFlags
-	rtt              time.Duration // retired --rtt and --emulated-rtt
+	// maxFailed is --max-failed-steps: the fraction of steps that may
+	// fail before the run counts as failed.
+	maxFailed float64
+	link      linkFlags
+	rtt       time.Duration // retired --rtt and --emulated-rtt
 	// dataset is --data: Fashion-MNIST for a DMoE classifier, text for a
 	// DMoE transformer language model (moeLMFlags).
 	dataset string
@@ -70,7 +74,7 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	m.train.out.register(fl, "the result (accuracy, steps, failures)", "one per epoch")
 	fl.IntVar(&m.train.steps, "steps", 0, "stop after N steps in total (0: --epochs)")
 	fl.StringVar(&m.grids, "grids", "ffn.4.4", "one DMoE layer per grid, PREFIX.SIZE1.SIZE2… (comma-separated)")
-	fl.IntVar(&m.hidden, "hidden", 64, "experts' hidden size")
+	fl.IntVar(&m.hidden, "hidden", defaultHidden, "experts' hidden size (train moe without --hidden: what the swarm's experts declare on the DHT)")
 	fl.IntVar(&m.kBest, "k-best", 4, "experts per sample")
 	fl.IntVar(&m.kMin, "k-min", 1, "answers per sample before --timeout-after-k-min starts")
 	fl.DurationVar(&m.forwardTimeout, "forward-timeout", 10*time.Second, "bound on a layer's forward calls")
@@ -80,6 +84,7 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	fl.IntVar(&m.evalLimit, "eval-limit", 0, "evaluate on the first N test examples (0: all)")
 	fl.DurationVar(&m.cacheTTL, "dht-cache", 30*time.Second, "how long beam search caches prefix records")
 	fl.BoolVar(&m.allowZeroOutputs, "allow-zero-outputs", false, "samples no expert answered pass zeros instead of failing the step")
+	fl.Float64Var(&m.maxFailed, "max-failed-steps", defaultMaxFailed, "fraction of steps that may fail (no expert answered): a run with more failed steps exits with an error")
 	m.link.register(fl, "of every expert and DHT call of the trainers, each way", latency)
 	fl.DurationVar(&m.rtt, "rtt", 0, "retired: use --latency, the one-way latency (half the round trip)")
 	_ = fl.MarkDeprecated("rtt", "use --latency with the one-way latency (half of --rtt)")
@@ -89,6 +94,27 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	fl.Float64Var(&m.lm.clip, "clip", 1, "language model: global norm clip of the local gradients (0 disables)")
 	renameFlags(fl, map[string]string{"moe-grids": "grids", "moe-hidden": "hidden", "moe-steps": "steps", "moe-listen": "listen", "emulated-rtt": "rtt"})
 }
+
+// setup checks the flags both MoE commands share and reads what they
+// train on: the grids, the trainers' emulated link and the data.
+func (m *moeFlags) setup(out io.Writer) ([]moe.Grid, netem.LinkParams, moeData, error) {
+	if m.maxFailed > 1 {
+		return nil, netem.LinkParams{}, moeData{}, fmt.Errorf("--max-failed-steps %g: a fraction of the steps, at most 1", m.maxFailed)
+	}
+	grids, err := parseGrids(m.grids)
+	if err != nil {
+		return nil, netem.LinkParams{}, moeData{}, fmt.Errorf("--grids: %w", err)
+	}
+	link, err := m.emulated()
+	if err != nil {
+		return nil, netem.LinkParams{}, moeData{}, err
+	}
+	d, err := m.loadData(out)
+	return grids, link, d, err
+}
+
+// moeNumbers are the MoE commands' rules for numeric flags.
+var moeNumbers = numberRules{Positive: []string{"epochs", "batch", "lr", "hidden", "k-best", "k-min", "trainers", "heads", "seq", "servers"}}
 
 // emulated returns the trainers' link: --latency and --bandwidth, or half
 // of a retired --rtt.
@@ -163,6 +189,8 @@ type moeResult struct {
 	// (demo moe only).
 	ExpertCalls   int64 `json:"expert_calls,omitempty"`
 	ExpertBatches int64 `json:"expert_batches,omitempty"`
+	// firstErr is the first failed step's error.
+	firstErr error
 	// A language model (--data gcide) reports its data, vocabulary,
 	// training loss and validation loss and perplexity instead of a test
 	// accuracy.
@@ -229,18 +257,18 @@ func (m *moeFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Grid
 		return progress.New(out, fmt.Sprintf("epoch %d/%d", epoch+1, f.cfg.Epochs), t.EpochLen())
 	}
 	bar = newBar(0)
-	reportFailures := func(s client.Stats) {
-		if s.Failed > 0 {
-			fmt.Fprintf(out, "\n%d of %d steps failed; first error: %v\n", s.Failed, s.Steps, s.Err)
-		}
-	}
 	start := time.Now()
 	err = t.TrainEpochs(ctx, client.EpochOptions{
 		Epochs:   f.cfg.Epochs,
 		MaxSteps: int64(f.steps),
 		LR:       optim.Schedule{Peak: f.cfg.LR, Min: f.cfg.LR / 20, Warmup: min(f.cfg.Warmup, totalSteps/10), Total: totalSteps, Decay: optim.Cosine},
 		OnEpoch: func(ctx context.Context, epoch int, s client.Stats) error {
-			reportFailures(s)
+			if s.Failed > 0 {
+				fmt.Fprintf(out, "\nepoch %d: %d of %d steps failed", epoch+1, s.Failed, s.Steps)
+				if res.firstErr == nil {
+					res.firstErr = s.Err
+				}
+			}
 			testLoss, acc, err := t.Evaluate(ctx, testSet)
 			if err != nil {
 				return err
@@ -263,11 +291,6 @@ func (m *moeFlags) trainMoE(ctx context.Context, out io.Writer, grids []moe.Grid
 		},
 	})
 	res.Seconds = time.Since(start).Seconds()
-	if err != nil && ctx.Err() == nil {
-		if s := t.Stats(); s.Failed == s.Steps {
-			reportFailures(s)
-		}
-	}
 	if err == nil && lines.err != nil {
 		err = fmt.Errorf("--stats: %w", lines.err)
 	}
@@ -292,6 +315,26 @@ func (m *moeFlags) report(w io.Writer, res moeResult) error {
 	return nil
 }
 
+// defaultMaxFailed is the default --max-failed-steps: a run in which more
+// than a tenth of the steps failed has failed.
+const defaultMaxFailed = 0.1
+
+// checkFailures is the verdict on a finished run: an error when more than
+// --max-failed-steps of its steps failed, counting them and giving the
+// first failure's cause once; a note on log when fewer did.
+func (m *moeFlags) checkFailures(log io.Writer, res moeResult) error {
+	if res.Failed == 0 {
+		return nil
+	}
+	frac := float64(res.Failed) / float64(max(res.Steps, 1))
+	if frac > m.maxFailed {
+		return fmt.Errorf("%d of %d steps failed (%.0f%%, more than --max-failed-steps %g); the first failure: %w",
+			res.Failed, res.Steps, 100*frac, m.maxFailed, res.firstErr)
+	}
+	fmt.Fprintf(log, "%d of %d steps failed (within --max-failed-steps %g); the first failure: %v\n", res.Failed, res.Steps, m.maxFailed, res.firstErr)
+	return nil
+}
+
 // moeTrainFlags are the options of `skyhive train moe`.
 type moeTrainFlags struct {
 	moeFlags
@@ -310,13 +353,15 @@ func newTrainMoECmd() *cobra.Command {
 			"ones (--k-min, --timeout-after-k-min). The experts are hosted and trained by `skyhive server`.\n" +
 			"With --data gcide (or text:PATH, tokens:PATH) it trains a DMoE transformer language model\n" +
 			"instead, one block per grid whose feed-forward sub-block is the grid's experts, and reports\n" +
-			"its validation perplexity; the servers' --hidden must be the model's.",
-		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]' --hidden 64     # prints its address\n" +
-			"  skyhive train moe --dht ADDR --grids ffn.16.16 --hidden 64 --trainers 4 [--latency 50ms]\n" +
+			"its validation perplexity. The model takes the experts' hidden size from their DHT records\n" +
+			"unless --hidden is given, which must then be the servers' --hidden.",
+		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]'     # prints its address\n" +
+			"  skyhive train moe --dht ADDR --grids ffn.16.16 --trainers 4 [--latency 50ms]\n" +
 			"  skyhive train moe --dht ADDR --data gcide --grids ffn.16.16 --hidden 64 --seq 64 --steps 300",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return m.run(cmd) },
 	}
+	cmd.PreRunE = checkedNumbers(moeNumbers)
 	fl := cmd.Flags()
 	m.register(fl, 0)
 	m.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
@@ -331,9 +376,9 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	if len(m.net.dht) == 0 {
 		return errors.New("--dht is required: the address of the swarm's DHT, e.g. printed by `skyhive server` or `skyhive dht`")
 	}
-	grids, err := parseGrids(m.grids)
+	grids, link, d, err := m.setup(cmd.ErrOrStderr())
 	if err != nil {
-		return fmt.Errorf("--grids: %w", err)
+		return err
 	}
 	if err := m.status.check(); err != nil {
 		return err
@@ -347,14 +392,6 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	hcfg.MaxMessageBytes = 256 << 20
-	link, err := m.emulated()
-	if err != nil {
-		return err
-	}
-	d, err := m.loadData(cmd.ErrOrStderr())
-	if err != nil {
-		return err
-	}
 	reg, stopMetrics, err := m.train.metrics.start(ctx, cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -384,14 +421,87 @@ func (m *moeTrainFlags) run(cmd *cobra.Command) error {
 	if err := node.Bootstrap(ctx, seeds); err != nil {
 		return fmt.Errorf("join DHT: %w", err)
 	}
+	out := cmd.ErrOrStderr()
+	if err := m.matchExperts(ctx, out, node, grids, cmd.Flags().Changed("hidden")); err != nil {
+		return err
+	}
 	m.live = &metrics.Live{}
 	defer m.status.start(ctx, cmd.ErrOrStderr(), h, node, metrics.RoleTrainer, m.live.Sample)()
-	out := cmd.ErrOrStderr()
 	res, err := m.trainOn(ctx, out, d, grids, tr, node)
 	if err != nil {
 		return err
 	}
-	return m.report(cmd.OutOrStdout(), res)
+	if err := m.report(cmd.OutOrStdout(), res); err != nil {
+		return err
+	}
+	return m.checkFailures(out, res)
+}
+
+// expertsWait bounds how long train moe waits for the grids' experts to be
+// declared before it starts training without checking them.
+const expertsWait = 10 * time.Second
+
+// matchExperts reads what the grids' experts declare on the DHT (their type
+// and hidden size; client.Declared) and makes the model fit them: without
+// an explicit --hidden it takes the experts' hidden size, and it refuses,
+// naming the flag to change, experts of another type, experts of several
+// sizes, or a --hidden that differs from theirs. It waits up to
+// expertsWait for the first declarations; servers that declare neither
+// type nor size are not checked.
+func (m *moeFlags) matchExperts(ctx context.Context, out io.Writer, node client.Getter, grids []moe.Grid, hiddenSet bool) error {
+	var infos []moe.ExpertInfo
+	deadline := time.Now().Add(expertsWait)
+	for _, g := range grids {
+		for {
+			found, err := client.Declared(ctx, node, g)
+			if err != nil && ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if len(found) > 0 || time.Now().After(deadline) {
+				infos = append(infos, found...)
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	if len(infos) == 0 {
+		fmt.Fprintf(out, "no experts of --grids %s are declared on the DHT yet: training with --hidden %d\n", m.grids, m.hidden)
+		return nil
+	}
+	sized := map[int]moe.ExpertInfo{} // an expert of each declared size
+	for _, e := range infos {
+		if e.Type != "" && e.Type != server.TypeFFN {
+			return fmt.Errorf("expert %s on %s is a %s expert, but a DMoE trainer calls %s experts: start its server with --expert-type %s, or choose other --grids",
+				e.UID, e.Peer.ID.ShortString(), e.Type, server.TypeFFN, server.TypeFFN)
+		}
+		if e.Hidden > 0 {
+			sized[e.Hidden] = e
+		}
+	}
+	if len(sized) > 1 {
+		var sizes []string
+		for h, e := range sized {
+			sizes = append(sizes, fmt.Sprintf("%s has hidden %d", e.UID, h))
+		}
+		slices.Sort(sizes)
+		return fmt.Errorf("the experts of --grids %s differ in size (%s): start the servers with the same --hidden", m.grids, strings.Join(sizes, ", "))
+	}
+	for h, e := range sized {
+		switch {
+		case h == m.hidden:
+		case hiddenSet:
+			return fmt.Errorf("--hidden %d, but expert %s on %s has hidden %d: pass --hidden %d (or leave it out), or start the servers with --hidden %d",
+				m.hidden, e.UID, e.Peer.ID.ShortString(), h, h, m.hidden)
+		default:
+			fmt.Fprintf(out, "the swarm's experts have hidden size %d: the model uses it (--hidden)\n", h)
+			m.hidden = h
+		}
+	}
+	return nil
 }
 
 // newDemoMoECmd is `skyhive demo moe`: a whole DMoE swarm on loopback.
@@ -411,6 +521,7 @@ func newDemoMoECmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runDemoMoE(cmd, &m, servers) },
 	}
+	cmd.PreRunE = checkedNumbers(moeNumbers)
 	fl := cmd.Flags()
 	m.register(fl, 10*time.Millisecond)
 	fl.IntVar(&servers, "servers", 4, "expert servers to start")
@@ -427,18 +538,10 @@ func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 	ctx := cmd.Context()
 	out := cmd.ErrOrStderr()
 	f := &m.train
-	grids, err := parseGrids(m.grids)
-	if err != nil {
-		return fmt.Errorf("--grids: %w", err)
-	}
 	if servers < 1 {
 		return errors.New("--servers must be at least 1")
 	}
-	link, err := m.emulated()
-	if err != nil {
-		return err
-	}
-	d, err := m.loadData(out)
+	grids, link, d, err := m.setup(out)
 	if err != nil {
 		return err
 	}
@@ -485,7 +588,7 @@ func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 		for _, us := range uids {
 			mine = append(mine, us[i*len(us)/servers:(i+1)*len(us)/servers]...)
 		}
-		srv, err := server.New(server.Config{Transport: h, DHT: n, Experts: mine, Hidden: m.hidden, LR: f.cfg.LR,
+		srv, err := server.NewContext(ctx, server.Config{Transport: h, DHT: n, Experts: mine, Hidden: m.hidden, LR: f.cfg.LR,
 			Seed: f.cfg.Seed, Limits: wireLimitsFor(4096, m.hidden), DeclareEvery: 20 * time.Second})
 		if err != nil {
 			return err
@@ -520,7 +623,10 @@ func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
 			res.ExpertBatches += e.Forward.Batches + e.Backward.Batches
 		}
 	}
-	return m.report(cmd.OutOrStdout(), res)
+	if err := m.report(cmd.OutOrStdout(), res); err != nil {
+		return err
+	}
+	return m.checkFailures(out, res)
 }
 
 // moeData is what a MoE command trains on: Fashion-MNIST for a DMoE
@@ -651,11 +757,8 @@ func (m *moeFlags) trainLM(ctx context.Context, out io.Writer, grids []moe.Grid,
 			}
 		},
 	})
-	res.Steps, res.Failed, res.TrainLoss = st.Steps, st.Failed, st.LastLoss
+	res.Steps, res.Failed, res.TrainLoss, res.firstErr = st.Steps, st.Failed, st.LastLoss, st.Err
 	res.Seconds = time.Since(start).Seconds()
-	if st.Failed > 0 {
-		fmt.Fprintf(out, "\n%d of %d steps failed; first error: %v\n", st.Failed, st.Steps, st.Err)
-	}
 	if err != nil {
 		return res, err
 	}

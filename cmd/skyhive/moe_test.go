@@ -88,3 +88,74 @@ func TestServerAndMoETraining(t *testing.T) {
 		}
 	}
 }
+
+// startServer runs `skyhive server ARGS` on loopback until the test ends
+// and returns the address it prints and its output.
+func startServer(t *testing.T, args ...string) (string, *syncBuffer) {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	served := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- runCLI(ctx, served, append([]string{"server", "--listen", "/ip4/127.0.0.1/tcp/0", "--stats-every", "0"}, args...)...)
+	}()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("server: %v", err)
+		}
+	})
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		for _, line := range strings.Split(served.String(), "\n") {
+			if strings.Contains(line, "/p2p/") {
+				return strings.TrimSpace(line), served
+			}
+		}
+	}
+	t.Fatalf("server printed no address:\n%s", served.String())
+	return "", nil
+}
+
+// TestMoEHiddenFromDHT checks that `train moe` takes the experts' hidden
+// size from their DHT records when --hidden is not given, and that a
+// --hidden that differs from the experts' is one error naming the flag,
+// before any step is taken.
+func TestMoEHiddenFromDHT(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains over libp2p")
+	}
+	if _, err := os.Stat(filepath.Join(data.DefaultDir, "train-images-idx3-ubyte.gz")); err != nil {
+		t.Skip("Fashion-MNIST not installed")
+	}
+	addr, _ := startServer(t, "--experts", "ffn.[0:2].[0:2]", "--hidden", "32")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	common := []string{"train", "moe", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--grids", "ffn.2.2", "--k-best", "2",
+		"--epochs", "1", "--limit", "256", "--batch", "64", "--eval-limit", "100"}
+	var out syncBuffer
+	err := runCLI(ctx, &out, append(common, "--hidden", "16")...)
+	if err == nil || !strings.Contains(err.Error(), "--hidden 16") || !strings.Contains(err.Error(), "pass --hidden 32") {
+		t.Fatalf("--hidden 16 against experts of hidden 32: %v, want one error naming --hidden 32\n%s", err, out.String())
+	}
+	if strings.Contains(out.String(), "steps failed") {
+		t.Fatalf("steps were taken before the mismatch was reported:\n%s", out.String())
+	}
+	out = syncBuffer{}
+	if err := runCLI(ctx, &out, common...); err != nil {
+		t.Fatalf("train moe without --hidden: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "hidden size 32") || !strings.Contains(out.String(), "(0 failed)") {
+		t.Fatalf("the model did not take the experts' hidden size, or steps failed:\n%s", out.String())
+	}
+}
+
+// TestServerLazyByDefault checks that the server creates large expert
+// grids lazily unless told otherwise, and the default grid at once.
+func TestServerLazyByDefault(t *testing.T) {
+	if lazyByDefault(16, "ffn", defaultHidden) || lazyByDefault(256, "ffn", defaultHidden) {
+		t.Error("the default grid or a 16×16 grid of default experts would be created lazily")
+	}
+	if !lazyByDefault(256, "ffn", 1024) {
+		t.Error("256 experts of hidden 1024 (34 GiB) would be created at start")
+	}
+}

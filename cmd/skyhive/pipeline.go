@@ -81,6 +81,7 @@ func newTrainPipelineCmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return p.run(cmd) },
 	}
+	cmd.PreRunE = checkedNumbers(numberRules{Positive: []string{"epochs", "batch", "lr"}, Negative: []string{"kill-worker"}})
 	fl := cmd.Flags()
 	p.train.register(fl)
 	p.train.registerModel(fl, "fashion-mnist or blobs; language models: "+train.TextDataUsage+", default gcide")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -57,6 +58,9 @@ func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 	}
 	defer stopMetrics()
 	f.cfg.Metrics = reg.Registerer()
+	if err := knownModel(f.cfg.Model); err != nil {
+		return err
+	}
 	lm, dataset := train.IsLanguageModel(f.cfg.Model), f.dataset
 	if lm && !cmd.Flags().Changed("data") {
 		dataset = "gcide"
@@ -98,7 +102,7 @@ func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 		cfg.Model, trainSet.Len(), testSet.Len(), tensor.Backend())
 	res, err := train.Run(cmd.Context(), cfg, trainSet, testSet, out)
 	if err != nil {
-		if cfg.Checkpoint != "" && cmd.Context().Err() != nil {
+		if cfg.Checkpoint != "" && cmd.Context().Err() != nil && !strings.Contains(err.Error(), "resume") {
 			return fmt.Errorf("%w (continue with --resume)", err)
 		}
 		return err
@@ -106,9 +110,62 @@ func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 	if f.out.json {
 		return printJSON(cmd.OutOrStdout(), res)
 	}
+	if res.Resumed && len(res.Epochs) == 0 {
+		fmt.Fprintf(cmd.OutOrStdout(), "%s has finished all %d epochs: nothing left to do (test accuracy %.2f%%; raise --epochs to train further)\n",
+			cfg.Checkpoint, cfg.Epochs, 100*res.TestAccuracy)
+		return nil
+	}
 	fmt.Fprintf(cmd.OutOrStdout(), "test accuracy %.2f%% after %d epochs in %.1fs (%d parameters)\n",
 		100*res.TestAccuracy, len(res.Epochs), res.Seconds, res.Params)
 	return nil
+}
+
+// knownModel reports a --model whose name the registry does not know,
+// suggesting the closest name when one is a likely typo, and listing the
+// names (their parameters are checked when the model is built).
+func knownModel(spec string) error {
+	name, _, _ := strings.Cut(spec, ":")
+	var names []string
+	best, dist := "", 3 // suggest only names within two edits
+	for _, m := range models.List() {
+		if m.Name == name {
+			return nil
+		}
+		if slices.Contains(names, m.Name) {
+			continue
+		}
+		names = append(names, m.Name)
+		if d := editDistance(name, m.Name); d < dist {
+			best, dist = m.Name, d
+		}
+	}
+	hint := ""
+	if best != "" {
+		hint = fmt.Sprintf(" (did you mean %s?)", best)
+	}
+	return fmt.Errorf("--model %s: unknown model%s; the models are %s (skyhive train --help describes them)",
+		spec, hint, strings.Join(names, ", "))
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // newTrainCmd is `skyhive train`: local training itself, and a subcommand
@@ -149,6 +206,7 @@ func newTrainLocalCmd(use string) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return f.runLocal(cmd) },
 	}
+	cmd.PreRunE = checkedNumbers(numberRules{Positive: []string{"epochs", "batch", "lr"}})
 	fl := cmd.Flags()
 	f.register(fl)
 	f.registerModel(fl, "fashion-mnist for image models; for language models gcide (their default), gcide:PATH, text:PATH or tokens:PATH")

@@ -148,7 +148,7 @@ func (f *trainFlags) runLM(cmd *cobra.Command, dataset string) error {
 	cfg.Stats = stats
 	fmt.Fprintf(out, "training %s on %s, GEMM backend %s\n", cfg.Model, dataset, tensor.Backend())
 	failed := func(err error) error {
-		if cfg.Checkpoint != "" && cmd.Context().Err() != nil {
+		if cfg.Checkpoint != "" && cmd.Context().Err() != nil && !strings.Contains(err.Error(), "resume") {
 			return fmt.Errorf("%w (continue with --resume)", err)
 		}
 		return err

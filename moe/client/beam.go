@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -249,4 +250,29 @@ func (b *BeamSearch) FindBest(ctx context.Context, n int, scores [][]float32, k 
 		}
 	}
 	return out
+}
+
+// Declared reads what the live experts of grid declare about themselves:
+// one ExpertInfo for each active coordinate of the grid's first dimension
+// (the record under the prefix key, e.g. "ffn."), in coordinate order,
+// bypassing any cache. Each record was validated (moe.UnmarshalInfo); one
+// from a server that does not declare its experts' type and hidden size
+// has them empty. No record yields none and no error.
+func Declared(ctx context.Context, d Getter, grid moe.Grid) ([]moe.ExpertInfo, error) {
+	if err := grid.Validate(); err != nil {
+		return nil, err
+	}
+	key := grid.Prefix + moe.Delimiter
+	items, err := d.Get(ctx, key)
+	if errors.Is(err, dht.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("moe/client: read %s: %w", key, err)
+	}
+	var out []moe.ExpertInfo
+	for _, s := range parseSuffixes(key, items) {
+		out = append(out, s.info)
+	}
+	return out, nil
 }

@@ -436,3 +436,54 @@ func TestBeamSearchPicksTopScores(t *testing.T) {
 		}
 	}
 }
+
+// TestDeclared checks that a trainer learns the type and hidden size of a
+// grid's experts from their DHT records, and finds none for a grid no
+// server hosts.
+func TestDeclared(t *testing.T) {
+	grid := moe.Grid{Prefix: "ffn", Size: []int{2, 2}}
+	sw := newSwarm(t, nil, server.Config{Experts: grid.UIDs(), Hidden: 24, Seed: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	infos, err := Declared(ctx, sw.tdht, grid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 2 {
+		t.Fatalf("%d records under ffn., want one per first coordinate (2): %+v", len(infos), infos)
+	}
+	for _, e := range infos {
+		if e.Type != server.TypeFFN || e.Hidden != 24 || e.Peer.ID != sw.peers[0].ID() {
+			t.Errorf("record %+v, want an ffn expert of hidden 24 on %s", e, sw.peers[0].ID())
+		}
+	}
+	none, err := Declared(ctx, sw.tdht, moe.Grid{Prefix: "att", Size: []int{2}})
+	if err != nil || len(none) != 0 {
+		t.Fatalf("grid without servers: %+v, %v", none, err)
+	}
+}
+
+// TestFailedCallsSummarised checks that a pass whose many expert calls fail
+// alike reports the count and the first error once, not every call's
+// message, while errors.As still reaches each call's error.
+func TestFailedCallsSummarised(t *testing.T) {
+	grid := moe.Grid{Prefix: "ffn", Size: []int{4, 4}}
+	// Experts of hidden 16 called by a layer of hidden 8: every call fails.
+	sw := newSwarm(t, nil, server.Config{Experts: grid.UIDs(), Hidden: 16})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bs, _ := NewBeamSearch(sw.tdht, grid, 4, time.Minute)
+	m, _ := New(Config{In: 8, Search: bs, Transport: sw.trainer, KBest: 4, Seed: 3})
+	_, _, err := m.ForwardCtx(ctx, randTensor(1, 16, 8))
+	var ee *ExpertError
+	if !errors.Is(err, ErrNoExperts) || !errors.As(err, &ee) {
+		t.Fatalf("every call failing: %v", err)
+	}
+	msg := err.Error()
+	if n := strings.Count(msg, "wants [batch, hidden]"); n != 1 {
+		t.Fatalf("the cause appears %d times, want once: %s", n, msg)
+	}
+	if !strings.Contains(msg, "expert calls failed, the first: ") {
+		t.Fatalf("no count of the failed calls: %s", msg)
+	}
+}

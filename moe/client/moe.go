@@ -18,6 +18,29 @@ import (
 // ErrNoExperts means a sample got no answer from any expert.
 var ErrNoExperts = errors.New("moe/client: no expert answered for a sample")
 
+// callErrors summarises the failed expert calls of one pass: the first
+// error and how many calls failed, rather than every call's message (a
+// misconfigured swarm fails all of them the same way). errors.Is and
+// errors.As see every call's error.
+func callErrors(errs []error) error {
+	switch len(errs) {
+	case 0:
+		return errors.New("no expert of the grid was found on the DHT, or none answered in time")
+	case 1:
+		return errs[0]
+	}
+	return &manyErrors{errs: errs}
+}
+
+// manyErrors is what callErrors returns for several failed calls.
+type manyErrors struct{ errs []error }
+
+func (e *manyErrors) Error() string {
+	return fmt.Sprintf("%d expert calls failed, the first: %v", len(e.errs), e.errs[0])
+}
+
+func (e *manyErrors) Unwrap() []error { return e.errs }
+
 // Config configures a MixtureOfExperts.
 type Config struct {
 	// In is the input size (the experts' hidden size).
@@ -382,7 +405,7 @@ wait:
 		st.answered[i] = len(ch)
 	}
 	if zero > 0 && !m.cfg.AllowZeroOutputs {
-		st.err = fmt.Errorf("%w: %d of %d samples: %w", ErrNoExperts, zero, n, errors.Join(errs...))
+		st.err = fmt.Errorf("%w: %d of %d samples: %w", ErrNoExperts, zero, n, callErrors(errs))
 		return y, st, st.err
 	}
 	return y, st, nil
@@ -484,7 +507,7 @@ func (m *MixtureOfExperts) BackwardCtx(ctx context.Context, s nn.State, dy *tens
 			}
 		}
 		if short > 0 {
-			return dx, fmt.Errorf("moe/client: %d samples got fewer than %d expert gradients: %w", short, m.cfg.BackwardKMin, errors.Join(errs...))
+			return dx, fmt.Errorf("moe/client: %d samples got fewer than %d expert gradients: %w", short, m.cfg.BackwardKMin, callErrors(errs))
 		}
 	}
 	return dx, nil

@@ -71,6 +71,18 @@ const (
 	TypeTransformer = "transformer"
 )
 
+// ExpertParams is the number of parameters of one expert of the given type
+// and hidden size, as BuildExpert builds it (without building it): 8h²+7h
+// for an FFN expert, 12h²+13h for a transformer layer. A hosted expert
+// keeps four float32s per parameter (weight, gradient, two AdamW moments).
+func ExpertParams(typ string, hidden int) int64 {
+	h := int64(hidden)
+	if typ == TypeTransformer {
+		return 12*h*h + 13*h
+	}
+	return 8*h*h + 7*h
+}
+
 // BuildExpert returns a fresh expert module of the given type: Learning@home's
 // FFN block x + FFN(LN(x)) (inner size 4·hidden) or a BERT encoder layer with
 // the given number of heads (no dropout, so the forward pass is

@@ -53,7 +53,7 @@ func (s *Server) Declare(ctx context.Context) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		info, err := moe.MarshalInfo(moe.ExpertInfo{UID: uid, Peer: self})
+		info, err := moe.MarshalInfo(moe.ExpertInfo{UID: uid, Peer: self, Type: s.cfg.Type, Hidden: s.cfg.Hidden})
 		if err != nil {
 			return 0, err
 		}

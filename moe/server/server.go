@@ -283,6 +283,14 @@ type Server struct {
 // New loads the checkpoint if there is one, starts the runtime workers, the
 // declaration and checkpoint loops, and registers the RPC handlers.
 func New(cfg Config) (*Server, error) {
+	return NewContext(context.Background(), cfg)
+}
+
+// NewContext is New whose setup (creating the experts' weights, loading the
+// checkpoint) stops with ctx's error when ctx is done, so that a server of
+// many large experts can be interrupted while it starts. ctx bounds only
+// the setup: stop the running server with Close.
+func NewContext(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
@@ -296,6 +304,9 @@ func New(cfg Config) (*Server, error) {
 	s.limits = s.cfg.requestLimits()
 	s.rt = newRuntime(&s.cfg)
 	for _, uid := range s.order {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("moe/server: setup interrupted: %w", err)
+		}
 		if s.experts[uid] != nil {
 			return nil, fmt.Errorf("moe/server: expert %s listed twice", uid)
 		}
@@ -309,6 +320,9 @@ func New(cfg Config) (*Server, error) {
 		if err := s.load(cfg.CheckpointPath); err != nil {
 			return nil, err
 		}
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("moe/server: setup interrupted: %w", err)
+		}
 	}
 	if cfg.Metrics != nil {
 		var err error
@@ -317,16 +331,16 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.rt.m = s.m
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	run, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	for range cfg.Workers {
-		s.wg.Go(func() { s.rt.work(ctx) })
+		s.wg.Go(func() { s.rt.work(run) })
 	}
 	if cfg.DHT != nil {
-		s.wg.Go(func() { s.declareLoop(ctx) })
+		s.wg.Go(func() { s.declareLoop(run) })
 	}
 	if cfg.CheckpointPath != "" && cfg.CheckpointEvery > 0 {
-		s.wg.Go(func() { s.checkpointLoop(ctx) })
+		s.wg.Go(func() { s.checkpointLoop(run) })
 	}
 	t := cfg.Transport
 	t.SetHandler(moe.ForwardProtocol, s.handleForward)

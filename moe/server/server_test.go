@@ -477,3 +477,43 @@ func TestLazyAndSimulatedFailures(t *testing.T) {
 		t.Fatal("lazy materialization wrong")
 	}
 }
+
+// TestNewContextStopsSetup checks that a server whose setup is interrupted
+// stops creating experts and returns the context's error at once.
+func TestNewContextStopsSetup(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	uids, err := moe.ParseExperts("ffn.[0:64].[0:64]", 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	s, err := NewContext(ctx, Config{Transport: e.srv, Experts: uids, Hidden: 256})
+	if !errors.Is(err, context.Canceled) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("NewContext with a cancelled context: %v, want context.Canceled", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("interrupted setup took %v", d)
+	}
+}
+
+// TestExpertParams checks the parameter count the server estimates memory
+// from against the modules BuildExpert builds.
+func TestExpertParams(t *testing.T) {
+	for _, typ := range []string{TypeFFN, TypeTransformer} {
+		for _, h := range []int{8, 64} {
+			m := BuildExpert(typ, h, 2, rand.New(rand.NewPCG(1, 1)))
+			var n int64
+			for _, p := range m.Params() {
+				n += int64(p.Value.Len())
+			}
+			if got := ExpertParams(typ, h); got != n {
+				t.Errorf("ExpertParams(%s, %d) = %d, the module has %d", typ, h, got, n)
+			}
+		}
+	}
+}

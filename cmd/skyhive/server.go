@@ -74,7 +74,7 @@ func newServerCmd() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&f.experts, "experts", "ffn.[0:4].[0:4]", "expert UIDs or patterns, e.g. 'ffn.[0:16].[0:16]' (comma-separated)")
 	fl.StringVar(&f.expertType, "expert-type", server.TypeFFN, "expert type: ffn (x + FFN(LN(x))) or transformer (BERT encoder layer)")
-	fl.IntVar(&f.hidden, "hidden", defaultHidden, "experts' hidden size (trainers of `train moe` learn it from the DHT)")
+	fl.IntVar(&f.hidden, "hidden", defaultHidden, "experts' hidden size (the trainers of train moe learn it from the DHT)")
 	fl.IntVar(&f.heads, "heads", 0, "attention heads of transformer experts (0: hidden/64)")
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (none: this server starts a DHT)")
 	fl.IntVar(&f.minBatch, "min-batch", 1, "rows an expert's queue waits for before it runs")

@@ -16,10 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
-	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/netem"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/skyhive/skyhive/profile"
@@ -56,8 +56,7 @@ type pipelineFlags struct {
 	compare         string
 	compareRounds   int
 	status          statusFlags
-	// live receives the iterations for the status record (nil: none is
-	// published).
+	// live receives the iterations for the status record.
 	live *metrics.Live
 }
 
@@ -255,12 +254,13 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	defer stopMetrics()
-	sc, stopStatus, err := p.startScenario(ctx, reg.Registerer(), out)
+	p.live = &metrics.Live{}
+	sc, n, err := p.startScenario(ctx, reg.Registerer(), out)
 	if err != nil {
 		return err
 	}
+	defer n.Close()
 	defer sc.Close()
-	defer stopStatus()
 	plan, err := p.readPlan()
 	if err != nil {
 		return err
@@ -271,24 +271,46 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	return p.trainImage(cmd, sc, sched, plan, trainSet, testSet)
 }
 
-// startScenario starts the coordinator, publishes its status record with
-// --dht, launches the local workers of --workers and waits for the
-// --join-wait ones. Close the scenario after calling stopStatus.
-func (p *pipelineFlags) startScenario(ctx context.Context, reg prometheus.Registerer, out io.Writer) (sc *pipeline.Scenario, stopStatus func(), err error) {
+// startScenario starts the coordinator's node, which publishes its status
+// record with --dht, the coordinator on it, launches the local workers of
+// --workers and waits for the --join-wait ones. Close the scenario, then
+// the node.
+func (p *pipelineFlags) startScenario(ctx context.Context, reg prometheus.Registerer, out io.Writer) (sc *pipeline.Scenario, n *node.Node, err error) {
 	cfg, err := p.scenarioConfig(reg)
 	if err != nil {
 		return nil, nil, err
 	}
-	if sc, err = pipeline.NewScenario(ctx, cfg); err != nil {
+	if err := p.status.check(); err != nil {
 		return nil, nil, err
 	}
+	seeds, err := p.net.seeds()
+	if err != nil {
+		return nil, nil, err
+	}
+	n, err = pipeline.StartCoordinatorNode(ctx, cfg.Coordinator, pipeline.CoordinatorNode{
+		DHT: node.BootstrapAddrs(seeds), StatusEvery: p.status.every, Metrics: reg, Log: out})
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.Coordinator.Transport = n.Host()
+	if sc, err = pipeline.NewScenario(ctx, cfg); err != nil {
+		return nil, nil, errors.Join(err, n.Close())
+	}
+	if err = p.launch(ctx, sc, n, cfg, out); err != nil {
+		return nil, nil, errors.Join(err, sc.Close(), n.Close())
+	}
+	return sc, n, nil
+}
+
+// launch publishes the coordinator's status record on n, launches the
+// local workers of --workers and waits for the --join-wait ones.
+func (p *pipelineFlags) launch(ctx context.Context, sc *pipeline.Scenario, n *node.Node, cfg pipeline.ScenarioConfig, out io.Writer) error {
 	c := sc.Coordinator()
 	if p.joinWait > 0 {
 		reportReach(ctx, c.Host(), out, nil)
 	}
-	if stopStatus, err = p.publishStatus(ctx, c, out); err != nil {
-		sc.Close()
-		return nil, nil, err
+	if err := pipeline.PublishStatus(n, c, p.live); err != nil {
+		return err
 	}
 	if p.workers > 0 {
 		fmt.Fprintf(out, "launching %d local workers, slowdowns %s\n", p.workers, fmtFloats(cfg.Slowdowns))
@@ -296,20 +318,14 @@ func (p *pipelineFlags) startScenario(ctx context.Context, reg prometheus.Regist
 			fmt.Fprintf(out, "emulated links: workers in regions %s, coordinator in %s\n", strings.Join(cfg.Regions, ","), p.coordRegion)
 		}
 	}
-	err = sc.Launch(ctx)
-	if err == nil && p.joinWait > 0 {
-		fmt.Fprintf(out, "waiting for %d workers; start them with:\n", p.joinWait)
-		for _, a := range c.Addrs() {
-			fmt.Fprintf(out, "  skyhive worker --join %s\n", a)
-		}
-		err = c.WaitWorkers(ctx, len(c.Workers())+p.joinWait)
+	if err := sc.Launch(ctx); err != nil || p.joinWait <= 0 {
+		return err
 	}
-	if err != nil {
-		stopStatus()
-		sc.Close()
-		return nil, nil, err
+	fmt.Fprintf(out, "waiting for %d workers; start them with:\n", p.joinWait)
+	for _, a := range c.Addrs() {
+		fmt.Fprintf(out, "  skyhive worker --join %s\n", a)
 	}
-	return sc, stopStatus, nil
+	return c.WaitWorkers(ctx, len(c.Workers())+p.joinWait)
 }
 
 // scenarioConfig is the coordinator of --listen and the emulated
@@ -386,7 +402,7 @@ func (p *pipelineFlags) sessionConfig(model string, batch int, lr float64, warmu
 // with an event.
 func (p *pipelineFlags) onIteration(batch int, out io.Writer) func(pipeline.IterStats) error {
 	return func(st pipeline.IterStats) error {
-		pipelineStatus(p.live, st, batch)
+		pipeline.RecordStatus(p.live, st, batch)
 		if st.Event != "" || st.Iter == 0 || (p.logEvery > 0 && (st.Iter+1)%p.logEvery == 0) {
 			st.WriteTable(out)
 		}
@@ -445,64 +461,6 @@ func (p *pipelineFlags) trainImage(cmd *cobra.Command, sc *pipeline.Scenario, sc
 	fmt.Fprintf(cmd.OutOrStdout(), "pipeline: %d iterations run in %.1fs (%.1f ms/iteration; %d in all), final loss %.4f, test accuracy %.2f%%\n",
 		res.Ran, res.Seconds, 1e3*res.Seconds/float64(max(res.Ran, 1)), res.Iterations, res.FinalLoss, 100*res.TestAccuracy)
 	return nil
-}
-
-// publishStatus joins the DHT of --dht, if given, as a client and
-// publishes the coordinator's status record there until the returned stop
-// is called. The pipeline does not need the DHT: if it cannot be joined
-// the coordinator trains without publishing.
-func (p *pipelineFlags) publishStatus(ctx context.Context, c *pipeline.Coordinator, log io.Writer) (stop func(), err error) {
-	if err := p.status.check(); err != nil {
-		return nil, err
-	}
-	seeds, err := p.net.seeds()
-	if err != nil || len(seeds) == 0 || p.status.every == 0 || c.Host() == nil {
-		return func() {}, err
-	}
-	h := c.Host()
-	node, err := dht.New(h, dht.Config{ClientMode: true, PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID())})
-	if err != nil {
-		return nil, err
-	}
-	bctx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = node.Bootstrap(bctx, seeds)
-	cancel()
-	if err != nil {
-		node.Close()
-		fmt.Fprintf(log, "--dht: %v; training without publishing a status record\n", err)
-		return func() {}, nil
-	}
-	p.live = &metrics.Live{}
-	p.status.region = p.coordRegion
-	stopPub := p.status.start(ctx, log, h, node, metrics.RoleCoordinator, func(s *metrics.Status) {
-		p.live.Sample(s)
-		if s.Pipeline != nil {
-			ps := *s.Pipeline
-			ps.Workers = len(c.Workers())
-			s.Pipeline = &ps
-		} else {
-			s.Pipeline = &metrics.PipelineStatus{Workers: len(c.Workers())}
-		}
-	})
-	return func() { stopPub(); node.Close() }, nil
-}
-
-// pipelineStatus records an iteration of batch examples for the status
-// record.
-func pipelineStatus(l *metrics.Live, st pipeline.IterStats, batch int) {
-	l.Update(func(s *metrics.Status) {
-		s.Step, s.Samples = int64(st.Iter+1), int64(st.Iter+1)*int64(batch)
-		s.Loss, s.Accuracy = metrics.Float(st.Loss), metrics.Float(st.Accuracy)
-		ps := &metrics.PipelineStatus{Iter: int64(st.Iter), Plan: st.Gen, Seconds: st.Seconds, Event: st.Event}
-		if ps.Event == "" && s.Pipeline != nil {
-			ps.Event = s.Pipeline.Event // the last re-plan
-		}
-		for _, t := range st.Stages {
-			ps.Stages = append(ps.Stages, metrics.Stage{Stage: t.Stage, Worker: t.Worker, First: t.First, Last: t.Last,
-				Compute: t.Compute, Comm: t.Comm, Idle: t.Idle})
-		}
-		s.Pipeline = ps
-	})
 }
 
 // failureDrill returns the hook that runs --kill-worker before iteration

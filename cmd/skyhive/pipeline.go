@@ -23,7 +23,6 @@ import (
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/skyhive/skyhive/profile"
-	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/text"
 	"github.com/skyhive/skyhive/train"
 	"github.com/spf13/cobra"
@@ -206,18 +205,18 @@ func (p *pipelineFlags) localSlowdowns(seed uint64) ([]float64, error) {
 
 // pipelineResult is what --json prints.
 type pipelineResult struct {
-	Iterations   int                    `json:"iterations"`
-	Ran          int                    `json:"iterations_run"`
-	Seconds      float64                `json:"seconds"`
-	FinalLoss    float64                `json:"final_loss"`
-	TestLoss     float64                `json:"test_loss"`
-	TestAccuracy float64                `json:"test_accuracy"`
-	Plan         alloc.Plan             `json:"plan"`
-	Workers      []pipeline.WorkerInfo  `json:"workers"`
-	Events       []string               `json:"events,omitempty"`
-	Last         *pipeline.IterStats    `json:"last_iteration,omitempty"`
-	Compare      []planMeasurement      `json:"compare,omitempty"`
-	Config       map[string]interface{} `json:"config"`
+	Iterations   int                        `json:"iterations"`
+	Ran          int                        `json:"iterations_run"`
+	Seconds      float64                    `json:"seconds"`
+	FinalLoss    float64                    `json:"final_loss"`
+	TestLoss     float64                    `json:"test_loss"`
+	TestAccuracy float64                    `json:"test_accuracy"`
+	Plan         alloc.Plan                 `json:"plan"`
+	Workers      []pipeline.WorkerInfo      `json:"workers"`
+	Events       []string                   `json:"events,omitempty"`
+	Last         *pipeline.IterStats        `json:"last_iteration,omitempty"`
+	Compare      []pipeline.PlanMeasurement `json:"compare,omitempty"`
+	Config       map[string]interface{}     `json:"config"`
 }
 
 // run trains the model as a pipeline over workers.
@@ -433,8 +432,8 @@ func (p *pipelineFlags) trainImage(cmd *cobra.Command, sc *pipeline.Scenario, sc
 	}
 	defer closeStats()
 	topts := pipeline.TrainOptions{Data: pipeline.NewBatches(loader), Steps: int(total), Eval: testSet, EvalBatch: 512,
-		OnIteration: p.onIteration(f.cfg.BatchSize, out), Stats: stats, BeforeStep: p.failureDrill(sc, out)}
-	var compared []planMeasurement
+		OnIteration: p.onIteration(f.cfg.BatchSize, out), Stats: stats, BeforeStep: sc.FailureDrill(p.killWorker, p.killAt, out)}
+	var compared []pipeline.PlanMeasurement
 	if p.compare != "" {
 		if compared, err = p.measurePlans(ctx, s, trainSet, f.cfg.BatchSize, f.cfg.Seed, out); err != nil {
 			if ctx.Err() != nil {
@@ -463,36 +462,10 @@ func (p *pipelineFlags) trainImage(cmd *cobra.Command, sc *pipeline.Scenario, sc
 	return nil
 }
 
-// failureDrill returns the hook that runs --kill-worker before iteration
-// --kill-at, or nil without the drill.
-func (p *pipelineFlags) failureDrill(sc *pipeline.Scenario, out io.Writer) func(context.Context, int) error {
-	if sc.LocalWorkers() == 0 || p.killWorker < 0 {
-		return nil
-	}
-	return func(_ context.Context, iter int) error {
-		if p.killWorker < 0 || iter != p.killAt {
-			return nil
-		}
-		fmt.Fprintf(out, "failure drill: killing worker w%d before iteration %d\n", p.killWorker, iter)
-		w := p.killWorker
-		p.killWorker = -1
-		return sc.KillWorker(w)
-	}
-}
-
-// planMeasurement is one strategy's plan measured by --compare.
-type planMeasurement struct {
-	Strategy  string     `json:"strategy"`
-	Plan      alloc.Plan `json:"plan"`
-	Predicted float64    `json:"predicted_seconds"`
-	Median    float64    `json:"measured_seconds"` // median iteration time
-	Times     []float64  `json:"times"`
-}
-
 // measurePlans runs --compare: each strategy's plan for --compare-rounds
 // iterations in turn (real training steps, on batches of their own), then
 // installs --strategy's plan again for the training.
-func (p *pipelineFlags) measurePlans(ctx context.Context, s *pipeline.Session, trainSet *data.Dataset, batch int, seed uint64, out io.Writer) ([]planMeasurement, error) {
+func (p *pipelineFlags) measurePlans(ctx context.Context, s *pipeline.Session, trainSet *data.Dataset, batch int, seed uint64, out io.Writer) ([]pipeline.PlanMeasurement, error) {
 	if p.compareRounds < 1 {
 		return nil, fmt.Errorf("--compare-rounds %d: want at least 1", p.compareRounds)
 	}
@@ -506,29 +479,11 @@ func (p *pipelineFlags) measurePlans(ctx context.Context, s *pipeline.Session, t
 	if err != nil {
 		return nil, err
 	}
-	cmp, err := s.Compare(ctx, pipeline.CompareOptions{
-		Strategies: strategies,
-		Planned: func(pipeline.PlanComparisons) error {
-			fmt.Fprintf(out, "comparing plans of %s: %d measured iterations each, in turn\n", p.compare, p.compareRounds)
-			return nil
-		},
-		Measurement: pipeline.MeasureOptions{Data: pipeline.NewBatches(loader), Rounds: p.compareRounds},
-		// Train on --strategy's plan: the one just measured if it was
-		// compared.
-		Then: p.strategy,
-	})
+	// Train on --strategy's plan: the one just measured if it was
+	// compared.
+	res, err := s.MeasureStrategies(ctx, strategies, p.strategy, pipeline.MeasureOptions{Data: pipeline.NewBatches(loader), Rounds: p.compareRounds}, out)
 	if err != nil {
 		return nil, fmt.Errorf("--compare: %w", err)
-	}
-	var res []planMeasurement
-	for _, pc := range cmp {
-		if pc.Err != nil {
-			fmt.Fprintf(out, "  %-8s cannot plan: %v\n", pc.Strategy, pc.Err)
-			continue
-		}
-		m := planMeasurement{Strategy: pc.Strategy, Plan: pc.Plan, Predicted: pc.Prediction.Iteration, Median: stats.Median(pc.Times), Times: pc.Times}
-		fmt.Fprintf(out, "  %-8s measured %.1f ms/iteration (median of %d), predicted %.1f ms\n", m.Strategy, 1e3*m.Median, len(m.Times), 1e3*m.Predicted)
-		res = append(res, m)
 	}
 	return res, nil
 }
@@ -691,7 +646,7 @@ func (p *pipelineFlags) trainLM(cmd *cobra.Command, sc *pipeline.Scenario, sched
 	}
 	defer closeStats()
 	tr, err := s.Train(ctx, pipeline.TrainOptions{Tokens: sampler, Steps: int(total), EvalTokens: corpus.val, EvalBatch: 16,
-		OnIteration: p.onIteration(batch, out), Stats: statsOut, BeforeStep: p.failureDrill(sc, out)})
+		OnIteration: p.onIteration(batch, out), Stats: statsOut, BeforeStep: sc.FailureDrill(p.killWorker, p.killAt, out)})
 	if err != nil {
 		return err
 	}

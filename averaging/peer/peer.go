@@ -7,6 +7,7 @@
 package peer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -102,7 +103,8 @@ type Config struct {
 	Seed  uint64
 	// Batch, LR and Momentum configure SGD with momentum for image models
 	// (32, 0.05, 0.9). Language models train with AdamW: Batch sequences
-	// per step (16) at LR (3e-3) with WeightDecay, after Warmup steps of
+	// per step at LR (the model's, models.DefaultsOf: 16 and 3e-3 for a
+	// GPT) with WeightDecay, after Warmup steps of
 	// linear warm-up, clipping the global norm of the (averaged) gradients
 	// to ClipNorm (0: no clipping); Momentum does not apply.
 	Batch       int
@@ -307,11 +309,12 @@ func (c *Config) defaults() error {
 	}
 	lm := isLM(c.Model)
 	if lm {
+		d := models.DefaultsOf(c.Model)
 		if c.Batch == 0 {
-			c.Batch = 16
+			c.Batch = cmp.Or(d.Batch, 16)
 		}
 		if c.LR == 0 {
-			c.LR = 3e-3
+			c.LR = cmp.Or(d.LR, 3e-3)
 		}
 		if c.Data == "" {
 			c.Data = "gcide"

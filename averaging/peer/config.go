@@ -32,7 +32,8 @@ const (
 // a config file of `skyhive @FILE`) into a Config: its averaging settings
 // parsed and checked, its data checked against its model and, for a
 // language model, its language-model options with their defaults. The
-// errors name the flags. The network (Host, DHT, DHTMaxBytes), the
+// errors wrap ErrConfig and name the options as the flags of `skyhive
+// peer` (a config file's fields have their names with "_"). The network (Host, DHT, DHTMaxBytes), the
 // writers, hooks and metrics are left to the caller.
 func ConfigFrom(l launch.Peer) (Config, error) {
 	c := Config{RunID: l.RunID, GroupSize: l.GroupSize, Tau: l.Tau, Period: l.Period,
@@ -46,7 +47,7 @@ func ConfigFrom(l launch.Peer) (Config, error) {
 		CheckpointEvery: time.Duration(l.CheckpointEvery), StatsEvery: time.Duration(l.StatsEvery)}
 	var err error
 	if c.Algo, err = optimizer.ParseAlgo(l.Algo); err != nil {
-		return c, fmt.Errorf("--algo: %w", err)
+		return c, fmt.Errorf("%w: --algo: %w", ErrConfig, err)
 	}
 	if err := CheckOuter(l.Algo, c.InnerSteps, c.WarmupInnerSteps, c.Fragments, c.OverlapSteps, c.OuterLR); err != nil {
 		return c, err
@@ -56,14 +57,14 @@ func ConfigFrom(l launch.Peer) (Config, error) {
 	}
 	if l.Matchmaking != "" {
 		if c.Matchmaking, err = averaging.ParseMatchmaking(l.Matchmaking); err != nil {
-			return c, fmt.Errorf("--matchmaking: %w", err)
+			return c, fmt.Errorf("%w: --matchmaking: %w", ErrConfig, err)
 		}
 	}
 	if c.Codec, err = wire.ParseCodec(l.Codec); err != nil {
-		return c, fmt.Errorf("--codec: %w", err)
+		return c, fmt.Errorf("%w: --codec: %w", ErrConfig, err)
 	}
 	if c.Aggregation, err = averaging.ParseAggregation(l.Aggregation); err != nil {
-		return c, fmt.Errorf("--aggregation: %w", err)
+		return c, fmt.Errorf("%w: --aggregation: %w", ErrConfig, err)
 	}
 	if c.Shard, c.Shards, err = parseShard(l.Shard); err != nil {
 		return c, err
@@ -73,19 +74,20 @@ func ConfigFrom(l launch.Peer) (Config, error) {
 
 // CheckOuter checks DiLoCo's outer optimization settings (the flags
 // --inner-steps, --warmup-inner-steps, --fragments, --overlap-steps and
-// --outer-lr) that the optimizer would refuse, for algorithm algo.
+// --outer-lr) that the optimizer would refuse, for algorithm algo. The
+// errors wrap ErrConfig.
 func CheckOuter(algo string, innerSteps, warmupInnerSteps, fragments, overlapSteps int, outerLR float64) error {
 	if innerSteps < 1 || !(outerLR > 0) || math.IsInf(outerLR, 0) {
-		return fmt.Errorf("--inner-steps must be at least 1 and --outer-lr positive (got %d and %v)", innerSteps, outerLR)
+		return fmt.Errorf("%w: --inner-steps must be at least 1 and --outer-lr positive (got %d and %v)", ErrConfig, innerSteps, outerLR)
 	}
 	if warmupInnerSteps < 0 || warmupInnerSteps > innerSteps {
-		return fmt.Errorf("--warmup-inner-steps must be 0 (no warm-up) to --inner-steps (%d), got %d", innerSteps, warmupInnerSteps)
+		return fmt.Errorf("%w: --warmup-inner-steps must be 0 (no warm-up) to --inner-steps (%d), got %d", ErrConfig, innerSteps, warmupInnerSteps)
 	}
 	if fragments < 0 || fragments > innerSteps || overlapSteps < 0 || overlapSteps >= innerSteps {
-		return fmt.Errorf("--fragments must be 0 to --inner-steps (%d) and --overlap-steps 0 to %d, got %d and %d", innerSteps, innerSteps-1, fragments, overlapSteps)
+		return fmt.Errorf("%w: --fragments must be 0 to --inner-steps (%d) and --overlap-steps 0 to %d, got %d and %d", ErrConfig, innerSteps, innerSteps-1, fragments, overlapSteps)
 	}
 	if a, _ := optimizer.ParseAlgo(algo); (fragments > 1 || overlapSteps > 0) && (a != optimizer.DiLoCo || warmupInnerSteps > 0) {
-		return fmt.Errorf("--fragments and --overlap-steps are for --algo diloco without --warmup-inner-steps (got --algo %s, --warmup-inner-steps %d)", algo, warmupInnerSteps)
+		return fmt.Errorf("%w: --fragments and --overlap-steps are for --algo diloco without --warmup-inner-steps (got --algo %s, --warmup-inner-steps %d)", ErrConfig, algo, warmupInnerSteps)
 	}
 	return nil
 }
@@ -99,7 +101,7 @@ func parseShard(s string) (k, n int, err error) {
 	k, e1 := strconv.Atoi(ks)
 	n, e2 := strconv.Atoi(ns)
 	if !ok || e1 != nil || e2 != nil || n < 1 || k < 0 || k >= n {
-		return 0, 0, fmt.Errorf("--shard wants K/N with 0 <= K < N, got %q", s)
+		return 0, 0, fmt.Errorf("%w: --shard wants K/N with 0 <= K < N, got %q", ErrConfig, s)
 	}
 	return k, n, nil
 }
@@ -109,12 +111,12 @@ func parseShard(s string) (k, n int, err error) {
 func setData(c *Config, l launch.Peer) error {
 	if !train.IsLanguageModel(l.Model) {
 		if l.Data != "" && l.Data != "fashion-mnist" {
-			return fmt.Errorf("%s is an image classifier: train it on fashion-mnist, not %s", l.Model, l.Data)
+			return fmt.Errorf("%w: %s is an image classifier: train it on fashion-mnist, not %s", ErrConfig, l.Model, l.Data)
 		}
 		return nil
 	}
 	if l.Data == "fashion-mnist" {
-		return fmt.Errorf("%s is a language model and fashion-mnist is images: train it on text (--data %s)", l.Model, train.TextDataUsage)
+		return fmt.Errorf("%w: %s is a language model and fashion-mnist is images: train it on text (--data %s)", ErrConfig, l.Model, train.TextDataUsage)
 	}
 	c.Data, c.Seq, c.TokenWidth, c.EvalTokens, c.Vocab = l.Data, l.Seq, l.TokenWidth, l.EvalTokens, l.Vocab
 	if c.Seq == 0 && !strings.Contains(l.Model, ":") {

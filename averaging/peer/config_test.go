@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -49,7 +50,7 @@ func TestConfigFromNamesFlags(t *testing.T) {
 	for _, c := range cases {
 		l := ok
 		c.edit(&l)
-		if _, err := ConfigFrom(l); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := ConfigFrom(l); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: got %v, want %q", l, err, c.want)
 		}
 	}
@@ -79,7 +80,7 @@ func TestLocalRunCheck(t *testing.T) {
 	for _, c := range cases {
 		r := ok
 		c.edit(&r)
-		if err := r.check(); err == nil || !strings.Contains(err.Error(), c.want) {
+		if err := r.check(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: got %v, want %q", r, err, c.want)
 		}
 	}

@@ -22,8 +22,8 @@ const MaxLocalPeers = 64
 // LocalRun describes a swarm of `skyhive peer` processes on this machine
 // (`skyhive train averaging`, `skyhive demo averaging`): Peers peers with
 // emulated slowdowns drawn from U[SlowdownMin, SlowdownMax] that train
-// with the same config. The errors of RunLocal name the flags of those
-// commands.
+// with the same config. RunLocal's errors for a run that cannot start
+// wrap ErrConfig and name the flags of those commands.
 type LocalRun struct {
 	// Exe is the skyhive executable the peers run.
 	Exe   string
@@ -51,22 +51,22 @@ type LocalRun struct {
 func (r *LocalRun) check() error {
 	p := r.Peer
 	if _, err := optimizer.ParseAlgo(p.Algo); err != nil {
-		return fmt.Errorf("--algo: %w", err)
+		return fmt.Errorf("%w: --algo: %w", ErrConfig, err)
 	}
 	if err := CheckOuter(p.Algo, p.InnerSteps, p.WarmupInnerSteps, p.Fragments, p.OverlapSteps, p.OuterLR); err != nil {
 		return err
 	}
 	switch {
 	case r.Peers < 1 || r.Peers > MaxLocalPeers:
-		return fmt.Errorf("--peers must be in 1..%d, got %d", MaxLocalPeers, r.Peers)
+		return fmt.Errorf("%w: --peers must be in 1..%d, got %d", ErrConfig, MaxLocalPeers, r.Peers)
 	case r.SlowdownMin < 1 || r.SlowdownMax < r.SlowdownMin:
-		return fmt.Errorf("--slowdown-min and --slowdown-max must satisfy 1 <= min <= max, got %v..%v", r.SlowdownMin, r.SlowdownMax)
+		return fmt.Errorf("%w: --slowdown-min and --slowdown-max must satisfy 1 <= min <= max, got %v..%v", ErrConfig, r.SlowdownMin, r.SlowdownMax)
 	case p.Duration < 0 || p.Steps < 0:
-		return fmt.Errorf("--duration and --steps must not be negative")
+		return fmt.Errorf("%w: --duration and --steps must not be negative", ErrConfig)
 	case p.Duration == 0 && p.Steps == 0:
-		return fmt.Errorf("give the peers a --duration or a number of --steps")
+		return fmt.Errorf("%w: give the peers a --duration or a number of --steps", ErrConfig)
 	case p.Limit < 0:
-		return fmt.Errorf("--limit must not be negative, got %d", p.Limit)
+		return fmt.Errorf("%w: --limit must not be negative, got %d", ErrConfig, p.Limit)
 	}
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -124,33 +123,4 @@ func (r *LocalRun) length() string {
 		s += " or " + d.String()
 	}
 	return s
-}
-
-// Report writes each peer's result and the mean over the peers as
-// sentences: validation perplexity for language models, test accuracy
-// for image classifiers.
-func (l Launched) Report(w io.Writer) {
-	if l.LM {
-		for i, r := range l.Peers {
-			fmt.Fprintf(w, "  peer %d (%s): validation perplexity %.2f (unigram %.2f), %d steps, %d rounds, %.1f MB sent\n",
-				i, ShortID(r.Peer), r.ValPerplexity, r.UnigramPerplexity, r.Steps, r.Rounds, float64(r.BytesSent)/1e6)
-		}
-		fmt.Fprintf(w, "%s: mean validation perplexity of %d peers %.2f (logs: %s)\n",
-			l.Algo, len(l.Peers), l.MeanValPerplexity, filepath.Clean(l.Dir))
-		return
-	}
-	for i, r := range l.Peers {
-		fmt.Fprintf(w, "  peer %d (%s): test accuracy %.2f%%, %d steps, %d rounds, %.1f MB sent\n",
-			i, ShortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, float64(r.BytesSent)/1e6)
-	}
-	fmt.Fprintf(w, "%s: mean test accuracy of %d peers %.2f%% (logs: %s)\n",
-		l.Algo, len(l.Peers), 100*l.MeanAccuracy, filepath.Clean(l.Dir))
-}
-
-// ShortID shortens a peer ID for display: its last 8 characters.
-func ShortID(id string) string {
-	if len(id) > 12 {
-		return id[len(id)-8:]
-	}
-	return id
 }

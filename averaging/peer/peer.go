@@ -270,6 +270,28 @@ var (
 // lm reports whether the peer trains a language model.
 func (c *Config) lm() bool { return isLM(c.Model) }
 
+// lmDefaults sets a language model's options left 0: its batch and
+// learning rate (the model's, models.DefaultsOf), data, vocabulary and
+// token width.
+func (c *Config) lmDefaults() {
+	d := models.DefaultsOf(c.Model)
+	if c.Batch == 0 {
+		c.Batch = cmp.Or(d.Batch, 16)
+	}
+	if c.LR == 0 {
+		c.LR = cmp.Or(d.LR, 3e-3)
+	}
+	if c.Data == "" {
+		c.Data = "gcide"
+	}
+	if c.Vocab == 0 && !strings.HasPrefix(c.Data, "tokens:") {
+		c.Vocab = 1024
+	}
+	if c.TokenWidth == 0 {
+		c.TokenWidth = 2
+	}
+}
+
 func (c *Config) defaults() error {
 	if c.JoinTimeout <= 0 {
 		c.JoinTimeout = 30 * time.Second
@@ -309,22 +331,7 @@ func (c *Config) defaults() error {
 	}
 	lm := isLM(c.Model)
 	if lm {
-		d := models.DefaultsOf(c.Model)
-		if c.Batch == 0 {
-			c.Batch = cmp.Or(d.Batch, 16)
-		}
-		if c.LR == 0 {
-			c.LR = cmp.Or(d.LR, 3e-3)
-		}
-		if c.Data == "" {
-			c.Data = "gcide"
-		}
-		if c.Vocab == 0 && !strings.HasPrefix(c.Data, "tokens:") {
-			c.Vocab = 1024
-		}
-		if c.TokenWidth == 0 {
-			c.TokenWidth = 2
-		}
+		c.lmDefaults()
 	}
 	if c.Batch == 0 {
 		c.Batch = 32

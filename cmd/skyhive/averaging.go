@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -312,7 +311,7 @@ func runPeerRole(ctx context.Context, stdout, stderr io.Writer, l launch.Peer) e
 	if err != nil {
 		return peerFlagHint(err)
 	}
-	return reportPeer(stdout, res, l.JSON)
+	return res.Report(stdout, l.JSON)
 }
 
 // peerStatus fills an averaging peer's status record from its numbers.
@@ -338,45 +337,6 @@ func peerFlagHint(err error) error {
 		return fmt.Errorf("%w (flags --dht, --join-timeout)", err)
 	}
 	return err
-}
-
-// reportPeer prints a peer's result: one JSON line in the benchmark
-// protocol, or a sentence.
-func reportPeer(w io.Writer, r peer.Result, asJSON bool) error {
-	if r.Model != "" {
-		return reportLMPeer(w, r, asJSON)
-	}
-	if !asJSON {
-		fmt.Fprintf(w, "peer %s: test accuracy %.2f%% after %d steps, %d rounds, %.0fs; %.1f MB sent\n",
-			shortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
-		return nil
-	}
-	line := map[string]any{
-		"suite": "peer", "case": r.Algo, "metric": "test_accuracy", "value": r.TestAccuracy, "unit": "fraction",
-		"peer": r.Peer, "test_accuracy": r.TestAccuracy, "test_loss": r.TestLoss, "first_accuracy": r.FirstAccuracy,
-		"steps": r.Steps, "rounds": r.Rounds, "samples": r.Samples, "bytes_sent": r.BytesSent,
-		"bytes_received": r.BytesReceived, "seconds": r.Seconds, "groups": r.Groups, "failures": r.Failures, "max_step_seconds": r.MaxStepSeconds,
-		"joined_from": r.Joined, "resumed": r.Resumed, "epoch": r.Epoch, "swarm_peers": r.SwarmPeers,
-	}
-	return json.NewEncoder(w).Encode(line)
-}
-
-// reportLMPeer is reportPeer for a language model.
-func reportLMPeer(w io.Writer, r peer.Result, asJSON bool) error {
-	if !asJSON {
-		fmt.Fprintf(w, "peer %s: validation perplexity %.2f (unigram %.2f) of %s after %d steps, %d rounds, %.0fs; %.1f MB sent\n",
-			shortID(r.Peer), r.ValPerplexity, r.UnigramPerplexity, r.Model, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
-		return nil
-	}
-	line := map[string]any{
-		"suite": "peer", "case": r.Algo, "metric": "val_perplexity", "value": r.ValPerplexity, "unit": "perplexity",
-		"peer": r.Peer, "model": r.Model, "val_loss": r.ValLoss, "val_perplexity": r.ValPerplexity,
-		"first_perplexity": r.FirstPerplexity, "unigram_perplexity": r.UnigramPerplexity, "eval_tokens": r.EvalTokens,
-		"steps": r.Steps, "rounds": r.Rounds, "samples": r.Samples, "bytes_sent": r.BytesSent,
-		"bytes_received": r.BytesReceived, "seconds": r.Seconds, "groups": r.Groups, "failures": r.Failures, "max_step_seconds": r.MaxStepSeconds,
-		"joined_from": r.Joined, "resumed": r.Resumed, "epoch": r.Epoch, "swarm_peers": r.SwarmPeers,
-	}
-	return json.NewEncoder(w).Encode(line)
 }
 
 // shortID shortens a peer ID for display.

@@ -74,13 +74,13 @@ func TestLocalRunCheck(t *testing.T) {
 		{func(r *LocalRun) { r.Peer.Algo = "gossip" }, "--algo"},
 		{func(r *LocalRun) { r.Peer.Fragments = 2 }, "--fragments"},
 	}
-	if err := ok.check(); err != nil {
+	if err := ok.Check(); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range cases {
 		r := ok
 		c.edit(&r)
-		if err := r.check(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+		if err := r.Check(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: got %v, want %q", r, err, c.want)
 		}
 	}

@@ -46,8 +46,9 @@ type LocalRun struct {
 	Metrics prometheus.Registerer
 }
 
-// check refuses a run that cannot start, naming the flags.
-func (r *LocalRun) check() error {
+// Check refuses a run that cannot start, naming the flags; RunLocal
+// checks too.
+func (r *LocalRun) Check() error {
 	p := r.Peer
 	if _, err := optimizer.ParseAlgo(p.Algo); err != nil {
 		return fmt.Errorf("%w: --algo: %w", ErrConfig, err)
@@ -75,7 +76,7 @@ func (r *LocalRun) check() error {
 // returns their results (Launch), with the run's algorithm and directory
 // for Report.
 func RunLocal(ctx context.Context, r LocalRun) (Launched, error) {
-	if err := r.check(); err != nil {
+	if err := r.Check(); err != nil {
 		return Launched{}, err
 	}
 	if r.Dir == "" {

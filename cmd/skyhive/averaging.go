@@ -448,13 +448,18 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
+	run := peer.LocalRun{Exe: exe, Peers: a.peers, SlowdownMin: a.slowLo, SlowdownMax: a.slowHi,
+		Peer: pc, Dir: a.dir, Log: cmd.ErrOrStderr()}
+	if err := run.Check(); err != nil {
+		return err
+	}
 	reg, stopMetrics, err := a.metrics.start(cmd.Context(), cmd.ErrOrStderr())
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
-	res, err := peer.RunLocal(cmd.Context(), peer.LocalRun{Exe: exe, Peers: a.peers, SlowdownMin: a.slowLo, SlowdownMax: a.slowHi,
-		Peer: pc, Dir: a.dir, Log: cmd.ErrOrStderr(), Metrics: reg.Registerer()})
+	run.Metrics = reg.Registerer()
+	res, err := peer.RunLocal(cmd.Context(), run)
 	if res.Dir == "" {
 		return err // the run did not start
 	}

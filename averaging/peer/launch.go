@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -36,8 +37,11 @@ type LaunchConfig struct {
 	// launcher waits Duration plus a minute at most (0: until the peers
 	// exit, e.g. after --steps, or ctx ends).
 	Duration time.Duration
-	// Log receives notices (nil: none).
-	Log io.Writer
+	// Log receives notices: the peers started, their progress read from
+	// their stats files every ProgressEvery (5 s when 0), and their end
+	// (nil: none).
+	Log           io.Writer
+	ProgressEvery time.Duration
 	// Metrics, if set, receives the Prometheus collectors of the
 	// launcher's DHT node and host (each peer process has its own
 	// `--metrics`). Nil: no metrics.
@@ -60,6 +64,11 @@ type Launched struct {
 	// MeanValPerplexity averages language-model peers' final validation
 	// perplexities.
 	MeanValPerplexity float64 `json:"mean_val_perplexity,omitempty"`
+	// Algo, LM (the peers trained a language model) and Dir (their logs)
+	// are set by RunLocal, for Report.
+	Algo string `json:"-"`
+	LM   bool   `json:"-"`
+	Dir  string `json:"-"`
 }
 
 // Launch runs a DHT node in this process on loopback and Peers `skyhive
@@ -70,7 +79,10 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Launched, error) {
 	if cfg.Peers < 1 || cfg.Exe == "" || cfg.Dir == "" {
 		return out, fmt.Errorf("%w: launch needs peers, an executable and a directory", ErrConfig)
 	}
-	if cfg.Slowdowns != nil && len(cfg.Slowdowns) != cfg.Peers {
+	if cfg.Slowdowns == nil {
+		cfg.Slowdowns = slices.Repeat([]float64{1}, cfg.Peers)
+	}
+	if len(cfg.Slowdowns) != cfg.Peers {
 		return out, fmt.Errorf("%w: %d slowdowns for %d peers", ErrConfig, len(cfg.Slowdowns), cfg.Peers)
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
@@ -88,51 +100,72 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Launched, error) {
 	defer node.Close()
 	out.DHT = fmt.Sprintf("%s/p2p/%s", h.AddrInfo().Addrs[0], h.ID())
 	logf(cfg.Log, "DHT node %s; %d peer processes, logs in %s", out.DHT, cfg.Peers, cfg.Dir)
+	start := time.Now()
+	sw, err := startPeers(ctx, cfg, out.DHT)
+	if err != nil {
+		return out, err
+	}
+	logf(cfg.Log, "started %d peer processes, slowdowns %s; progress every %s:", cfg.Peers, formatSlowdowns(cfg.Slowdowns), cfg.progressEvery())
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if cfg.Duration > 0 {
+		wctx, cancel = context.WithTimeout(ctx, cfg.Duration+time.Minute)
+	}
+	stopProgress := watchProgress(cfg.Log, cfg.progressEvery(), start, cfg.Dir, cfg.Peers)
+	werr := sw.Wait(wctx)
+	stopProgress()
+	cancel()
+	if serr := sw.Stop(); werr == nil {
+		werr = serr
+	}
+	logf(cfg.Log, "peer processes done after %s: %s", time.Since(start).Round(time.Second), progressLine(cfg.Dir, cfg.Peers))
+	werr = errors.Join(werr, out.collect(cfg.Dir, sw.Peers()))
+	if ctx.Err() != nil {
+		return out, nil // interrupted: report what the peers saved
+	}
+	return out, werr
+}
 
+func (cfg *LaunchConfig) progressEvery() time.Duration {
+	if cfg.ProgressEvery <= 0 {
+		return 5 * time.Second
+	}
+	return cfg.ProgressEvery
+}
+
+// startPeers starts the peer processes, with the DHT node at addr.
+func startPeers(ctx context.Context, cfg LaunchConfig, addr string) (*swarm.Swarm, error) {
 	spec := &swarm.Spec{}
-	for i := range cfg.Peers {
-		slow := 1.0
-		if cfg.Slowdowns != nil {
-			slow = cfg.Slowdowns[i]
-		}
+	for i, slow := range cfg.Slowdowns {
 		spec.Devices = append(spec.Devices, swarm.DeviceClass{Name: "peer" + strconv.Itoa(i), Count: 1, Slowdown: slow})
 	}
-	stats := func(p *swarm.Peer) string { return StatsFile(cfg.Dir, p.Index) }
 	pr := &swarm.Processes{
 		Path: cfg.Exe, Dir: cfg.Dir,
 		Config: func(p *swarm.Peer) launch.Config {
 			c := cfg.Peer
-			c.DHT, c.Listen = []string{out.DHT}, []string{"/ip4/127.0.0.1/tcp/0"}
-			c.Slowdown, c.Stats, c.MinPeers = p.Device.Slowdown(), stats(p), cfg.Peers
+			c.DHT, c.Listen = []string{addr}, []string{"/ip4/127.0.0.1/tcp/0"}
+			c.Slowdown, c.Stats, c.MinPeers = p.Device.Slowdown(), StatsFile(cfg.Dir, p.Index), cfg.Peers
 			return c
 		},
 	}
 	for i := range cfg.Peers {
 		os.Remove(StatsFile(cfg.Dir, i))
 	}
-	sw, err := swarm.Start(ctx, spec, pr, swarm.Options{StopTimeout: 30 * time.Second})
-	if err != nil {
-		return out, err
-	}
-	wctx, cancel := ctx, context.CancelFunc(func() {})
-	if cfg.Duration > 0 {
-		wctx, cancel = context.WithTimeout(ctx, cfg.Duration+time.Minute)
-	}
-	werr := sw.Wait(wctx)
-	cancel()
-	serr := sw.Stop()
-	if werr == nil {
-		werr = serr
-	}
+	return swarm.Start(ctx, spec, pr, swarm.Options{StopTimeout: 30 * time.Second})
+}
+
+// collect reads the peers' final results from their stats files into out,
+// with their means; a peer without one is an error that quotes its log.
+func (out *Launched) collect(dir string, peers []*swarm.Peer) error {
+	var errs []error
 	var n int
-	for _, p := range sw.Peers() {
-		r, err := ReadFinal(stats(p))
+	for _, p := range peers {
+		r, err := ReadFinal(StatsFile(dir, p.Index))
 		if err != nil {
-			log := filepath.Join(cfg.Dir, p.Name+".log")
+			log := filepath.Join(dir, p.Name+".log")
 			if t := launch.Tail(log, 3); t != "" {
 				err = fmt.Errorf("%w; its log ends: %s", err, t)
 			}
-			werr = errors.Join(werr, fmt.Errorf("%s: %w (log: %s)", p.Name, err, log))
+			errs = append(errs, fmt.Errorf("%s: %w (log: %s)", p.Name, err, log))
 			continue
 		}
 		out.Peers = append(out.Peers, r)
@@ -144,10 +177,25 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Launched, error) {
 		out.MeanAccuracy /= float64(n)
 		out.MeanValPerplexity /= float64(n)
 	}
-	if ctx.Err() != nil {
-		return out, nil // interrupted: report what the peers saved
+	return errors.Join(errs...)
+}
+
+// CopyStats appends the stats lines of the peers Launch ran in dir to w;
+// a peer that never wrote any is skipped.
+func CopyStats(w io.Writer, dir string, peers int) error {
+	for i := range peers {
+		b, err := os.ReadFile(StatsFile(dir, i))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // the peer never got to write one
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
 	}
-	return out, werr
+	return nil
 }
 
 // ReadSnapshots returns the lines of a peer's stats file, skipping lines

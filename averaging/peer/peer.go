@@ -2,11 +2,12 @@
 // libp2p host, a DHT node joined to the swarm, its replica of a model, its
 // shard of the data and its real compute speed, training with its own loop
 // and an optimizer.Optimizer that averages with the other peers of the run.
-// `skyhive peer` is a thin shell around Run; `skyhive train --mode
-// averaging` launches several with Launch.
+// `skyhive peer` is a thin shell around ConfigFrom and Run; `skyhive train
+// averaging` launches several on one machine with RunLocal (over Launch).
 package peer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -102,7 +103,8 @@ type Config struct {
 	Seed  uint64
 	// Batch, LR and Momentum configure SGD with momentum for image models
 	// (32, 0.05, 0.9). Language models train with AdamW: Batch sequences
-	// per step (16) at LR (3e-3) with WeightDecay, after Warmup steps of
+	// per step at LR (the model's, models.DefaultsOf: 16 and 3e-3 for a
+	// GPT) with WeightDecay, after Warmup steps of
 	// linear warm-up, clipping the global norm of the (averaged) gradients
 	// to ClipNorm (0: no clipping); Momentum does not apply.
 	Batch       int
@@ -268,6 +270,28 @@ var (
 // lm reports whether the peer trains a language model.
 func (c *Config) lm() bool { return isLM(c.Model) }
 
+// lmDefaults sets a language model's options left 0: its batch and
+// learning rate (the model's, models.DefaultsOf), data, vocabulary and
+// token width.
+func (c *Config) lmDefaults() {
+	d := models.DefaultsOf(c.Model)
+	if c.Batch == 0 {
+		c.Batch = cmp.Or(d.Batch, 16)
+	}
+	if c.LR == 0 {
+		c.LR = cmp.Or(d.LR, 3e-3)
+	}
+	if c.Data == "" {
+		c.Data = "gcide"
+	}
+	if c.Vocab == 0 && !strings.HasPrefix(c.Data, "tokens:") {
+		c.Vocab = 1024
+	}
+	if c.TokenWidth == 0 {
+		c.TokenWidth = 2
+	}
+}
+
 func (c *Config) defaults() error {
 	if c.JoinTimeout <= 0 {
 		c.JoinTimeout = 30 * time.Second
@@ -307,21 +331,7 @@ func (c *Config) defaults() error {
 	}
 	lm := isLM(c.Model)
 	if lm {
-		if c.Batch == 0 {
-			c.Batch = 16
-		}
-		if c.LR == 0 {
-			c.LR = 3e-3
-		}
-		if c.Data == "" {
-			c.Data = "gcide"
-		}
-		if c.Vocab == 0 && !strings.HasPrefix(c.Data, "tokens:") {
-			c.Vocab = 1024
-		}
-		if c.TokenWidth == 0 {
-			c.TokenWidth = 2
-		}
+		c.lmDefaults()
 	}
 	if c.Batch == 0 {
 		c.Batch = 32

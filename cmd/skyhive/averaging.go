@@ -2,15 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,7 +16,6 @@ import (
 	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/averaging/peer"
-	"github.com/skyhive/skyhive/averaging/sim"
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/launch"
@@ -28,7 +23,6 @@ import (
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/train"
-	"github.com/skyhive/skyhive/wire"
 )
 
 // peerFlags are the options of `skyhive peer`: most are the fields of its
@@ -52,9 +46,6 @@ type averagingLMFlags struct {
 	weightDecay float64
 }
 
-// lmWeightDecay is the default --weight-decay of averaging peers.
-const lmWeightDecay = 0.01
-
 // averagingLMOnly name the flags averagingLMFlags adds, which image models
 // refuse; averagingImageOnly those that language models refuse.
 var (
@@ -67,7 +58,7 @@ func (l *averagingLMFlags) register(fl *pflag.FlagSet) {
 	l.lmDataFlags.register(fl, 0)
 	fl.IntVar(&l.warmup, "warmup", int(lmDefaults.Warmup), "language models: linear learning-rate warm-up steps")
 	fl.Float64Var(&l.clip, "clip", lmDefaults.ClipNorm, "language models: global norm clip of the (averaged) gradients (0 disables)")
-	fl.Float64Var(&l.weightDecay, "weight-decay", lmWeightDecay, "language models: AdamW decoupled weight decay")
+	fl.Float64Var(&l.weightDecay, "weight-decay", peer.DefaultWeightDecay, "language models: AdamW decoupled weight decay")
 }
 
 // resolve checks the flags given against the model, and for a language
@@ -242,92 +233,25 @@ func peerDefaults() (launch.Peer, error) {
 	return f.config(fl)
 }
 
-// peerConfig turns a peer's typed config into peer.Config: its host, DHT
-// and averaging settings parsed, its language-model options applied when
-// the model is one. The writers, hooks and metrics are left to the caller.
+// peerConfig turns a peer's typed config into peer.Config: its network
+// options parsed here, the rest by peer.ConfigFrom. The writers, hooks
+// and metrics are left to the caller.
 func peerConfig(l launch.Peer) (peer.Config, error) {
-	c := peer.Config{RunID: l.RunID, GroupSize: l.GroupSize, Tau: l.Tau, Period: l.Period,
-		RoundInterval: time.Duration(l.RoundInterval), InnerSteps: l.InnerSteps, WarmupInnerSteps: l.WarmupInnerSteps,
-		OuterLR: l.OuterLR, OuterMomentum: l.OuterMomentum, Fragments: l.Fragments, OverlapSteps: l.OverlapSteps,
-		MaxNormRatio: l.MaxNormRatio, MinAgree: l.MinAgree, Timeout: time.Duration(l.Timeout),
-		MinPeers: l.MinPeers, WaitPeers: time.Duration(l.WaitPeers), JoinTimeout: time.Duration(l.JoinTimeout),
-		TargetBatchSize: l.TargetBatchSize, Model: l.Model, Seed: l.Seed, Batch: l.Batch, LR: l.LR, Momentum: l.Momentum,
-		DataDir: l.DataDir, Limit: l.Limit, EvalExamples: l.EvalExamples, Steps: l.Steps, Duration: time.Duration(l.Duration),
-		EvalEvery: time.Duration(l.EvalEvery), Slowdown: l.Slowdown, Checkpoint: l.Checkpoint,
-		CheckpointEvery: time.Duration(l.CheckpointEvery), StatsEvery: time.Duration(l.StatsEvery)}
 	net := connectFlagsOf(l.Net)
-	var err error
-	if c.DHT, err = net.seeds(); err != nil {
-		return c, err
+	seeds, err := net.seeds()
+	if err != nil {
+		return peer.Config{}, err
 	}
-	c.DHTMaxBytes = net.dhtMaxBytes()
-	if c.Host, err = net.config(); err != nil {
-		return c, err
+	host, err := net.config()
+	if err != nil {
+		return peer.Config{}, err
 	}
-	if len(c.DHT) == 0 {
-		return c, fmt.Errorf("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
+	if len(seeds) == 0 {
+		return peer.Config{}, fmt.Errorf("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
 	}
-	if c.Algo, err = optimizer.ParseAlgo(l.Algo); err != nil {
-		return c, fmt.Errorf("--algo: %w", err)
-	}
-	if err := checkOuterFlags(l.Algo, c.InnerSteps, c.WarmupInnerSteps, c.Fragments, c.OverlapSteps, c.OuterLR); err != nil {
-		return c, err
-	}
-	if c.OuterMomentum == 0 {
-		c.OuterMomentum = optimizer.NoMomentum // the flag's 0 is no momentum; the optimizer's 0 is its default
-	}
-	if l.Matchmaking != "" {
-		if c.Matchmaking, err = averaging.ParseMatchmaking(l.Matchmaking); err != nil {
-			return c, fmt.Errorf("--matchmaking: %w", err)
-		}
-	}
-	if c.Codec, err = wire.ParseCodec(l.Codec); err != nil {
-		return c, fmt.Errorf("--codec: %w", err)
-	}
-	if c.Aggregation, err = averaging.ParseAggregation(l.Aggregation); err != nil {
-		return c, fmt.Errorf("--aggregation: %w", err)
-	}
-	if c.Shard, c.Shards, err = parseShard(l.Shard); err != nil {
-		return c, err
-	}
-	return c, peerData(&c, l)
-}
-
-// parseShard parses --shard K/N ("": the whole set, 0 and 0).
-func parseShard(s string) (k, n int, err error) {
-	if s == "" {
-		return 0, 0, nil
-	}
-	ks, ns, ok := strings.Cut(s, "/")
-	k, e1 := strconv.Atoi(ks)
-	n, e2 := strconv.Atoi(ns)
-	if !ok || e1 != nil || e2 != nil || n < 1 || k < 0 || k >= n {
-		return 0, 0, fmt.Errorf("--shard wants K/N with 0 <= K < N, got %q", s)
-	}
-	return k, n, nil
-}
-
-// peerData checks a peer's data against its model and, for a language
-// model, applies the language-model options.
-func peerData(c *peer.Config, l launch.Peer) error {
-	if !train.IsLanguageModel(l.Model) {
-		if l.Data != "" && l.Data != "fashion-mnist" {
-			return fmt.Errorf("%s is an image classifier: train it on fashion-mnist, not %s", l.Model, l.Data)
-		}
-		return nil
-	}
-	if l.Data == "fashion-mnist" {
-		return fmt.Errorf("%s is a language model and fashion-mnist is images: train it on text (--data %s)", l.Model, train.TextDataUsage)
-	}
-	c.Data, c.Seq, c.TokenWidth, c.EvalTokens, c.Vocab = l.Data, l.Seq, l.TokenWidth, l.EvalTokens, l.Vocab
-	if c.Seq == 0 && !strings.Contains(l.Model, ":") {
-		c.Seq = lmSeq // a spec with a context gives its own
-	}
-	c.CorpusBytes = int64(fromConfig(float64(l.CorpusBytes), lmCorpusBytes))
-	c.Warmup = int(fromConfig(float64(l.Warmup), float64(models.DefaultsOf(l.Model).Warmup)))
-	c.ClipNorm = fromConfig(l.Clip, models.DefaultsOf(l.Model).ClipNorm)
-	c.WeightDecay = fromConfig(l.WeightDecay, lmWeightDecay)
-	return nil
+	c, err := peer.ConfigFrom(l)
+	c.Host, c.DHT, c.DHTMaxBytes = host, seeds, net.dhtMaxBytes()
+	return c, err
 }
 
 // toConfig is a flag's value as a config field where a zero field takes the
@@ -337,15 +261,6 @@ func toConfig(v float64) float64 {
 		return -1
 	}
 	return v
-}
-
-// fromConfig is the value of a config field written by toConfig, with def
-// for 0.
-func fromConfig(v, def float64) float64 {
-	if v == 0 {
-		return def
-	}
-	return max(v, 0)
 }
 
 // runPeerRole runs an averaging peer with its typed config, from the flags
@@ -396,7 +311,7 @@ func runPeerRole(ctx context.Context, stdout, stderr io.Writer, l launch.Peer) e
 	if err != nil {
 		return peerFlagHint(err)
 	}
-	return reportPeer(stdout, res, l.JSON)
+	return res.Report(stdout, l.JSON)
 }
 
 // peerStatus fills an averaging peer's status record from its numbers.
@@ -424,51 +339,8 @@ func peerFlagHint(err error) error {
 	return err
 }
 
-// reportPeer prints a peer's result: one JSON line in the benchmark
-// protocol, or a sentence.
-func reportPeer(w io.Writer, r peer.Result, asJSON bool) error {
-	if r.Model != "" {
-		return reportLMPeer(w, r, asJSON)
-	}
-	if !asJSON {
-		fmt.Fprintf(w, "peer %s: test accuracy %.2f%% after %d steps, %d rounds, %.0fs; %.1f MB sent\n",
-			shortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
-		return nil
-	}
-	line := map[string]any{
-		"suite": "peer", "case": r.Algo, "metric": "test_accuracy", "value": r.TestAccuracy, "unit": "fraction",
-		"peer": r.Peer, "test_accuracy": r.TestAccuracy, "test_loss": r.TestLoss, "first_accuracy": r.FirstAccuracy,
-		"steps": r.Steps, "rounds": r.Rounds, "samples": r.Samples, "bytes_sent": r.BytesSent,
-		"bytes_received": r.BytesReceived, "seconds": r.Seconds, "groups": r.Groups, "failures": r.Failures, "max_step_seconds": r.MaxStepSeconds,
-		"joined_from": r.Joined, "resumed": r.Resumed, "epoch": r.Epoch, "swarm_peers": r.SwarmPeers,
-	}
-	return json.NewEncoder(w).Encode(line)
-}
-
-// reportLMPeer is reportPeer for a language model.
-func reportLMPeer(w io.Writer, r peer.Result, asJSON bool) error {
-	if !asJSON {
-		fmt.Fprintf(w, "peer %s: validation perplexity %.2f (unigram %.2f) of %s after %d steps, %d rounds, %.0fs; %.1f MB sent\n",
-			shortID(r.Peer), r.ValPerplexity, r.UnigramPerplexity, r.Model, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
-		return nil
-	}
-	line := map[string]any{
-		"suite": "peer", "case": r.Algo, "metric": "val_perplexity", "value": r.ValPerplexity, "unit": "perplexity",
-		"peer": r.Peer, "model": r.Model, "val_loss": r.ValLoss, "val_perplexity": r.ValPerplexity,
-		"first_perplexity": r.FirstPerplexity, "unigram_perplexity": r.UnigramPerplexity, "eval_tokens": r.EvalTokens,
-		"steps": r.Steps, "rounds": r.Rounds, "samples": r.Samples, "bytes_sent": r.BytesSent,
-		"bytes_received": r.BytesReceived, "seconds": r.Seconds, "groups": r.Groups, "failures": r.Failures, "max_step_seconds": r.MaxStepSeconds,
-		"joined_from": r.Joined, "resumed": r.Resumed, "epoch": r.Epoch, "swarm_peers": r.SwarmPeers,
-	}
-	return json.NewEncoder(w).Encode(line)
-}
-
-func shortID(s string) string {
-	if len(s) > 12 {
-		return s[len(s)-8:]
-	}
-	return s
-}
+// shortID shortens a peer ID for display.
+func shortID(s string) string { return peer.ShortID(s) }
 
 // averagingFlags are the options of train averaging and demo averaging,
 // which launch `skyhive peer` processes on this machine; the flags they pass
@@ -562,109 +434,64 @@ func newTrainAveragingCmd() *cobra.Command {
 	return cmd
 }
 
+// run launches the peers (peer.RunLocal), with their progress on stderr,
+// and prints their results on stdout.
 func (a *averagingFlags) run(cmd *cobra.Command) error {
-	if _, err := optimizer.ParseAlgo(a.algo); err != nil {
-		return fmt.Errorf("--algo: %w", err)
-	}
-	if err := checkOuterFlags(a.algo, a.innerSteps, a.warmupInnerSteps, a.fragments, a.overlapSteps, a.outerLR); err != nil {
-		return err
-	}
-	switch {
-	case a.peers < 1 || a.peers > 64:
-		return fmt.Errorf("--peers must be in 1..64, got %d", a.peers)
-	case a.slowLo < 1 || a.slowHi < a.slowLo:
-		return fmt.Errorf("--slowdown-min and --slowdown-max must satisfy 1 <= min <= max, got %v..%v", a.slowLo, a.slowHi)
-	case a.duration < 0 || a.steps < 0:
-		return fmt.Errorf("--duration and --steps must not be negative")
-	case a.duration == 0 && a.steps == 0:
-		return fmt.Errorf("give the peers a --duration or a number of --steps")
-	case a.data.limit < 0:
-		return fmt.Errorf("--limit must not be negative, got %d", a.data.limit)
-	}
 	if a.small {
 		a.model = "mlp-small"
 	}
-	fl := cmd.Flags()
-	lm, dataset, seq, err := a.lm.resolve(fl, a.model)
+	pc, err := a.launchPeer(cmd.Flags())
 	if err != nil {
 		return err
-	}
-	duration := a.duration
-	if a.steps > 0 && !fl.Changed("duration") {
-		duration = 0 // --steps alone sets the run's length
 	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	dir := a.dir
-	if dir == "" {
-		if dir, err = os.MkdirTemp("", "skyhive-averaging-"); err != nil {
-			return err
-		}
+	run := peer.LocalRun{Exe: exe, Peers: a.peers, SlowdownMin: a.slowLo, SlowdownMax: a.slowHi,
+		Peer: pc, Dir: a.dir, Log: cmd.ErrOrStderr()}
+	if err := run.Check(); err != nil {
+		return err
 	}
-	pc := a.launchPeer(fl, lm, dataset, seq, duration)
-	out := cmd.ErrOrStderr()
-	slow := sim.DrawSlowdowns(a.peers, a.slowLo, a.slowHi, a.seed)
-	length := duration.String()
-	if a.steps > 0 {
-		length = fmt.Sprintf("%d steps", a.steps)
-		if duration > 0 {
-			length += " or " + duration.String()
-		}
-	}
-	what := a.model
-	if lm {
-		what += " on " + dataset
-	}
-	fmt.Fprintf(out, "%s with %d peer processes (slowdowns %.1f..%.1f), %s, %s; logs in %s\n",
-		a.algo, a.peers, a.slowLo, a.slowHi, what, length, dir)
-	reg, stopMetrics, err := a.metrics.start(cmd.Context(), out)
+	reg, stopMetrics, err := a.metrics.start(cmd.Context(), cmd.ErrOrStderr())
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
-	res, err := peer.Launch(cmd.Context(), peer.LaunchConfig{
-		Exe: exe, Peers: a.peers, Slowdowns: slow, Peer: pc, Dir: dir, Duration: duration, Log: out,
-		Metrics: reg.Registerer(),
-	})
-	if serr := a.copyStats(dir); serr != nil && err == nil {
+	run.Metrics = reg.Registerer()
+	res, err := peer.RunLocal(cmd.Context(), run)
+	if res.Dir == "" {
+		return err // the run did not start
+	}
+	if serr := a.copyStats(res.Dir); serr != nil && err == nil {
 		err = serr
 	}
 	if a.out.json {
 		if jerr := printJSON(cmd.OutOrStdout(), res); jerr != nil {
 			return jerr
 		}
-	} else if lm {
-		for i, r := range res.Peers {
-			fmt.Fprintf(cmd.OutOrStdout(), "  peer %d (%s): validation perplexity %.2f (unigram %.2f), %d steps, %d rounds, %.1f MB sent\n",
-				i, shortID(r.Peer), r.ValPerplexity, r.UnigramPerplexity, r.Steps, r.Rounds, float64(r.BytesSent)/1e6)
-		}
-		fmt.Fprintf(cmd.OutOrStdout(), "%s: mean validation perplexity of %d peers %.2f (logs: %s)\n",
-			a.algo, len(res.Peers), res.MeanValPerplexity, filepath.Clean(dir))
 	} else {
-		for i, r := range res.Peers {
-			fmt.Fprintf(cmd.OutOrStdout(), "  peer %d (%s): test accuracy %.2f%%, %d steps, %d rounds, %.1f MB sent\n",
-				i, shortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, float64(r.BytesSent)/1e6)
-		}
-		fmt.Fprintf(cmd.OutOrStdout(), "%s: mean test accuracy of %d peers %.2f%% (logs: %s)\n",
-			a.algo, len(res.Peers), 100*res.MeanAccuracy, filepath.Clean(dir))
+		res.Report(cmd.OutOrStdout())
 	}
 	return err
 }
 
 // launchPeer is the config of every peer the command launches: the
-// command's options with the peer's names, for a run of duration (0: until
-// the steps are done).
-func (a *averagingFlags) launchPeer(fl *pflag.FlagSet, lm bool, dataset string, seq int, duration time.Duration) launch.Peer {
-	c := launch.Peer{Algo: a.algo, Model: a.model, Duration: launch.Duration(duration), Quiet: true,
+// command's options with the peer's names. --steps alone sets the run's
+// length (Duration 0).
+func (a *averagingFlags) launchPeer(fl *pflag.FlagSet) (launch.Peer, error) {
+	lm, dataset, seq, err := a.lm.resolve(fl, a.model)
+	if err != nil {
+		return launch.Peer{}, err
+	}
+	c := launch.Peer{Algo: a.algo, Model: a.model, Duration: launch.Duration(a.duration),
 		LR: a.lr, Momentum: a.momentum, Batch: a.batch, Seed: a.seed, DataDir: a.data.dir, Limit: a.data.limit,
 		Codec: a.codec, RoundInterval: launch.Duration(a.interval), RunID: a.runID, GroupSize: a.group, Tau: a.tau,
 		Period: a.period, InnerSteps: a.innerSteps, WarmupInnerSteps: a.warmupInnerSteps, OuterLR: a.outerLR,
 		OuterMomentum: a.outerMomentum, Fragments: a.fragments, OverlapSteps: a.overlapSteps,
-		StatsEvery: launch.Duration(5 * time.Second), Steps: a.steps, Matchmaking: a.match}
-	if c.OuterMomentum == 0 {
-		c.OuterMomentum = optimizer.NoMomentum // a zero would be left out of the config, taking the default
+		Steps: a.steps, Matchmaking: a.match}
+	if a.steps > 0 && !fl.Changed("duration") {
+		c.Duration = 0
 	}
 	if lm {
 		c.Momentum, c.DataDir, c.Limit = 0, "", 0
@@ -672,10 +499,7 @@ func (a *averagingFlags) launchPeer(fl *pflag.FlagSet, lm bool, dataset string, 
 		d := withModelDefaults(fl, a.model, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
 		c.Batch, c.LR = d.Batch, d.LR
 	}
-	if duration > 0 {
-		c.EvalEvery = launch.Duration(duration / 4)
-	}
-	return c
+	return c, nil
 }
 
 // copyStats appends every peer's stats lines to --stats.
@@ -685,17 +509,8 @@ func (a *averagingFlags) copyStats(dir string) error {
 		return err
 	}
 	defer closeStats()
-	for i := range a.peers {
-		b, err := os.ReadFile(peer.StatsFile(dir, i))
-		if errors.Is(err, os.ErrNotExist) {
-			continue // the peer never got to write one
-		}
-		if err != nil {
-			return fmt.Errorf("--stats: %w", err)
-		}
-		if _, err := w.Write(b); err != nil {
-			return fmt.Errorf("--stats: %w", err)
-		}
+	if err := peer.CopyStats(w, dir, a.peers); err != nil {
+		return fmt.Errorf("--stats: %w", err)
 	}
 	return nil
 }
@@ -714,24 +529,6 @@ func newDemoAveragingCmd() *cobra.Command {
 	}
 	a.register(cmd.Flags())
 	return cmd
-}
-
-// checkOuterFlags checks the values of registerOuterFlags' flags that the
-// optimizer would refuse, for --algo algo.
-func checkOuterFlags(algo string, innerSteps, warmupInnerSteps, fragments, overlapSteps int, outerLR float64) error {
-	if innerSteps < 1 || !(outerLR > 0) || math.IsInf(outerLR, 0) {
-		return fmt.Errorf("--inner-steps must be at least 1 and --outer-lr positive (got %d and %v)", innerSteps, outerLR)
-	}
-	if warmupInnerSteps < 0 || warmupInnerSteps > innerSteps {
-		return fmt.Errorf("--warmup-inner-steps must be 0 (no warm-up) to --inner-steps (%d), got %d", innerSteps, warmupInnerSteps)
-	}
-	if fragments < 0 || fragments > innerSteps || overlapSteps < 0 || overlapSteps >= innerSteps {
-		return fmt.Errorf("--fragments must be 0 to --inner-steps (%d) and --overlap-steps 0 to %d, got %d and %d", innerSteps, innerSteps-1, fragments, overlapSteps)
-	}
-	if a, _ := optimizer.ParseAlgo(algo); (fragments > 1 || overlapSteps > 0) && (a != optimizer.DiLoCo || warmupInnerSteps > 0) {
-		return fmt.Errorf("--fragments and --overlap-steps are for --algo diloco without --warmup-inner-steps (got --algo %s, --warmup-inner-steps %d)", algo, warmupInnerSteps)
-	}
-	return nil
 }
 
 // outerFlags are where registerOuterFlags stores DiLoCo's settings.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -153,4 +154,32 @@ func trainAveragingLM(t *testing.T, data string, steps int, args ...string) peer
 		t.Fatalf("%d peer results: %+v\nstderr:\n%s", len(res.Peers), res, tail(p.stderr.String()))
 	}
 	return res
+}
+
+// train averaging says what it started and how far the peers got while
+// they train (every 5 s, and at their end), on stderr, before it prints
+// their results. The peers train for 7 s, so one progress line comes
+// before the end.
+func TestTrainAveragingShowsProgress(t *testing.T) {
+	t.Setenv(envAsCLI, "1")
+	var out syncBuffer
+	err := runCLI(context.Background(), &out, "train", "averaging", "--model", "gpt-mini", "--data", "text:"+writeText(t),
+		"--corpus-bytes", "65536", "--vocab", "300", "--seq", "16", "--batch", "8", "--eval-tokens", "2000",
+		"--peers", "2", "--steps", "100000", "--duration", "7s", "--logs", t.TempDir())
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	s := out.String()
+	started := strings.Index(s, "started 2 peer processes, slowdowns ")
+	done := strings.Index(s, "peer processes done after ")
+	result := strings.Index(s, "mean validation perplexity of 2 peers")
+	if started < 0 || done < started || result < done {
+		t.Fatalf("want the start, the end and then the results in order; got:\n%s", s)
+	}
+	if !regexp.MustCompile(`\n +\d+s: peer0 .*; peer1 `).MatchString(s[started:done]) {
+		t.Errorf("no progress line while the peers train:\n%s", s)
+	}
+	if !regexp.MustCompile(`done after \d+s: peer0 \d+ steps, \d+ groups, perplexity [0-9.]+, done; peer1 \d+ steps`).MatchString(s[done:result]) {
+		t.Errorf("the end does not show the peers' steps and perplexity:\n%s", s)
+	}
 }

@@ -1,0 +1,87 @@
+package peer
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/models"
+)
+
+// ConfigFrom applies a language model's defaults (the model's warm-up
+// and clipping, the context and corpus bound of skyhive train) and keeps
+// the negative fields' meaning (the flag's 0).
+func TestConfigFromLanguageModel(t *testing.T) {
+	c, err := ConfigFrom(launch.Peer{Algo: "diloco", Model: "gpt-mini", Data: "gcide", InnerSteps: 10, OuterLR: 0.7, Clip: -1, Codec: "none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := models.DefaultsOf("gpt-mini")
+	if c.Algo != optimizer.DiLoCo || c.Seq != DefaultSeq || c.CorpusBytes != DefaultCorpusBytes || c.Warmup != int(d.Warmup) ||
+		c.ClipNorm != 0 || c.WeightDecay != DefaultWeightDecay || c.OuterMomentum != optimizer.NoMomentum {
+		t.Errorf("%+v", c)
+	}
+	if c, err = ConfigFrom(launch.Peer{Algo: "wagma", Model: "gpt:2x32:300", Data: "gcide", InnerSteps: 1, OuterLR: 1, Codec: "none"}); err != nil || c.Seq != 0 {
+		t.Errorf("a spec's context: seq %d, %v", c.Seq, err)
+	}
+}
+
+// Bad values are errors that name the flag to fix.
+func TestConfigFromNamesFlags(t *testing.T) {
+	ok := launch.Peer{Algo: "wagma", Model: "mlp-small", InnerSteps: 1, OuterLR: 1, Codec: "none", Aggregation: "mean"}
+	cases := []struct {
+		edit func(*launch.Peer)
+		want string
+	}{
+		{func(l *launch.Peer) { l.Algo = "gossip" }, "--algo"},
+		{func(l *launch.Peer) { l.InnerSteps = 0 }, "--inner-steps"},
+		{func(l *launch.Peer) { l.Matchmaking = "ring" }, "--matchmaking"},
+		{func(l *launch.Peer) { l.Codec = "zip" }, "--codec"},
+		{func(l *launch.Peer) { l.Aggregation = "median" }, "--aggregation"},
+		{func(l *launch.Peer) { l.Shard = "3/2" }, "--shard"},
+		{func(l *launch.Peer) { l.Data = "gcide" }, "image classifier"},
+		{func(l *launch.Peer) { l.Model, l.Data = "gpt-mini", "fashion-mnist" }, "--data"},
+	}
+	if _, err := ConfigFrom(ok); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		l := ok
+		c.edit(&l)
+		if _, err := ConfigFrom(l); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: got %v, want %q", l, err, c.want)
+		}
+	}
+}
+
+// A local run that cannot start is refused before anything starts,
+// naming the flag.
+func TestLocalRunCheck(t *testing.T) {
+	ok := LocalRun{Exe: "skyhive", Peers: 2, SlowdownMin: 1, SlowdownMax: 2,
+		Peer: launch.Peer{Algo: "wagma", InnerSteps: 1, OuterLR: 1, Steps: 10}}
+	cases := []struct {
+		edit func(*LocalRun)
+		want string
+	}{
+		{func(r *LocalRun) { r.Peers = 0 }, "--peers"},
+		{func(r *LocalRun) { r.Peers = MaxLocalPeers + 1 }, "--peers"},
+		{func(r *LocalRun) { r.SlowdownMin = 3 }, "--slowdown-min"},
+		{func(r *LocalRun) { r.Peer.Steps = 0 }, "--duration or a number of --steps"},
+		{func(r *LocalRun) { r.Peer.Steps = -1 }, "must not be negative"},
+		{func(r *LocalRun) { r.Peer.Limit = -1 }, "--limit"},
+		{func(r *LocalRun) { r.Peer.Algo = "gossip" }, "--algo"},
+		{func(r *LocalRun) { r.Peer.Fragments = 2 }, "--fragments"},
+	}
+	if err := ok.Check(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		r := ok
+		c.edit(&r)
+		if err := r.Check(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: got %v, want %q", r, err, c.want)
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/skyhive/skyhive/averaging/optimizer"
+	"github.com/skyhive/skyhive/averaging/sim"
+	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/train"
+)
+
+// MaxLocalPeers bounds the peer processes of a LocalRun.
+const MaxLocalPeers = 64
+
+// LocalRun describes a swarm of `skyhive peer` processes on this machine
+// (`skyhive train averaging`, `skyhive demo averaging`): Peers peers with
+// emulated slowdowns drawn from U[SlowdownMin, SlowdownMax] that train
+// with the same config. RunLocal's errors for a run that cannot start
+// wrap ErrConfig and name the flags of those commands.
+type LocalRun struct {
+	// Exe is the skyhive executable the peers run.
+	Exe   string
+	Peers int
+	// SlowdownMin and SlowdownMax bound the slowdowns, drawn with
+	// Peer.Seed.
+	SlowdownMin, SlowdownMax float64
+	// Peer is every peer's config. The peers stop after Peer.Steps or
+	// Peer.Duration, whichever comes first (0: no bound; one must be
+	// given). RunLocal runs them quiet, writing stats every 5 s, and
+	// evaluating four times in a Duration. Its DHT, listen address,
+	// slowdown, stats file and MinPeers are set by Launch.
+	Peer launch.Peer
+	// Dir holds the peers' logs and stats files ("": a new temporary
+	// directory).
+	Dir string
+	// Log receives the notices and the progress lines (nil: none).
+	Log io.Writer
+	// Metrics, if set, receives the collectors of the launcher's DHT node
+	// and host.
+	Metrics prometheus.Registerer
+}
+
+// Check refuses a run that cannot start, naming the flags; RunLocal
+// checks too.
+func (r *LocalRun) Check() error {
+	p := r.Peer
+	if _, err := optimizer.ParseAlgo(p.Algo); err != nil {
+		return fmt.Errorf("%w: --algo: %w", ErrConfig, err)
+	}
+	if err := CheckOuter(p.Algo, p.InnerSteps, p.WarmupInnerSteps, p.Fragments, p.OverlapSteps, p.OuterLR); err != nil {
+		return err
+	}
+	switch {
+	case r.Peers < 1 || r.Peers > MaxLocalPeers:
+		return fmt.Errorf("%w: --peers must be in 1..%d, got %d", ErrConfig, MaxLocalPeers, r.Peers)
+	case r.SlowdownMin < 1 || r.SlowdownMax < r.SlowdownMin:
+		return fmt.Errorf("%w: --slowdown-min and --slowdown-max must satisfy 1 <= min <= max, got %v..%v", ErrConfig, r.SlowdownMin, r.SlowdownMax)
+	case p.Duration < 0 || p.Steps < 0:
+		return fmt.Errorf("%w: --duration and --steps must not be negative", ErrConfig)
+	case p.Duration == 0 && p.Steps == 0:
+		return fmt.Errorf("%w: give the peers a --duration or a number of --steps", ErrConfig)
+	case p.Limit < 0:
+		return fmt.Errorf("%w: --limit must not be negative, got %d", ErrConfig, p.Limit)
+	}
+	return nil
+}
+
+// RunLocal starts the run's peers on this machine, reports on Log what
+// it runs, the peers' progress while they train and their end, and
+// returns their results (Launch), with the run's algorithm and directory
+// for Report.
+func RunLocal(ctx context.Context, r LocalRun) (Launched, error) {
+	if err := r.Check(); err != nil {
+		return Launched{}, err
+	}
+	if r.Dir == "" {
+		dir, err := os.MkdirTemp("", "skyhive-averaging-")
+		if err != nil {
+			return Launched{}, err
+		}
+		r.Dir = dir
+	}
+	c := r.Peer
+	c.Quiet, c.StatsEvery = true, launch.Duration(5*time.Second)
+	if c.OuterMomentum == 0 {
+		c.OuterMomentum = optimizer.NoMomentum // a zero would be left out of the config, taking the default
+	}
+	if c.Duration > 0 {
+		c.EvalEvery = c.Duration / 4
+	}
+	lm := train.IsLanguageModel(c.Model)
+	logf(r.Log, "%s with %d peer processes (slowdowns %.1f..%.1f), %s, %s; logs in %s",
+		c.Algo, r.Peers, r.SlowdownMin, r.SlowdownMax, r.describe(lm), r.length(), r.Dir)
+	res, err := Launch(ctx, LaunchConfig{
+		Exe: r.Exe, Peers: r.Peers, Slowdowns: sim.DrawSlowdowns(r.Peers, r.SlowdownMin, r.SlowdownMax, c.Seed),
+		Peer: c, Dir: r.Dir, Duration: time.Duration(c.Duration), Log: r.Log, Metrics: r.Metrics,
+	})
+	res.Algo, res.LM, res.Dir = c.Algo, lm, r.Dir
+	return res, err
+}
+
+// describe names the run's model and, for a language model, its data.
+func (r *LocalRun) describe(lm bool) string {
+	if !lm {
+		return r.Peer.Model
+	}
+	return r.Peer.Model + " on " + r.Peer.Data
+}
+
+// length describes how long the peers train.
+func (r *LocalRun) length() string {
+	d := time.Duration(r.Peer.Duration)
+	if r.Peer.Steps == 0 {
+		return d.String()
+	}
+	s := fmt.Sprintf("%d steps", r.Peer.Steps)
+	if d > 0 {
+		s += " or " + d.String()
+	}
+	return s
+}

@@ -15,8 +15,10 @@ import (
 type docCommand struct {
 	file string // relative to the repository root
 	line int
-	text string   // the command as written, continuations joined
-	args []string // its arguments after "skyhive", comments removed
+	// block numbers the fenced code block the line is in.
+	block int
+	text  string   // the command as written, continuations joined
+	args  []string // its arguments after "skyhive", comments removed
 	// synopsis is set for usage patterns ("[--algo A|B]", "FILE...")
 	// rather than runnable examples: only their flag names are checked.
 	synopsis bool
@@ -49,10 +51,12 @@ func scanCommands(file string, lines []string, fenced bool) []docCommand {
 	var out []docCommand
 	inBlock := !fenced
 	var cur *docCommand
+	block := 0
 	for i, line := range lines {
 		trimmed := strings.TrimSpace(line)
 		if fenced && strings.HasPrefix(trimmed, "```") {
 			inBlock, cur = !inBlock, nil
+			block++
 			continue
 		}
 		if !inBlock {
@@ -70,7 +74,7 @@ func scanCommands(file string, lines []string, fenced bool) []docCommand {
 		if !ok {
 			continue
 		}
-		c := docCommand{file: file, line: i + 1, text: strings.TrimSuffix(cmd, `\`)}
+		c := docCommand{file: file, line: i + 1, block: block, text: strings.TrimSuffix(cmd, `\`)}
 		if strings.HasSuffix(cmd, `\`) {
 			cur = &c
 			continue
@@ -180,8 +184,24 @@ func allDocCommands(t *testing.T) []docCommand {
 			c.synopsis = isSynopsis(c.text)
 			all = append(all, c)
 		}
+		usageBlocks(all[len(all)-len(cs):])
 	}
 	return all
+}
+
+// usageBlocks marks every command of a code block as a usage pattern when
+// one of them is: such a block lists a command's forms ("dht get --dht
+// MA/p2p/ID KEY" beside "dht [--listen MA,...]"), not steps to run.
+func usageBlocks(cs []docCommand) {
+	usage := map[int]bool{}
+	for _, c := range cs {
+		if c.synopsis {
+			usage[c.block] = true
+		}
+	}
+	for i := range cs {
+		cs[i].synopsis = cs[i].synopsis || usage[cs[i].block]
+	}
 }
 
 // checkDocCommand parses one documented command line with a fresh command

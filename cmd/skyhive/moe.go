@@ -74,7 +74,7 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	m.train.out.register(fl, "the result (accuracy, steps, failures)", "one per epoch")
 	fl.IntVar(&m.train.steps, "steps", 0, "stop after N steps in total (0: --epochs)")
 	fl.StringVar(&m.grids, "grids", "ffn.4.4", "one DMoE layer per grid, PREFIX.SIZE1.SIZE2… (comma-separated)")
-	fl.IntVar(&m.hidden, "hidden", defaultHidden, "experts' hidden size (train moe without --hidden: what the swarm's experts declare on the DHT)")
+	fl.IntVar(&m.hidden, "hidden", server.DefaultHidden, "experts' hidden size (train moe without --hidden: what the swarm's experts declare on the DHT)")
 	fl.IntVar(&m.kBest, "k-best", 4, "experts per sample")
 	fl.IntVar(&m.kMin, "k-min", 1, "answers per sample before --timeout-after-k-min starts")
 	fl.DurationVar(&m.forwardTimeout, "forward-timeout", 10*time.Second, "bound on a layer's forward calls")

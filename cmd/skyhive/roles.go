@@ -34,7 +34,7 @@ func roles() map[string]runRole {
 		launch.RolePeer:       runPeerFile,
 		launch.RoleWorker:     byFlags(newWorkerCmd),
 		launch.RoleDHT:        byFlags(newDHTCmd),
-		launch.RoleServer:     byFlags(newServerCmd),
+		launch.RoleServer:     runServerFile,
 		launch.RoleMoETrainer: byFlags(newTrainMoECmd),
 		launch.RolePipeline:   byFlags(newTrainPipelineCmd),
 	}

@@ -191,7 +191,7 @@ func serveStats(ctx context.Context, cfg RoleConfig, srv *Server, logs *quietHan
 			err := srv.Close()
 			show(srv.Stats(), true)
 			if err == nil && lines.err != nil {
-				err = fmt.Errorf("--stats: %w", lines.err)
+				err = fmt.Errorf("stats: %w", lines.err)
 			}
 			return err
 		case <-tick:
@@ -208,7 +208,7 @@ func openStats(path string) (io.Writer, func() error, error) {
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--stats: %w", err)
+		return nil, nil, fmt.Errorf("stats: %w", err)
 	}
 	return f, f.Close, nil
 }

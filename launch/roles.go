@@ -259,8 +259,9 @@ type Training struct {
 	Bandwidth float64  `json:"bandwidth,omitempty"`
 }
 
-// MoETrainer configures a MoE trainer (`skyhive train moe`); the fields
-// are the command's flags.
+// MoETrainer configures a MoE trainer (`skyhive train moe`; see
+// moe/trainer.RunRole); the fields are the command's flags. Hidden 0 takes
+// the experts' hidden size from their DHT records.
 type MoETrainer struct {
 	Net
 	Process
@@ -279,6 +280,7 @@ type MoETrainer struct {
 	EvalLimit        int      `json:"eval_limit,omitempty"`
 	DHTCache         Duration `json:"dht_cache,omitempty"`
 	AllowZeroOutputs bool     `json:"allow_zero_outputs,omitempty"`
+	MaxFailedSteps   float64  `json:"max_failed_steps,omitempty"`
 }
 
 // Role returns RoleMoETrainer.

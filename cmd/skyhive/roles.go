@@ -35,7 +35,7 @@ func roles() map[string]runRole {
 		launch.RoleWorker:     byFlags(newWorkerCmd),
 		launch.RoleDHT:        byFlags(newDHTCmd),
 		launch.RoleServer:     runServerFile,
-		launch.RoleMoETrainer: byFlags(newTrainMoECmd),
+		launch.RoleMoETrainer: runMoETrainerFile,
 		launch.RolePipeline:   byFlags(newTrainPipelineCmd),
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -14,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/moe/trainer"
 )
 
 // A config file for a role runs that role with the file's fields over the
@@ -39,6 +41,8 @@ func TestRoleFileErrors(t *testing.T) {
 		{`{"role": "server", "config": {"workers": 2}}`, `unknown field "workers"`},
 		{`{"role": "server", "config": {"experts": "ffn.[0:x]", "listen": ["/ip4/127.0.0.1/tcp/0"]}}`, "ffn.[0:x]"},
 		{`{"role": "server", "config": {"status_every": "10ms"}}`, "--status-every"},
+		{`{"role": "train-moe", "config": {"grids": "ffn.4.4"}}`, "--dht is required"},
+		{`{"role": "train-moe", "config": {"dht": ["` + dht + `"], "max_failed_steps": 2}}`, "--max-failed-steps 2"},
 	}
 	for i, c := range cases {
 		var out syncBuffer
@@ -201,5 +205,35 @@ func TestServerRoleFromFile(t *testing.T) {
 	}
 	if _, err := os.Stat(ckpt); err != nil {
 		t.Fatalf("no checkpoint: %v", err)
+	}
+}
+
+// A MoE trainer runs from its config file as `skyhive train moe` does: it
+// takes the experts' hidden size from the DHT when the file gives none,
+// trains against the server and prints its result.
+func TestMoETrainerRoleFromFile(t *testing.T) {
+	if !fashionMNISTInstalled() {
+		t.Skip("Fashion-MNIST not installed")
+	}
+	addr, _ := startServer(t, "--experts", "ffn.[0:2].[0:2]", "--hidden", "16")
+	path := filepath.Join(t.TempDir(), "trainer.json")
+	if err := launch.Write(path, launch.MoETrainer{Net: launch.Net{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, DHT: []string{addr}},
+		Output:   launch.Output{JSON: true},
+		Training: launch.Training{Epochs: 1, Limit: 256, Batch: 64},
+		Grids:    "ffn.2.2", KBest: 2, EvalLimit: 100}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var stdout, stderr syncBuffer
+	if err := runRoleFile(ctx, path, &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	var res trainer.Result
+	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil || res.Steps != 4 || res.Failed != 0 || res.TestAccuracy == 0 {
+		t.Fatalf("result %+v (%v):\n%s", res, err, stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "hidden size 16") {
+		t.Fatalf("the model did not take the experts' hidden size:\n%s", stderr.String())
 	}
 }

@@ -222,119 +222,154 @@ type dfsKey struct {
 // in some order with every block within t (and within memory), returning
 // a plan if so. It returns errDeadline when ctx expires.
 func coverDFS(ctx context.Context, in *inst, t float64) (Plan, bool, error) {
-	n, L := in.n, in.L
-	reach := make([][]int, n)
-	span := make([][]int, n) // span[d][p] = max_{q≥p} reach[d][q]-q
-	for d := 0; d < n; d++ {
-		reach[d] = make([]int, L+1)
-		span[d] = make([]int, L+2)
-		for p := L; p >= 0; p-- {
-			reach[d][p] = in.reach(d, p, t)
-			span[d][p] = max(span[d][p+1], reach[d][p]-p)
-		}
-	}
-	// class[d] is the smallest index of a device identical to d.
-	class := make([]int, n)
-	for d := range class {
-		class[d] = d
-		for e := 0; e < d; e++ {
-			if in.speed[e] == in.speed[d] && in.cap[e] == in.cap[d] {
-				class[d] = e
-				break
-			}
-		}
-	}
-	dominates := func(a, b int) bool { // a at least as strong as b, not identical
-		return in.speed[a] >= in.speed[b] && in.cap[a] >= in.cap[b] && class[a] != class[b]
-	}
-	var key dfsKey
-	failed := map[dfsKey]bool{}
-	var path []Stage
-	nodes := 0
-	var timeout bool
-	var rec func(p int) bool
-	rec = func(p int) bool {
-		if p == L {
-			return true
-		}
-		nodes++
-		if nodes&1023 == 0 && ctx.Err() != nil {
-			timeout = true
-		}
-		if timeout {
-			return false
-		}
-		key.p = int32(p)
-		if failed[key] {
-			return false
-		}
-		// Bounds: the unused devices' longest blocks must cover the
-		// remaining layers, their speeds the remaining work within t and
-		// their memory the remaining layers' memory.
-		cover := 0
-		var speed float64
-		var mem int64
-		var cands []int
-		for d := 0; d < n; d++ {
-			if key.mask[d/64]&(1<<(d%64)) != 0 {
-				continue
-			}
-			cover += span[d][p]
-			speed += in.speed[d]
-			mem += in.cap[d]
-			if reach[d][p] > p {
-				cands = append(cands, d)
-			}
-		}
-		if cover < L-p || mem < in.mem[L]-in.mem[p] || in.work[L]-in.work[p] > t*speed*(1+1e-12) {
-			failed[key] = true
-			return false
-		}
-		slices.SortStableFunc(cands, func(a, b int) int { return reach[b][p] - reach[a][p] })
-		tried := map[int]bool{}
-		for _, d := range cands {
-			if tried[class[d]] {
-				continue
-			}
-			// Exchange argument: if a weaker device e reaches at least as
-			// far, using e now and keeping d for later is never worse.
-			skip := false
-			for _, e := range cands {
-				if e != d && reach[e][p] >= reach[d][p] && dominates(d, e) {
-					skip = true
-					break
-				}
-			}
-			if skip {
-				continue
-			}
-			tried[class[d]] = true
-			r := reach[d][p]
-			key.mask[d/64] |= 1 << (d % 64)
-			path = append(path, Stage{Device: d, First: p, Last: r})
-			if rec(r) {
-				return true
-			}
-			path = path[:len(path)-1]
-			key.mask[d/64] &^= 1 << (d % 64)
-			key.p = int32(p)
-			if timeout {
-				return false
-			}
-		}
-		if !timeout {
-			failed[key] = true
-		}
-		return false
-	}
-	ok := rec(0)
-	if timeout {
+	s := newCoverSearch(ctx, in, t)
+	ok := s.rec(0)
+	if s.timeout {
 		return Plan{}, false, errDeadline
 	}
 	if !ok {
 		return Plan{}, false, nil
 	}
-	return Plan{Stages: slices.Clone(path)}, true, nil
+	return Plan{Stages: slices.Clone(s.path)}, true, nil
+}
+
+// coverSearch is coverDFS's depth-first search: its tables, the devices
+// used so far (key.mask) and the states known to fail.
+type coverSearch struct {
+	ctx     context.Context
+	in      *inst
+	t       float64
+	n, L    int
+	reach   [][]int // reach[d][p]: the end of device d's longest block from layer p
+	span    [][]int // span[d][p] = max_{q≥p} reach[d][q]-q
+	class   []int   // class[d] is the smallest index of a device identical to d
+	key     dfsKey
+	failed  map[dfsKey]bool
+	path    []Stage
+	nodes   int
+	timeout bool
+}
+
+// newCoverSearch builds the reach, span and class tables for bottleneck t.
+func newCoverSearch(ctx context.Context, in *inst, t float64) *coverSearch {
+	n, L := in.n, in.L
+	s := &coverSearch{ctx: ctx, in: in, t: t, n: n, L: L, failed: map[dfsKey]bool{}}
+	s.reach = make([][]int, n)
+	s.span = make([][]int, n)
+	for d := 0; d < n; d++ {
+		s.reach[d] = make([]int, L+1)
+		s.span[d] = make([]int, L+2)
+		for p := L; p >= 0; p-- {
+			s.reach[d][p] = in.reach(d, p, t)
+			s.span[d][p] = max(s.span[d][p+1], s.reach[d][p]-p)
+		}
+	}
+	s.class = make([]int, n)
+	for d := range s.class {
+		s.class[d] = d
+		for e := 0; e < d; e++ {
+			if in.speed[e] == in.speed[d] && in.cap[e] == in.cap[d] {
+				s.class[d] = e
+				break
+			}
+		}
+	}
+	return s
+}
+
+// dominates reports whether device a is at least as strong as b, not
+// identical.
+func (s *coverSearch) dominates(a, b int) bool {
+	return s.in.speed[a] >= s.in.speed[b] && s.in.cap[a] >= s.in.cap[b] && s.class[a] != s.class[b]
+}
+
+// rec extends the path, which covers the layers before p, to cover the
+// rest; it reports whether it did.
+func (s *coverSearch) rec(p int) bool {
+	if p == s.L {
+		return true
+	}
+	s.nodes++
+	if s.nodes&1023 == 0 && s.ctx.Err() != nil {
+		s.timeout = true
+	}
+	if s.timeout {
+		return false
+	}
+	s.key.p = int32(p)
+	if s.failed[s.key] {
+		return false
+	}
+	cands, ok := s.candidates(p)
+	if !ok {
+		s.failed[s.key] = true
+		return false
+	}
+	reach := s.reach
+	slices.SortStableFunc(cands, func(a, b int) int { return reach[b][p] - reach[a][p] })
+	tried := map[int]bool{}
+	for _, d := range cands {
+		if tried[s.class[d]] || s.exchangeable(d, p, cands) {
+			continue
+		}
+		tried[s.class[d]] = true
+		r := reach[d][p]
+		s.key.mask[d/64] |= 1 << (d % 64)
+		s.path = append(s.path, Stage{Device: d, First: p, Last: r})
+		if s.rec(r) {
+			return true
+		}
+		s.path = s.path[:len(s.path)-1]
+		s.key.mask[d/64] &^= 1 << (d % 64)
+		s.key.p = int32(p)
+		if s.timeout {
+			return false
+		}
+	}
+	if !s.timeout {
+		s.failed[s.key] = true
+	}
+	return false
+}
+
+// candidates returns the unused devices whose block from layer p is not
+// empty, or false when the bounds rule out covering the layers from p:
+// the unused devices' longest blocks must cover the remaining layers,
+// their speeds the remaining work within t and their memory the remaining
+// layers' memory.
+func (s *coverSearch) candidates(p int) ([]int, bool) {
+	in := s.in
+	cover := 0
+	var speed float64
+	var mem int64
+	var cands []int
+	for d := 0; d < s.n; d++ {
+		if s.key.mask[d/64]&(1<<(d%64)) != 0 {
+			continue
+		}
+		cover += s.span[d][p]
+		speed += in.speed[d]
+		mem += in.cap[d]
+		if s.reach[d][p] > p {
+			cands = append(cands, d)
+		}
+	}
+	if cover < s.L-p || mem < in.mem[s.L]-in.mem[p] || in.work[s.L]-in.work[p] > s.t*speed*(1+1e-12) {
+		return nil, false
+	}
+	return cands, true
+}
+
+// exchangeable reports whether device d need not be tried at layer p by
+// the exchange argument: if a weaker device e reaches at least as far,
+// using e now and keeping d for later is never worse.
+func (s *coverSearch) exchangeable(d, p int, cands []int) bool {
+	for _, e := range cands {
+		if e != d && s.reach[e][p] >= s.reach[d][p] && s.dominates(d, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // fragmentationError reports a cluster whose total memory suffices but on

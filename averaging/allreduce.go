@@ -404,12 +404,36 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 	var sent, recv atomic.Int64
 	failed := make([]bool, len(s.Members))
 	var wg sync.WaitGroup
+	a.sendParts(ctx, &wg, sess, s, self, bounds, vec, failed, &sent, &recv)
+
+	// This member's own part.
+	missing := make([]bool, len(s.Members))
+	var ownErr error
+	res.Contributors, ownErr = a.reduceOwn(ctx, sess, vec, len(s.Members), missing)
+	wg.Wait()
+	a.finish(sess)
+	if errors.Is(ctx.Err(), context.Canceled) {
+		a.leave(sess, s.Members) // stopped by the caller, not timed out
+	}
+	tallyMembers(&res, sess, s, failed, missing)
+	res.Sent, res.Received = sent.Load(), recv.Load()
+	res.Elapsed = time.Since(start)
+	if ownErr != nil {
+		return res, fmt.Errorf("averaging: session %s: %w", s.ID, ownErr)
+	}
+	return res, nil
+}
+
+// sendParts sends every other member its part of vec (between bounds),
+// one goroutine each in wg; a member whose exchange fails is marked in
+// failed, and one that answers it disagrees is dropped from the session.
+func (a *Averager) sendParts(ctx context.Context, wg *sync.WaitGroup, sess *session, s Session, self int, bounds []int, vec []float32, failed []bool, sent, recv *atomic.Int64) {
 	for j := range s.Members {
 		if j == self || bounds[j] == bounds[j+1] {
 			continue
 		}
 		wg.Go(func() {
-			if err := a.sendPart(ctx, sess, j, s.Members[j].Peer, vec[bounds[j]:bounds[j+1]], &sent, &recv); err != nil {
+			if err := a.sendPart(ctx, sess, j, s.Members[j].Peer, vec[bounds[j]:bounds[j+1]], sent, recv); err != nil {
 				failed[j] = true
 				var remote *p2p.RemoteError
 				if errors.As(err, &remote) && strings.Contains(remote.Msg, errDisagree.Error()) {
@@ -418,15 +442,17 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 			}
 		})
 	}
+}
 
-	// This member's own part.
-	res.Contributors = len(s.Members)
-	missing := make([]bool, len(s.Members))
-	var ownErr error
+// reduceOwn waits for each chunk of this member's own part to be reduced
+// and writes the average into vec. It marks in missing the members whose
+// contribution a chunk lacks and returns the fewest contributors to any
+// chunk (at most members), with the error that ended the wait early.
+func (a *Averager) reduceOwn(ctx context.Context, sess *session, vec []float32, members int, missing []bool) (int, error) {
+	contributors := members
 	for i, c := range sess.chunks {
 		if err := c.wait(ctx, a.done); err != nil {
-			ownErr = err
-			break
+			return contributors, err
 		}
 		if sess.rmsReady != nil {
 			<-sess.rmsReady // the floor reads the whole vector
@@ -440,17 +466,18 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 		} else if _, err := decodeInto(c.resp[2:], vec[lo:lo+len(c.sum)]); err != nil {
 			copy(vec[lo:], c.sum)
 		}
-		res.Contributors = min(res.Contributors, c.count)
+		contributors = min(contributors, c.count)
 		for j, ok := range c.from {
 			missing[j] = missing[j] || !ok
 		}
 		sess.mu.Unlock()
 	}
-	wg.Wait()
-	a.finish(sess)
-	if errors.Is(ctx.Err(), context.Canceled) {
-		a.leave(sess, s.Members) // stopped by the caller, not timed out
-	}
+	return contributors, nil
+}
+
+// tallyMembers records in res which members declined, disagreed, were missing,
+// failed or were rejected in the finished session.
+func tallyMembers(res *Result, sess *session, s Session, failed, missing []bool) {
 	sess.mu.Lock()
 	for j := range s.Members {
 		switch {
@@ -474,12 +501,6 @@ func (a *Averager) AllReduce(ctx context.Context, s Session, vec []float32) (Res
 		}
 	}
 	sess.mu.Unlock()
-	res.Sent, res.Received = sent.Load(), recv.Load()
-	res.Elapsed = time.Since(start)
-	if ownErr != nil {
-		return res, fmt.Errorf("averaging: session %s: %w", s.ID, ownErr)
-	}
-	return res, nil
 }
 
 // errImplausible marks an answered mean refused by the norm check.

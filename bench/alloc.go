@@ -98,42 +98,15 @@ const (
 )
 
 func runAlloc(o Options) ([]Result, error) {
-	seeds := 10
-	cases := []allocCase{}
-	for _, n := range []int{16, 32, 64} {
-		for _, L := range []int{40, 80, 160} {
-			cases = append(cases, allocCase{n, L, 1, roomyLo, roomyHi, ""})
-		}
-	}
-	cases = append(cases, allocCase{64, 160, 1, tightLo, tightHi, "-tight"})
-	netCases := []allocCase{{32, 80, 2, roomyLo, roomyHi, ""}, {64, 160, 3, roomyLo, roomyHi, ""}}
-	if o.Quick {
-		seeds = 5
-		cases = []allocCase{{16, 40, 1, roomyLo, roomyHi, ""}, {64, 160, 1, roomyLo, roomyHi, ""}}
-		netCases = netCases[:1]
-	}
+	cases, netCases, seeds := allocCases(o.Quick)
 	strategies := []string{"sky", "optimal", "skyhive"}
-	schedules := []struct {
-		name  string
-		micro int
-	}{{"seq", 1}, {fmt.Sprintf("gpipe%d", allocMicro), allocMicro}}
+	schedules := []allocSchedule{{"seq", 1}, {fmt.Sprintf("gpipe%d", allocMicro), allocMicro}}
 	ctx := context.Background()
 	strats, err := alloc.Strategies(strategies, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	solve := func(name string, p alloc.Problem) (*alloc.Result, error) {
-		s, err := alloc.Strategies([]string{name}, 5*time.Second)
-		if err != nil {
-			return nil, err
-		}
-		r, err := s[0].Solve(ctx, p)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", name, err)
-		}
-		return r, nil
-	}
-
+	r := &allocRun{o: o, ctx: ctx, strategies: strategies, strats: strats, seeds: seeds}
 	var out []Result
 	for _, cs := range append(cases, netCases...) {
 		if err := ctx.Err(); err != nil {
@@ -146,65 +119,11 @@ func runAlloc(o Options) ([]Result, error) {
 		}
 		solveMs := map[string][]float64{}
 		for _, sc := range schedules {
-			ratios := map[string][]float64{}
-			failed := map[string]int{}
-			evenOver, worse := 0, 0
-			for seed := 0; seed < seeds; seed++ {
-				cmp, err := alloc.Compare(ctx, allocProblem(uint64(seed), cs, sc.micro), strats, alloc.CompareOptions{})
-				if err != nil {
-					return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
-				}
-				if even := cmp.Baseline(); even.Err != nil {
-					return nil, fmt.Errorf("alloc %s seed %d: even: %w", label, seed, even.Err)
-				} else if !even.Result.Report.Feasible() {
-					evenOver++
-				}
-				sh, _ := cmp.Get("skyhive")
-				if sh.Err != nil {
-					return nil, fmt.Errorf("alloc %s seed %d: skyhive: %w", label, seed, sh.Err)
-				}
-				for _, name := range strategies {
-					c, _ := cmp.Get(name)
-					if errors.Is(c.Err, alloc.ErrInfeasible) {
-						failed[name]++ // sky's phase 1 can fail on feasible clusters
-						continue
-					} else if c.Err != nil {
-						return nil, fmt.Errorf("alloc %s seed %d: %s: %w", label, seed, name, c.Err)
-					}
-					r := c.Result
-					if sh.Result.Predicted > r.Predicted*(1+1e-9) {
-						worse++
-					}
-					ratios[name] = append(ratios[name], c.SpeedupOnEven)
-					if net {
-						ratios[name+"/skyhive"] = append(ratios[name+"/skyhive"], r.Predicted/sh.Result.Predicted)
-					}
-					solveMs[name] = append(solveMs[name], 1e3*r.SolveTime.Seconds())
-				}
+			res, err := r.schedule(cs, label, sc, solveMs)
+			if err != nil {
+				return nil, err
 			}
-			for _, name := range strategies {
-				note := fmt.Sprintf("even over memory in %d/%d seeds (its predicted time is used anyway)", evenOver, seeds)
-				if failed[name] > 0 {
-					note += fmt.Sprintf("; %s failed (memory) in %d seeds, left out", name, failed[name])
-				}
-				if name == "skyhive" {
-					note += fmt.Sprintf("; skyhive worse than sky or optimal in %d runs", worse)
-				}
-				if len(ratios[name]) == 0 {
-					out = append(out, Result{Suite: "alloc", Case: label + "/" + sc.name, Metric: name + " failures",
-						Value: float64(failed[name]), Unit: "seeds", Note: note})
-					continue
-				}
-				st := Summarize(ratios[name])
-				out = append(out, Result{Suite: "alloc", Case: label + "/" + sc.name, Metric: "even/" + name,
-					Value: st.Median, Unit: "x", Min: st.Min, Max: st.Max, Note: note})
-				if net && name != "skyhive" {
-					st := Summarize(ratios[name+"/skyhive"])
-					out = append(out, Result{Suite: "alloc", Case: label + "/" + sc.name, Metric: name + "/skyhive",
-						Value: st.Median, Unit: "x", Min: st.Min, Max: st.Max, Note: "network-blind plan, network-aware cost"})
-				}
-			}
-			o.Logf("alloc %s/%s: even/skyhive %.3f", label, sc.name, Summarize(ratios["skyhive"]).Median)
+			out = append(out, res...)
 		}
 		for _, name := range strategies {
 			st := Summarize(solveMs[name])
@@ -213,29 +132,168 @@ func runAlloc(o Options) ([]Result, error) {
 		if net {
 			continue
 		}
-		// The paper's objective: skyhive vs the proven optimum.
-		var gaps []float64
-		proven := 0
-		for seed := 0; seed < seeds; seed++ {
-			p := allocProblem(uint64(seed), cs, 1)
-			p.Objective = alloc.ObjBottleneck
-			opt, err := solve("optimal", p)
-			if err != nil {
-				return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
-			}
-			sh, err := solve("skyhive", p)
-			if err != nil {
-				return nil, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
-			}
-			if opt.Proven {
-				proven++
-				gaps = append(gaps, sh.Predicted/opt.Predicted)
-			}
+		res, err := r.bottleneck(cs, label)
+		if err != nil {
+			return nil, err
 		}
-		st := Summarize(gaps)
-		out = append(out, Result{Suite: "alloc", Case: label + "/bottleneck", Metric: "skyhive/optimal", Value: st.Median,
-			Unit: "x", Min: st.Min, Max: st.Max,
-			Note: fmt.Sprintf("%d/%d seeds proven", proven, seeds)})
+		out = append(out, res)
 	}
 	return out, nil
+}
+
+// allocCases returns the single-region and the multi-region cases and
+// the number of seeds each runs.
+func allocCases(quick bool) (cases, netCases []allocCase, seeds int) {
+	seeds = 10
+	for _, n := range []int{16, 32, 64} {
+		for _, L := range []int{40, 80, 160} {
+			cases = append(cases, allocCase{n, L, 1, roomyLo, roomyHi, ""})
+		}
+	}
+	cases = append(cases, allocCase{64, 160, 1, tightLo, tightHi, "-tight"})
+	netCases = []allocCase{{32, 80, 2, roomyLo, roomyHi, ""}, {64, 160, 3, roomyLo, roomyHi, ""}}
+	if quick {
+		seeds = 5
+		cases = []allocCase{{16, 40, 1, roomyLo, roomyHi, ""}, {64, 160, 1, roomyLo, roomyHi, ""}}
+		netCases = netCases[:1]
+	}
+	return cases, netCases, seeds
+}
+
+// allocSchedule is a pipeline schedule the cases are solved for.
+type allocSchedule struct {
+	name  string
+	micro int
+}
+
+// allocRun is what every case of the alloc suite shares.
+type allocRun struct {
+	o          Options
+	ctx        context.Context
+	strategies []string
+	strats     []alloc.Strategy
+	seeds      int
+}
+
+// allocTally is what schedule gathers over the seeds of one case.
+type allocTally struct {
+	ratios   map[string][]float64
+	failed   map[string]int
+	evenOver int
+	worse    int
+}
+
+// schedule compares the strategies on every seed of case cs under
+// schedule sc and returns their speedups on the even split; it appends
+// each strategy's solve times to solveMs.
+func (r *allocRun) schedule(cs allocCase, label string, sc allocSchedule, solveMs map[string][]float64) ([]Result, error) {
+	net := cs.regions > 1
+	t := allocTally{ratios: map[string][]float64{}, failed: map[string]int{}}
+	for seed := 0; seed < r.seeds; seed++ {
+		if err := r.compareSeed(cs, label, sc, seed, &t, solveMs); err != nil {
+			return nil, err
+		}
+	}
+	var out []Result
+	for _, name := range r.strategies {
+		note := fmt.Sprintf("even over memory in %d/%d seeds (its predicted time is used anyway)", t.evenOver, r.seeds)
+		if t.failed[name] > 0 {
+			note += fmt.Sprintf("; %s failed (memory) in %d seeds, left out", name, t.failed[name])
+		}
+		if name == "skyhive" {
+			note += fmt.Sprintf("; skyhive worse than sky or optimal in %d runs", t.worse)
+		}
+		if len(t.ratios[name]) == 0 {
+			out = append(out, Result{Suite: "alloc", Case: label + "/" + sc.name, Metric: name + " failures",
+				Value: float64(t.failed[name]), Unit: "seeds", Note: note})
+			continue
+		}
+		st := Summarize(t.ratios[name])
+		out = append(out, Result{Suite: "alloc", Case: label + "/" + sc.name, Metric: "even/" + name,
+			Value: st.Median, Unit: "x", Min: st.Min, Max: st.Max, Note: note})
+		if net && name != "skyhive" {
+			st := Summarize(t.ratios[name+"/skyhive"])
+			out = append(out, Result{Suite: "alloc", Case: label + "/" + sc.name, Metric: name + "/skyhive",
+				Value: st.Median, Unit: "x", Min: st.Min, Max: st.Max, Note: "network-blind plan, network-aware cost"})
+		}
+	}
+	r.o.Logf("alloc %s/%s: even/skyhive %.3f", label, sc.name, Summarize(t.ratios["skyhive"]).Median)
+	return out, nil
+}
+
+// compareSeed compares the strategies on one seed's problem and adds the
+// outcome to t and solveMs.
+func (r *allocRun) compareSeed(cs allocCase, label string, sc allocSchedule, seed int, t *allocTally, solveMs map[string][]float64) error {
+	cmp, err := alloc.Compare(r.ctx, allocProblem(uint64(seed), cs, sc.micro), r.strats, alloc.CompareOptions{})
+	if err != nil {
+		return fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
+	}
+	if even := cmp.Baseline(); even.Err != nil {
+		return fmt.Errorf("alloc %s seed %d: even: %w", label, seed, even.Err)
+	} else if !even.Result.Report.Feasible() {
+		t.evenOver++
+	}
+	sh, _ := cmp.Get("skyhive")
+	if sh.Err != nil {
+		return fmt.Errorf("alloc %s seed %d: skyhive: %w", label, seed, sh.Err)
+	}
+	for _, name := range r.strategies {
+		c, _ := cmp.Get(name)
+		if errors.Is(c.Err, alloc.ErrInfeasible) {
+			t.failed[name]++ // sky's phase 1 can fail on feasible clusters
+			continue
+		} else if c.Err != nil {
+			return fmt.Errorf("alloc %s seed %d: %s: %w", label, seed, name, c.Err)
+		}
+		res := c.Result
+		if sh.Result.Predicted > res.Predicted*(1+1e-9) {
+			t.worse++
+		}
+		t.ratios[name] = append(t.ratios[name], c.SpeedupOnEven)
+		if cs.regions > 1 {
+			t.ratios[name+"/skyhive"] = append(t.ratios[name+"/skyhive"], res.Predicted/sh.Result.Predicted)
+		}
+		solveMs[name] = append(solveMs[name], 1e3*res.SolveTime.Seconds())
+	}
+	return nil
+}
+
+// bottleneck measures the paper's objective: skyhive vs the proven
+// optimum of the bottleneck objective, over the seeds of case cs.
+func (r *allocRun) bottleneck(cs allocCase, label string) (Result, error) {
+	var gaps []float64
+	proven := 0
+	for seed := 0; seed < r.seeds; seed++ {
+		p := allocProblem(uint64(seed), cs, 1)
+		p.Objective = alloc.ObjBottleneck
+		opt, err := r.solve("optimal", p)
+		if err != nil {
+			return Result{}, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
+		}
+		sh, err := r.solve("skyhive", p)
+		if err != nil {
+			return Result{}, fmt.Errorf("alloc %s seed %d: %w", label, seed, err)
+		}
+		if opt.Proven {
+			proven++
+			gaps = append(gaps, sh.Predicted/opt.Predicted)
+		}
+	}
+	st := Summarize(gaps)
+	return Result{Suite: "alloc", Case: label + "/bottleneck", Metric: "skyhive/optimal", Value: st.Median,
+		Unit: "x", Min: st.Min, Max: st.Max,
+		Note: fmt.Sprintf("%d/%d seeds proven", proven, r.seeds)}, nil
+}
+
+// solve solves p with a fresh instance of the named strategy.
+func (r *allocRun) solve(name string, p alloc.Problem) (*alloc.Result, error) {
+	s, err := alloc.Strategies([]string{name}, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s[0].Solve(r.ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return res, nil
 }

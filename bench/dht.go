@@ -138,7 +138,6 @@ func runDHT(o Options) ([]Result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(42, uint64(n)))
-	cs := fmt.Sprintf("N=%d", n)
 
 	t0 := time.Now()
 	s, err := buildDHT(ctx, n, rng, o.registerer())
@@ -149,7 +148,22 @@ func runDHT(o Options) ([]Result, error) {
 	joinSec := time.Since(t0).Seconds()
 	o.Logf("dht: %d nodes joined in %.1fs", n, joinSec)
 
-	// Store dhtKeys keys from random nodes, instantly (no link delay).
+	replicas, err := dhtStoreKeys(ctx, s, rng)
+	if err != nil {
+		return nil, err
+	}
+	if err := dhtSetDelay(s); err != nil {
+		return nil, err
+	}
+	lk := dhtLookup(ctx, s, rng)
+	churnLat, okAfter := dhtChurn(ctx, s, rng)
+	return dhtResults(n, joinSec, replicas, lk, churnLat, okAfter), nil
+}
+
+// dhtStoreKeys stores dhtKeys keys from random nodes, instantly (no link
+// delay), and returns how many replicas acknowledged each.
+func dhtStoreKeys(ctx context.Context, s *dhtSwarm, rng *rand.Rand) ([]float64, error) {
+	n := len(s.nodes)
 	writers := make([]int, dhtKeys)
 	for i := range writers {
 		writers[i] = rng.IntN(n)
@@ -170,44 +184,67 @@ func runDHT(o Options) ([]Result, error) {
 	if storeErr != nil {
 		return nil, fmt.Errorf("dht bench: store: %w", storeErr)
 	}
+	return replicas, nil
+}
 
-	// Lookups with a 10 ms RTT on every link.
+// dhtSetDelay puts a 10 ms RTT on every link of the swarm.
+func dhtSetDelay(s *dhtSwarm) error {
 	link, err := netem.Delay(dhtOneWay)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, p := range s.peers {
 		if err := link.Assign(p.ID(), netem.UniformRegion); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	s.net.SetLink(link)
-	rtt := 2 * dhtOneWay.Seconds()
+	return nil
+}
+
+// dhtLookups is what dhtLookup measures per key.
+type dhtLookups struct {
+	findHops, findRPCs []float64 // FIND_NODE referral depth and RPCs
+	getHops, getLat    []float64 // Get referral depth and latency (s)
+	ok                 int       // Gets that returned the stored value
+}
+
+// dhtLookup looks every key up from random nodes, first its closest peers
+// and then its value.
+func dhtLookup(ctx context.Context, s *dhtSwarm, rng *rand.Rand) dhtLookups {
+	n := len(s.nodes)
 	readers := make([]int, dhtKeys)
 	for i := range readers {
 		readers[i] = rng.IntN(n)
 	}
-	findHops := make([]float64, dhtKeys)
-	findRPCs := make([]float64, dhtKeys)
-	getHops := make([]float64, dhtKeys)
-	getLat := make([]float64, dhtKeys)
+	lk := dhtLookups{
+		findHops: make([]float64, dhtKeys),
+		findRPCs: make([]float64, dhtKeys),
+		getHops:  make([]float64, dhtKeys),
+		getLat:   make([]float64, dhtKeys),
+	}
 	getOK := make([]bool, dhtKeys)
 	parallelDo(dhtKeys, func(i int) {
 		key := fmt.Sprintf("key-%d", i)
 		_, st, err := s.nodes[readers[i]].ClosestPeers(ctx, key)
 		if err == nil {
-			findHops[i], findRPCs[i] = float64(st.Hops), float64(st.Queries)
+			lk.findHops[i], lk.findRPCs[i] = float64(st.Hops), float64(st.Queries)
 		}
 		t := time.Now()
 		items, st, err := s.nodes[readers[(i+1)%dhtKeys]].GetStats(ctx, key)
-		getLat[i] = time.Since(t).Seconds()
-		getHops[i] = float64(st.Hops)
+		lk.getLat[i] = time.Since(t).Seconds()
+		lk.getHops[i] = float64(st.Hops)
 		getOK[i] = err == nil && string(items[""].Value) == fmt.Sprintf("value-%d", i)
 	})
-	okBefore := countTrue(getOK)
+	lk.ok = countTrue(getOK)
+	return lk
+}
 
-	// Kill 20% of the nodes without warning (calls to them hang until the
-	// RPC timeout), then read every key from a live node.
+// dhtChurn kills 20% of the nodes without warning (calls to them hang
+// until the RPC timeout), then reads every key from a live node; it
+// returns the latencies and how many reads found the value.
+func dhtChurn(ctx context.Context, s *dhtSwarm, rng *rand.Rand) ([]float64, int) {
+	n := len(s.nodes)
 	dead := make(map[int]bool)
 	for _, i := range rng.Perm(n)[:int(dhtKillFrac*float64(n))] {
 		dead[i] = true
@@ -228,16 +265,21 @@ func runDHT(o Options) ([]Result, error) {
 		churnLat[i] = time.Since(t).Seconds()
 		churnOK[i] = err == nil && string(items[""].Value) == fmt.Sprintf("value-%d", i)
 	})
-	okAfter := countTrue(churnOK)
+	return churnLat, countTrue(churnOK)
+}
 
+// dhtResults summarizes the DHT suite's measurements of an n-node swarm.
+func dhtResults(n int, joinSec float64, replicas []float64, lk dhtLookups, churnLat []float64, okAfter int) []Result {
+	cs := fmt.Sprintf("N=%d", n)
+	rtt := 2 * dhtOneWay.Seconds()
 	log2n := math.Log2(float64(n))
-	hops := Summarize(findHops)
-	gh := Summarize(getHops)
-	lat := Summarize(getLat)
+	hops := Summarize(lk.findHops)
+	gh := Summarize(lk.getHops)
+	lat := Summarize(lk.getLat)
 	clat := Summarize(churnLat)
-	rpcs := Summarize(findRPCs)
+	rpcs := Summarize(lk.findRPCs)
 	reps := Summarize(replicas)
-	res := []Result{
+	return []Result{
 		Result{Suite: "dht", Case: cs, Metric: "lookup_hops", Value: hops.Median, Unit: "hops", Min: hops.Min, Max: hops.Max,
 			Note: fmt.Sprintf("FIND_NODE referral depth to the closest peer, k=20 alpha=3, %d lookups; log2(N)=%.2f", dhtKeys, log2n)}.
 			WithBaseline("log2(N)/alpha", log2n/3),
@@ -247,7 +289,7 @@ func runDHT(o Options) ([]Result, error) {
 			Note: "referral depth to the first replica holding the value"}.WithBaseline("log2(N)/alpha", log2n/3),
 		Result{Suite: "dht", Case: cs + "/rtt=10ms", Metric: "get_latency", Value: lat.Median * 1e3, Unit: "ms", Min: lat.Min * 1e3, Max: lat.Max * 1e3,
 			Note: "Get until 3 replicas answered; baseline = median get hops x RTT"}.WithBaseline("hops*RTT", gh.Median*rtt*1e3),
-		Result{Suite: "dht", Case: cs, Metric: "get_success", Value: 100 * float64(okBefore) / dhtKeys, Unit: "%",
+		Result{Suite: "dht", Case: cs, Metric: "get_success", Value: 100 * float64(lk.ok) / dhtKeys, Unit: "%",
 			Note: fmt.Sprintf("%d keys, median %.0f replicas acknowledged each store", dhtKeys, reps.Median)}.WithBaseline("all", 100),
 		Result{Suite: "dht", Case: cs + "/killed=20%", Metric: "get_success", Value: 100 * float64(okAfter) / dhtKeys, Unit: "%",
 			Note: "after killing 20% of nodes without warning, no repair or republish"}.WithBaseline("all", 100),
@@ -256,7 +298,6 @@ func runDHT(o Options) ([]Result, error) {
 		Result{Suite: "dht", Case: cs, Metric: "join_time", Value: joinSec / float64(n) * 1e3, Unit: "ms/node",
 			Note: "ping + self lookup + bucket refresh per node, in-process, no link delay"},
 	}
-	return res, nil
 }
 
 func countTrue(bs []bool) int {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -268,87 +270,25 @@ func hostileExpert(ctx context.Context, o Options, c hostileConfig, newHost func
 // them.
 func hostileAveraging(ctx context.Context, o Options, c hostileConfig, newHost func() (*p2p.Host, error), attackers []*p2p.Host) ([]Result, error) {
 	n := c.Members
-	avgs := make([]*averaging.Averager, n)
-	members := make([]averaging.Member, n)
-	for i := range avgs {
-		h, err := newHost()
-		if err != nil {
-			return nil, err
-		}
-		// Finished sessions stay in the table for ReduceWait (15 s), so
-		// the default table of 256 caps a peer at about 17 all-reduces/s;
-		// the group here runs faster than that. The per-peer quota on
-		// pending sessions (4) is the default.
-		avgs[i] = averaging.New(h, averaging.Config{MaxSessions: hostileMaxSessions})
-		defer avgs[i].Close()
-		members[i] = averaging.Member{Peer: h.AddrInfo(), Weight: 1}
-	}
-	opts := make([]*optimizer.Optimizer, n)
-	for i := range opts {
-		p := &nn.Param{Name: "w", Value: tensor.New(16), Grad: tensor.New(16)}
-		var err error
-		opts[i], err = optimizer.New(avgs[i], optim.NewSGD([]*nn.Param{p}, optim.SGDConfig{LR: 0.01}),
-			optimizer.Config{Algo: optimizer.WAGMA, Rank: i, Roster: members, Metrics: o.registerer()})
-		if err != nil {
-			return nil, err
-		}
-		defer opts[i].Close()
+	g := &avgGroup{}
+	defer g.close()
+	if err := g.start(o, n, newHost); err != nil {
+		return nil, err
 	}
 	vecs := make([][]float32, n)
 	for i := range vecs {
 		vecs[i] = make([]float32, c.VecLen)
 		tensor.FillNormal(vecs[i], rand.New(rand.NewPCG(uint64(i), 3)), 0, 1)
 	}
-	// The decoy is one more averager with an optimizer, standing in for
-	// every member of a group of n; its roster is the group's with the
-	// decoy in place of rank 0.
-	dh, err := newHost()
+	dh, err := g.startDecoy(o, newHost)
 	if err != nil {
 		return nil, err
 	}
-	davg := averaging.New(dh, averaging.Config{MaxSessions: hostileMaxSessions})
-	defer davg.Close()
-	droster := append([]averaging.Member{{Peer: dh.AddrInfo(), Weight: 1}}, members[1:]...)
-	dopt, err := optimizer.New(davg, optim.NewSGD([]*nn.Param{{Name: "w", Value: tensor.New(16), Grad: tensor.New(16)}}, optim.SGDConfig{LR: 0.01}),
-		optimizer.Config{Algo: optimizer.WAGMA, Rank: 0, Roster: droster, Metrics: o.registerer()})
-	if err != nil {
-		return nil, err
-	}
-	defer dopt.Close()
-	var w workload
-	var round atomic.Int64
-	var degraded atomic.Int64
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		for wctx.Err() == nil {
-			s := averaging.Session{ID: fmt.Sprintf("hb/%d", round.Load()), Members: members}
-			var rwg sync.WaitGroup
-			errs := make([]error, n)
-			res := make([]averaging.Result, n)
-			for i := range avgs {
-				rwg.Go(func() { res[i], errs[i] = avgs[i].AllReduce(wctx, s, vecs[i]) })
-			}
-			rwg.Wait()
-			round.Add(1)
-			if wctx.Err() != nil {
-				return
-			}
-			if err := errors.Join(errs...); err != nil {
-				w.fail(err)
-				continue
-			}
-			for _, r := range res {
-				if len(r.Failed)+len(r.Missing)+len(r.Rejected) > 0 {
-					degraded.Add(1)
-					break
-				}
-			}
-			w.progress.Add(1)
-		}
-	})
-	target := hostile.AveragingTarget{Members: members, VecLen: c.VecLen, ChunkElems: avgs[0].Config().ChunkElems,
-		Session: func() string { return fmt.Sprintf("hb/%d", round.Load()) }}
+	wg.Go(func() { g.allReduceLoop(wctx, vecs) })
+	target := hostile.AveragingTarget{Members: g.members, VecLen: c.VecLen, ChunkElems: g.avgs[0].Config().ChunkElems,
+		Session: func() string { return fmt.Sprintf("hb/%d", g.round.Load()) }}
 	flood := &hostile.Flood{Hosts: attackers, Attacks: hostile.AveragingAttacks(target), Rate: c.Rate, MaxInflight: c.MaxInflight}
 	dtarget := target
 	dtarget.Members = make([]averaging.Member, n)
@@ -360,23 +300,125 @@ func hostileAveraging(ctx context.Context, o Options, c hostileConfig, newHost f
 	if c.VecLen*4 < 1<<20 {
 		name = fmt.Sprintf("averaging-group/n%d-%dKiB", n, c.VecLen*4>>10)
 	}
-	p, err := alternate(ctx, o, name, c, &w, flood, decoy)
+	p, err := alternate(ctx, o, name, c, &g.w, flood, decoy)
 	stop()
 	wg.Wait()
 	if err != nil {
 		return nil, err
 	}
-	if e, ok := w.firstErr.Load().(error); ok {
-		return nil, fmt.Errorf("hostile: honest all-reduce failed (%d failures): %w", w.errs.Load(), e)
+	if e, ok := g.w.firstErr.Load().(error); ok {
+		return nil, fmt.Errorf("hostile: honest all-reduce failed (%d failures): %w", g.w.errs.Load(), e)
 	}
 	var refusedSessions int64
 	var refusedActivations int
-	for i := range avgs {
-		refusedSessions += avgs[i].Refused()
-		refusedActivations += opts[i].Stats().Refused
+	for i := range g.avgs {
+		refusedSessions += g.avgs[i].Refused()
+		refusedActivations += g.opts[i].Stats().Refused
 	}
 	victims := fmt.Sprintf("Honest group: %d averagers (default config but MaxSessions %d) all-reducing %d float32 in sessions hb/0, hb/1, ... with a WAGMA optimizer's activation handler each; "+
 		"%d all-reduces, none failed, %d with a member missing, failed or rejected; the victims refused %d session announcements over their quotas and %d activations.",
-		n, hostileMaxSessions, c.VecLen, round.Load(), degraded.Load(), refusedSessions, refusedActivations)
+		n, hostileMaxSessions, c.VecLen, g.round.Load(), g.degraded.Load(), refusedSessions, refusedActivations)
 	return hostileResults(c, name, "honest_allreduces_per_s", "all-reduces/s", p, flood.Tally(), victims), nil
+}
+
+// avgGroup is the honest averaging group of the hostile suite: averagers
+// with a WAGMA optimizer each, all-reducing in sessions hb/0, hb/1, ...
+type avgGroup struct {
+	avgs     []*averaging.Averager
+	opts     []*optimizer.Optimizer
+	members  []averaging.Member
+	closers  []io.Closer // closed in reverse order
+	w        workload
+	round    atomic.Int64 // all-reduces started
+	degraded atomic.Int64 // all-reduces with a member missing, failed or rejected
+}
+
+// close closes what the group opened, last opened first.
+func (g *avgGroup) close() {
+	for _, c := range slices.Backward(g.closers) {
+		c.Close()
+	}
+}
+
+// start creates the n averagers on hosts from newHost and their
+// optimizers.
+func (g *avgGroup) start(o Options, n int, newHost func() (*p2p.Host, error)) error {
+	g.avgs = make([]*averaging.Averager, n)
+	g.members = make([]averaging.Member, n)
+	for i := range g.avgs {
+		h, err := newHost()
+		if err != nil {
+			return err
+		}
+		// Finished sessions stay in the table for ReduceWait (15 s), so
+		// the default table of 256 caps a peer at about 17 all-reduces/s;
+		// the group here runs faster than that. The per-peer quota on
+		// pending sessions (4) is the default.
+		g.avgs[i] = averaging.New(h, averaging.Config{MaxSessions: hostileMaxSessions})
+		g.closers = append(g.closers, g.avgs[i])
+		g.members[i] = averaging.Member{Peer: h.AddrInfo(), Weight: 1}
+	}
+	g.opts = make([]*optimizer.Optimizer, n)
+	for i := range g.opts {
+		p := &nn.Param{Name: "w", Value: tensor.New(16), Grad: tensor.New(16)}
+		var err error
+		g.opts[i], err = optimizer.New(g.avgs[i], optim.NewSGD([]*nn.Param{p}, optim.SGDConfig{LR: 0.01}),
+			optimizer.Config{Algo: optimizer.WAGMA, Rank: i, Roster: g.members, Metrics: o.registerer()})
+		if err != nil {
+			return err
+		}
+		g.closers = append(g.closers, g.opts[i])
+	}
+	return nil
+}
+
+// startDecoy starts the decoy: one more averager with an optimizer,
+// standing in for every member of a group of n; its roster is the group's
+// with the decoy in place of rank 0. It returns the decoy's host.
+func (g *avgGroup) startDecoy(o Options, newHost func() (*p2p.Host, error)) (*p2p.Host, error) {
+	dh, err := newHost()
+	if err != nil {
+		return nil, err
+	}
+	davg := averaging.New(dh, averaging.Config{MaxSessions: hostileMaxSessions})
+	g.closers = append(g.closers, davg)
+	droster := append([]averaging.Member{{Peer: dh.AddrInfo(), Weight: 1}}, g.members[1:]...)
+	dopt, err := optimizer.New(davg, optim.NewSGD([]*nn.Param{{Name: "w", Value: tensor.New(16), Grad: tensor.New(16)}}, optim.SGDConfig{LR: 0.01}),
+		optimizer.Config{Algo: optimizer.WAGMA, Rank: 0, Roster: droster, Metrics: o.registerer()})
+	if err != nil {
+		return nil, err
+	}
+	g.closers = append(g.closers, dopt)
+	return dh, nil
+}
+
+// allReduceLoop all-reduces vecs across the group, one session after
+// another, until ctx ends, counting progress and failures in g.w.
+func (g *avgGroup) allReduceLoop(ctx context.Context, vecs [][]float32) {
+	n := len(g.avgs)
+	for ctx.Err() == nil {
+		s := averaging.Session{ID: fmt.Sprintf("hb/%d", g.round.Load()), Members: g.members}
+		var rwg sync.WaitGroup
+		errs := make([]error, n)
+		res := make([]averaging.Result, n)
+		for i := range g.avgs {
+			rwg.Go(func() { res[i], errs[i] = g.avgs[i].AllReduce(ctx, s, vecs[i]) })
+		}
+		rwg.Wait()
+		g.round.Add(1)
+		if ctx.Err() != nil {
+			return
+		}
+		if err := errors.Join(errs...); err != nil {
+			g.w.fail(err)
+			continue
+		}
+		for _, r := range res {
+			if len(r.Failed)+len(r.Missing)+len(r.Rejected) > 0 {
+				g.degraded.Add(1)
+				break
+			}
+		}
+		g.w.progress.Add(1)
+	}
 }

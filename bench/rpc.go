@@ -81,6 +81,31 @@ func rpcTransport(o Options, transport string, reps, calls int, sizes []int, rc 
 		return nil, err
 	}
 	defer b.Close()
+	setRPCHandlers(b)
+	r := &rpcRun{o: o, ctx: ctx, label: label, a: a, to: b.AddrInfo(), rc: rc, reps: reps, calls: calls}
+
+	var out []Result
+	res, err := r.latency()
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, res)
+	for _, size := range sizes {
+		res, err := r.throughput(size)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res)
+	}
+	if n := a.NumConns(b.ID()); n != 1 {
+		return nil, fmt.Errorf("%d connections after the benchmark, want 1", n)
+	}
+	return out, nil
+}
+
+// setRPCHandlers makes b echo rpcEcho requests and decode rpcTensor
+// streams, answering with an ack.
+func setRPCHandlers(b *p2p.Host) {
 	b.SetHandler(rpcEcho, func(_ context.Context, _ peer.ID, req []byte) ([]byte, error) { return req, nil })
 	b.SetStreamHandler(rpcTensor, func(_ context.Context, _ peer.ID, r io.Reader, w io.Writer) error {
 		t, err := wire.Decode(r, wire.Limits{})
@@ -89,84 +114,94 @@ func rpcTransport(o Options, transport string, reps, calls int, sizes []int, rc 
 		}
 		return writeAck(w, len(t.Data))
 	})
-	to := b.AddrInfo()
+}
 
-	var failure error
-	fail := func(err error) {
-		if err != nil && failure == nil {
-			failure = err
-		}
+// rpcRun measures one transport: calls from a to the peer to against
+// the same exchange on the raw TCP connection rc.
+type rpcRun struct {
+	o           Options
+	ctx         context.Context
+	label       string
+	a           *p2p.Host
+	to          peer.AddrInfo
+	rc          net.Conn
+	reps, calls int
+	failure     error // the first error of a timed call
+}
+
+// fail records err if it is the first.
+func (r *rpcRun) fail(err error) {
+	if err != nil && r.failure == nil {
+		r.failure = err
 	}
-	var out []Result
+}
 
-	// Latency: 64-byte request, 64-byte response.
+// latency times 64-byte requests with 64-byte responses.
+func (r *rpcRun) latency() (Result, error) {
 	req := make([]byte, 64)
 	p2pLat := func() {
-		for range calls {
-			_, err := a.Call(ctx, to, rpcEcho, req)
-			fail(err)
+		for range r.calls {
+			_, err := r.a.Call(r.ctx, r.to, rpcEcho, req)
+			r.fail(err)
 		}
 	}
 	rawLat := func() {
-		for range calls {
-			fail(rawCall(rc, req))
+		for range r.calls {
+			r.fail(rawCall(r.rc, req))
 		}
 	}
-	o.Logf("rpc: %s latency, %d reps of %d calls", label, reps, calls)
-	ta, tb := TimeAlternating(reps, 1, p2pLat, rawLat)
-	if failure != nil {
-		return nil, failure
+	r.o.Logf("rpc: %s latency, %d reps of %d calls", r.label, r.reps, r.calls)
+	ta, tb := TimeAlternating(r.reps, 1, p2pLat, rawLat)
+	if r.failure != nil {
+		return Result{}, r.failure
 	}
 	perCall := func(xs []float64) []float64 {
 		us := make([]float64, len(xs))
 		for i, x := range xs {
-			us[i] = x / float64(calls) * 1e6
+			us[i] = x / float64(r.calls) * 1e6
 		}
 		return us
 	}
 	sa, sb := Summarize(perCall(ta)), Summarize(perCall(tb))
-	out = append(out, Result{
-		Suite: "rpc", Case: "rtt_64B/" + label, Metric: "latency", Value: sa.Median, Unit: "µs",
+	return Result{
+		Suite: "rpc", Case: "rtt_64B/" + r.label, Metric: "latency", Value: sa.Median, Unit: "µs",
 		Min: sa.Min, Max: sa.Max, Note: "new stream per call on a reused connection",
-	}.WithBaseline("raw_tcp", sb.Median))
+	}.WithBaseline("raw_tcp", sb.Median), nil
+}
 
-	// Throughput: one float32 tensor streamed with the chunk framing and
-	// decoded on the far side, which answers with a small ack.
-	for _, size := range sizes {
-		x := tensor.New(size / 4)
-		for i := range x.Data {
-			x.Data[i] = float32(i)
-		}
-		p2pSend := func() {
-			fail(a.CallStream(ctx, to, rpcTensor, func(w io.Writer) error {
-				return wire.Encode(w, x, wire.Options{})
-			}, func(r io.Reader) error {
-				return readAck(r, len(x.Data))
-			}))
-		}
-		rawSend := func() { fail(rawStream(rc, x)) }
-		o.Logf("rpc: %s stream %d MiB, %d reps", label, size>>20, reps)
-		ta, tb := TimeAlternating(reps, 1, p2pSend, rawSend)
-		if failure != nil {
-			return nil, failure
-		}
-		mbps := func(xs []float64) []float64 {
-			r := make([]float64, len(xs))
-			for i, s := range xs {
-				r[i] = float64(size) / s / 1e6
-			}
-			return r
-		}
-		sa, sb := Summarize(mbps(ta)), Summarize(mbps(tb))
-		out = append(out, Result{
-			Suite: "rpc", Case: fmt.Sprintf("stream_%dMiB/%s", size>>20, label), Metric: "throughput",
-			Value: sa.Median, Unit: "MB/s", Min: sa.Min, Max: sa.Max,
-		}.WithBaseline("raw_tcp", sb.Median))
+// throughput times one float32 tensor of size bytes streamed with the
+// chunk framing and decoded on the far side, which answers with a small
+// ack.
+func (r *rpcRun) throughput(size int) (Result, error) {
+	x := tensor.New(size / 4)
+	for i := range x.Data {
+		x.Data[i] = float32(i)
 	}
-	if n := a.NumConns(b.ID()); n != 1 {
-		return nil, fmt.Errorf("%d connections after the benchmark, want 1", n)
+	p2pSend := func() {
+		r.fail(r.a.CallStream(r.ctx, r.to, rpcTensor, func(w io.Writer) error {
+			return wire.Encode(w, x, wire.Options{})
+		}, func(rd io.Reader) error {
+			return readAck(rd, len(x.Data))
+		}))
 	}
-	return out, nil
+	rawSend := func() { r.fail(rawStream(r.rc, x)) }
+	r.o.Logf("rpc: %s stream %d MiB, %d reps", r.label, size>>20, r.reps)
+	ta, tb := TimeAlternating(r.reps, 1, p2pSend, rawSend)
+	if r.failure != nil {
+		return Result{}, r.failure
+	}
+	mbps := func(xs []float64) []float64 {
+		res := make([]float64, len(xs))
+		for i, s := range xs {
+			res[i] = float64(size) / s / 1e6
+		}
+		return res
+	}
+	sa, sb := Summarize(mbps(ta)), Summarize(mbps(tb))
+	return Result{
+		Suite: "rpc", Case: fmt.Sprintf("stream_%dMiB/%s", size>>20, r.label), Metric: "throughput",
+		Value: sa.Median, Unit: "MB/s", Min: sa.Min, Max: sa.Max,
+	}.WithBaseline("raw_tcp", sb.Median), nil
 }
 
 func writeAck(w io.Writer, n int) error {

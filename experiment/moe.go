@@ -187,30 +187,14 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	sw, err := sim.New(sctx, sim.Config{
-		Grids: grids, Servers: su.Servers, RTT: rtt,
-		Server: server.Config{Hidden: su.Hidden, Lazy: true, LR: su.ExpertLR, Seed: o.Seed, FailRate: r.FailRate,
-			MaxBatch: 4096, BatchTimeout: time.Millisecond, NoUIDRecords: true, StepRows: su.ExpertStepRows, ZeroInit: su.ExpertZeroInit,
-			DeclareEvery: time.Duration(su.BudgetSec+30) * time.Second, Expiration: time.Duration(su.BudgetSec+600) * time.Second},
-	})
+	sw, err := sim.New(sctx, dmoeSwarmConfig(o, su, r, grids, rtt))
 	if err != nil {
 		return res, err
 	}
 	defer sw.Close()
 	o.Logf("  swarm of %d servers with %d experts declared in %.1fs", len(sw.Servers), su.Layers*r.Experts, time.Since(t0).Seconds())
 
-	// Timeouts are generous: the 2 cores are oversubscribed by design, and
-	// a step that times out is wasted work. The evaluator waits longer
-	// still so that it measures the model rather than the load.
-	model := client.ModelConfig{Inputs: 784, Hidden: su.Hidden, Classes: 10, Grids: grids, CacheTTL: time.Minute, Seed: o.Seed,
-		Layer: client.Config{KBest: su.KBest, KMin: 1, ForwardTimeout: 3*rtt + 10*time.Second, TimeoutAfterKMin: rtt + 2*time.Second,
-			BackwardTimeout: 3*rtt + 10*time.Second, DeadFor: 5 * time.Second}}
-	eval := model
-	eval.Layer.ForwardTimeout, eval.Layer.TimeoutAfterKMin, eval.Layer.BackwardTimeout = 3*rtt+60*time.Second, rtt+10*time.Second, 3*rtt+60*time.Second
-	eval.Layer.DeadFor = -1
-	// A test sample whose experts all fail counts (as a likely miss)
-	// instead of aborting the evaluation.
-	eval.Layer.AllowZeroOutputs = true
+	model, eval := dmoeModels(o, su, grids, rtt)
 	// The trainer-side layers live in one master copy. Every trainer is a
 	// memnet peer with its own replica; steps are grouped in rounds of
 	// su.Round, whose gradients are averaged into one optimizer step, so
@@ -259,6 +243,47 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	if err != nil {
 		return res, err
 	}
+	logServerStats(o, sw)
+	p, err := evaluate(testSet, st.Elapsed, st.Samples)
+	if err != nil {
+		return res, fmt.Errorf("final evaluation: %w", err)
+	}
+	res.Points = append(res.Points, p)
+	res.FinalAccuracy = p.Accuracy
+	return res, nil
+}
+
+// dmoeSwarmConfig is the expert servers' swarm of run r.
+func dmoeSwarmConfig(o Options, su moeSetup, r moeRun, grids []moe.Grid, rtt time.Duration) sim.Config {
+	return sim.Config{
+		Grids: grids, Servers: su.Servers, RTT: rtt,
+		Server: server.Config{Hidden: su.Hidden, Lazy: true, LR: su.ExpertLR, Seed: o.Seed, FailRate: r.FailRate,
+			MaxBatch: 4096, BatchTimeout: time.Millisecond, NoUIDRecords: true, StepRows: su.ExpertStepRows, ZeroInit: su.ExpertZeroInit,
+			DeclareEvery: time.Duration(su.BudgetSec+30) * time.Second, Expiration: time.Duration(su.BudgetSec+600) * time.Second},
+	}
+}
+
+// dmoeModels returns the trainers' and the evaluator's model configs for
+// expert round trips of rtt.
+func dmoeModels(o Options, su moeSetup, grids []moe.Grid, rtt time.Duration) (model, eval client.ModelConfig) {
+	// Timeouts are generous: the 2 cores are oversubscribed by design, and
+	// a step that times out is wasted work. The evaluator waits longer
+	// still so that it measures the model rather than the load.
+	model = client.ModelConfig{Inputs: 784, Hidden: su.Hidden, Classes: 10, Grids: grids, CacheTTL: time.Minute, Seed: o.Seed,
+		Layer: client.Config{KBest: su.KBest, KMin: 1, ForwardTimeout: 3*rtt + 10*time.Second, TimeoutAfterKMin: rtt + 2*time.Second,
+			BackwardTimeout: 3*rtt + 10*time.Second, DeadFor: 5 * time.Second}}
+	eval = model
+	eval.Layer.ForwardTimeout, eval.Layer.TimeoutAfterKMin, eval.Layer.BackwardTimeout = 3*rtt+60*time.Second, rtt+10*time.Second, 3*rtt+60*time.Second
+	eval.Layer.DeadFor = -1
+	// A test sample whose experts all fail counts (as a likely miss)
+	// instead of aborting the evaluation.
+	eval.Layer.AllowZeroOutputs = true
+	return model, eval
+}
+
+// logServerStats logs the expert servers' forward and backward call
+// statistics summed over the swarm.
+func logServerStats(o Options, sw *sim.Swarm) {
 	var fw, bw server.CallStats
 	for _, srv := range sw.Servers {
 		for _, e := range srv.Stats().Experts {
@@ -276,13 +301,6 @@ func runDMoE(ctx context.Context, o Options, su moeSetup, r moeRun, trainSet, te
 	}
 	o.Logf("  servers: forward %d requests in %d batches (mean %.1f rows, latency %v, compute %.1fs); backward %d requests in %d batches (mean %.1f rows, latency %v, compute %.1fs)",
 		fw.Requests, fw.Batches, fw.MeanBatch(), fw.MeanLatency(), fw.RunSeconds, bw.Requests, bw.Batches, bw.MeanBatch(), bw.MeanLatency(), bw.RunSeconds)
-	p, err := evaluate(testSet, st.Elapsed, st.Samples)
-	if err != nil {
-		return res, fmt.Errorf("final evaluation: %w", err)
-	}
-	res.Points = append(res.Points, p)
-	res.FinalAccuracy = p.Accuracy
-	return res, nil
 }
 
 // runLargeFFN trains the baseline in one process: the same input layer and

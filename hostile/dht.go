@@ -50,131 +50,172 @@ const (
 // identity (bounded by the per-peer and per-address quotas) and PINGs that
 // ask each identity into the routing table (bounded per address).
 func DHTAttacks(t DHTTarget) []Attack {
-	to := t.Node
-	decl := t.Declared
-	if len(decl) == 0 {
-		decl = []moe.Record{{Key: "ffn.", Subkey: "0"}}
-	}
-	var dicts []moe.Record
-	for _, r := range decl {
-		if r.Subkey != "" {
-			dicts = append(dicts, r)
-		}
-	}
-	if len(dicts) == 0 {
-		dicts = []moe.Record{{Key: "ffn.", Subkey: "0"}}
-	}
-	maxTTL := t.MaxTTL
-	if maxTTL <= 0 {
-		maxTTL = dht.DefaultMaxTTL
-	}
-	owner := t.Owner
-	if owner == "" {
-		owner = randomID()
-	}
-	var turn, junk atomic.Uint64
-	next := func() moe.Record { return dicts[int(turn.Add(1)%uint64(len(dicts)))] }
-	// store sends records, signed by the sender unless they carry a
-	// signature, and fails unless the node accepted every one.
-	store := func(ctx context.Context, h *p2p.Host, client bool, recs ...dht.RawRecord) error {
-		req, err := dht.EncodeStore(recs, privKey(h), client)
-		if err != nil {
-			return err
-		}
-		resp, err := h.Call(ctx, to, dht.ProtocolID, req)
-		if err != nil {
-			return err
-		}
-		ok, err := dht.DecodeStoreResponse(resp)
-		if err != nil {
-			return err
-		}
-		for i, a := range ok {
-			if !a {
-				return fmt.Errorf("%w: record %d of %d", ErrNotAccepted, i+1, len(ok))
-			}
-		}
-		return nil
-	}
-	// holds says whether the node holds key's dictionary (subkey "") or
-	// subkey of it: an erasure or a takeover of a record the node does
-	// not hold attacks nothing there (it would be its first writer).
-	holds := func(ctx context.Context, h *p2p.Host, key, subkey string) error {
-		req, err := dht.EncodeFindValue(key)
-		if err != nil {
-			return err
-		}
-		resp, err := h.Call(ctx, to, dht.ProtocolID, req)
-		if err != nil {
-			return err
-		}
-		recs, err := dht.DecodeFindValueResponse(key, resp)
-		if err != nil {
-			return err
-		}
-		for _, r := range recs {
-			if r.Subkey != "" && (subkey == "" || r.Subkey == subkey) {
-				return nil
-			}
-		}
-		return ErrNotApplicable
-	}
-	info := func(h *p2p.Host) []byte {
-		b, err := moe.MarshalInfo(moe.ExpertInfo{UID: "hostile.0", Peer: h.AddrInfo()})
-		if err != nil {
-			return []byte("hostile")
-		}
-		return b
-	}
+	a := newDHTAttacker(t)
+	to := a.to
 	return toVictim(to.ID, []Attack{
-		{Name: "dht-erase-dictionary", Bytes: 128, Send: func(ctx context.Context, h *p2p.Host) error {
-			r := next()
-			if err := holds(ctx, h, r.Key, ""); err != nil {
-				return err
-			}
-			return store(ctx, h, true, dht.RawRecord{Key: r.Key, Value: []byte("erased"), Expiration: time.Now().Add(maxTTL - time.Minute)})
-		}},
-		{Name: "dht-hijack-subkey", Bytes: 512, Send: func(ctx context.Context, h *p2p.Host) error {
-			r := next()
-			if err := holds(ctx, h, r.Key, r.Subkey); err != nil {
-				return err
-			}
-			return store(ctx, h, true, dht.RawRecord{Key: r.Key, Subkey: r.Subkey, Value: info(h), Expiration: time.Now().Add(maxTTL / 2)})
-		}},
-		{Name: "dht-forged-signature", Bytes: 512, Send: func(ctx context.Context, h *p2p.Host) error {
-			r := next()
-			// The writer signature format: the writer's ID (one length
-			// byte, then the ID), then its signature, here random bytes.
-			sig := append([]byte{byte(len(owner))}, owner...)
-			sig = append(sig, randomBytes(64)...)
-			return store(ctx, h, true, dht.RawRecord{Key: r.Key, Subkey: r.Subkey, Value: info(h), Expiration: time.Now().Add(maxTTL / 2), Signature: sig})
-		}},
-		{Name: "dht-far-future", Bytes: 128, Send: func(ctx context.Context, h *p2p.Host) error {
-			key := fmt.Sprintf("hostile.future.%d", junk.Add(1))
-			return store(ctx, h, true, dht.RawRecord{Key: key, Value: []byte("junk"), Expiration: time.Now().Add(10 * maxTTL)})
-		}},
-		{Name: "dht-storage-flood", Bytes: floodRecords * (floodValueBytes + 32), Absorbed: true, Send: func(ctx context.Context, h *p2p.Host) error {
-			recs := make([]dht.RawRecord, floodRecords)
-			exp := time.Now().Add(maxTTL / 2)
-			base := junk.Add(floodRecords)
-			value := randomBytes(floodValueBytes)
-			for i := range recs {
-				recs[i] = dht.RawRecord{Key: fmt.Sprintf("hostile.junk.%s.%d", h.ID().ShortString(), base+uint64(i)), Value: value, Expiration: exp}
-			}
-			return store(ctx, h, true, recs...)
-		}},
-		{Name: "dht-sybil-ping", Bytes: 128, Absorbed: true, Send: func(ctx context.Context, h *p2p.Host) error {
-			req, err := dht.EncodePing(h.AddrInfo().Addrs)
-			if err != nil {
-				return err
-			}
-			_, err = h.Call(ctx, to, dht.ProtocolID, req)
-			return err
-		}},
+		{Name: "dht-erase-dictionary", Bytes: 128, Send: a.eraseDictionary},
+		{Name: "dht-hijack-subkey", Bytes: 512, Send: a.hijackSubkey},
+		{Name: "dht-forged-signature", Bytes: 512, Send: a.forgedSignature},
+		{Name: "dht-far-future", Bytes: 128, Send: a.farFuture},
+		{Name: "dht-storage-flood", Bytes: floodRecords * (floodValueBytes + 32), Absorbed: true, Send: a.storageFlood},
+		{Name: "dht-sybil-ping", Bytes: 128, Absorbed: true, Send: a.sybilPing},
 		{Name: "huge-length-prefix", Bytes: 4, Send: func(ctx context.Context, h *p2p.Host) error {
 			return sendLengthPrefix(ctx, h, to, dht.ProtocolID, math.MaxUint32)
 		}},
 	})
+}
+
+// dhtAttacker sends the DHT attacks to one node.
+type dhtAttacker struct {
+	to     peer.AddrInfo
+	dicts  []moe.Record // the declared dictionaries' subkeys, attacked in turn
+	maxTTL time.Duration
+	owner  peer.ID
+	turn   atomic.Uint64
+	junk   atomic.Uint64 // numbers the junk records' keys
+}
+
+// newDHTAttacker fills in t's defaults.
+func newDHTAttacker(t DHTTarget) *dhtAttacker {
+	a := &dhtAttacker{to: t.Node, maxTTL: t.MaxTTL, owner: t.Owner}
+	decl := t.Declared
+	if len(decl) == 0 {
+		decl = []moe.Record{{Key: "ffn.", Subkey: "0"}}
+	}
+	for _, r := range decl {
+		if r.Subkey != "" {
+			a.dicts = append(a.dicts, r)
+		}
+	}
+	if len(a.dicts) == 0 {
+		a.dicts = []moe.Record{{Key: "ffn.", Subkey: "0"}}
+	}
+	if a.maxTTL <= 0 {
+		a.maxTTL = dht.DefaultMaxTTL
+	}
+	if a.owner == "" {
+		a.owner = randomID()
+	}
+	return a
+}
+
+// next is the next declared record to attack.
+func (a *dhtAttacker) next() moe.Record {
+	return a.dicts[int(a.turn.Add(1)%uint64(len(a.dicts)))]
+}
+
+// store sends records, signed by the sender unless they carry a
+// signature, and fails unless the node accepted every one.
+func (a *dhtAttacker) store(ctx context.Context, h *p2p.Host, client bool, recs ...dht.RawRecord) error {
+	req, err := dht.EncodeStore(recs, privKey(h), client)
+	if err != nil {
+		return err
+	}
+	resp, err := h.Call(ctx, a.to, dht.ProtocolID, req)
+	if err != nil {
+		return err
+	}
+	ok, err := dht.DecodeStoreResponse(resp)
+	if err != nil {
+		return err
+	}
+	for i, acc := range ok {
+		if !acc {
+			return fmt.Errorf("%w: record %d of %d", ErrNotAccepted, i+1, len(ok))
+		}
+	}
+	return nil
+}
+
+// holds says whether the node holds key's dictionary (subkey "") or
+// subkey of it: an erasure or a takeover of a record the node does
+// not hold attacks nothing there (it would be its first writer).
+func (a *dhtAttacker) holds(ctx context.Context, h *p2p.Host, key, subkey string) error {
+	req, err := dht.EncodeFindValue(key)
+	if err != nil {
+		return err
+	}
+	resp, err := h.Call(ctx, a.to, dht.ProtocolID, req)
+	if err != nil {
+		return err
+	}
+	recs, err := dht.DecodeFindValueResponse(key, resp)
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		if r.Subkey != "" && (subkey == "" || r.Subkey == subkey) {
+			return nil
+		}
+	}
+	return ErrNotApplicable
+}
+
+// expertValue is an expert record value pointing at h.
+func expertValue(h *p2p.Host) []byte {
+	b, err := moe.MarshalInfo(moe.ExpertInfo{UID: "hostile.0", Peer: h.AddrInfo()})
+	if err != nil {
+		return []byte("hostile")
+	}
+	return b
+}
+
+// eraseDictionary overwrites a dictionary the node holds with a plain
+// value.
+func (a *dhtAttacker) eraseDictionary(ctx context.Context, h *p2p.Host) error {
+	r := a.next()
+	if err := a.holds(ctx, h, r.Key, ""); err != nil {
+		return err
+	}
+	return a.store(ctx, h, true, dht.RawRecord{Key: r.Key, Value: []byte("erased"), Expiration: time.Now().Add(a.maxTTL - time.Minute)})
+}
+
+// hijackSubkey overwrites another peer's subkey the node holds.
+func (a *dhtAttacker) hijackSubkey(ctx context.Context, h *p2p.Host) error {
+	r := a.next()
+	if err := a.holds(ctx, h, r.Key, r.Subkey); err != nil {
+		return err
+	}
+	return a.store(ctx, h, true, dht.RawRecord{Key: r.Key, Subkey: r.Subkey, Value: expertValue(h), Expiration: time.Now().Add(a.maxTTL / 2)})
+}
+
+// forgedSignature stores a subkey with the owner's ID and a random
+// signature.
+func (a *dhtAttacker) forgedSignature(ctx context.Context, h *p2p.Host) error {
+	r := a.next()
+	// The writer signature format: the writer's ID (one length
+	// byte, then the ID), then its signature, here random bytes.
+	sig := append([]byte{byte(len(a.owner))}, a.owner...)
+	sig = append(sig, randomBytes(64)...)
+	return a.store(ctx, h, true, dht.RawRecord{Key: r.Key, Subkey: r.Subkey, Value: expertValue(h), Expiration: time.Now().Add(a.maxTTL / 2), Signature: sig})
+}
+
+// farFuture stores a record expiring ten times the maximum TTL ahead.
+func (a *dhtAttacker) farFuture(ctx context.Context, h *p2p.Host) error {
+	key := fmt.Sprintf("hostile.future.%d", a.junk.Add(1))
+	return a.store(ctx, h, true, dht.RawRecord{Key: key, Value: []byte("junk"), Expiration: time.Now().Add(10 * a.maxTTL)})
+}
+
+// storageFlood stores floodRecords junk records of floodValueBytes.
+func (a *dhtAttacker) storageFlood(ctx context.Context, h *p2p.Host) error {
+	recs := make([]dht.RawRecord, floodRecords)
+	exp := time.Now().Add(a.maxTTL / 2)
+	base := a.junk.Add(floodRecords)
+	value := randomBytes(floodValueBytes)
+	for i := range recs {
+		recs[i] = dht.RawRecord{Key: fmt.Sprintf("hostile.junk.%s.%d", h.ID().ShortString(), base+uint64(i)), Value: value, Expiration: exp}
+	}
+	return a.store(ctx, h, true, recs...)
+}
+
+// sybilPing asks the node to add h's identity to its routing table.
+func (a *dhtAttacker) sybilPing(ctx context.Context, h *p2p.Host) error {
+	req, err := dht.EncodePing(h.AddrInfo().Addrs)
+	if err != nil {
+		return err
+	}
+	_, err = h.Call(ctx, a.to, dht.ProtocolID, req)
+	return err
 }
 
 // privKey is h's private key (nil if the peerstore does not hold it: the

@@ -287,11 +287,11 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 	nn.ZeroGrad(st.params) // an uncommitted earlier iteration is discarded
 	var spread opSpread
 	m := len(req.Sizes)
-	total := 0
-	offs := make([]int, m+1)
+	it := &iterRun{st: st, req: req, x: x, y: y, offs: make([]int, m+1),
+		states: make([]nn.State, m), dlogits: make([]*tensor.Tensor, m)}
 	for i, n := range req.Sizes {
-		offs[i+1] = offs[i] + n
-		total += n
+		it.offs[i+1] = it.offs[i] + n
+		it.total += n
 	}
 	var fwd, bwd actSender
 	if !st.last() {
@@ -300,74 +300,19 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 	if !st.first() {
 		bwd = w.dial(ctx, st.prev, req, true, m, fail)
 	}
-	var resp iterResp
-	states := make([]nn.State, m)
-	dlogits := make([]*tensor.Tensor, m)
 	var compute, idle, busy time.Duration
 	var opErr error
 	for _, op := range Ops(req.Schedule, st.req.Stage, st.req.Stages, m) {
 		n := req.Sizes[op.Micro]
-		var in *tensor.Tensor
-		switch {
-		case !op.Backward && st.first():
-			in = rows(x, offs[op.Micro], offs[op.Micro+1])
-		case op.Backward && st.last():
-			in = dlogits[op.Micro]
-		default:
-			t0 := time.Now()
-			t, err := box.get(ctx, actKey{iter: req.Iter, micro: op.Micro, backward: op.Backward})
-			idle += time.Since(t0)
-			if err != nil {
-				opErr = fmt.Errorf("waiting for %v: %w", op, err)
-				break
-			}
-			shape := st.in
-			if op.Backward {
-				shape = st.out
-			}
-			if !slices.Equal(t.Shape, append([]int{n}, shape...)) {
-				opErr = fmt.Errorf("%v: tensor of shape %v, want %v", op, t.Shape, append([]int{n}, shape...))
-				break
-			}
-			in = t
-		}
-		if opErr != nil {
+		in, waited, err := it.input(ctx, box, op)
+		idle += waited
+		if err != nil {
+			opErr = err
 			break
 		}
 		t0 := time.Now()
 		clk := startOp()
-		var result *tensor.Tensor
-		if !op.Backward {
-			out, s := st.model.Forward(nn.Ctx{Train: true}, in)
-			states[op.Micro] = s
-			if st.last() {
-				// Labels per example: 1 for an image, Seq for text.
-				per := st.info.Labels
-				ym := y[offs[op.Micro]*per : offs[op.Micro+1]*per]
-				var loss float32
-				var dl *tensor.Tensor
-				preds := out
-				if st.info.lm() {
-					loss, dl = nn.SequenceCrossEntropy(out, ym)
-					preds = out.Reshape(n*per, out.Shape[len(out.Shape)-1])
-				} else {
-					loss, dl = nn.SoftmaxCrossEntropy(out, ym)
-				}
-				wgt := float32(n) / float32(total)
-				tensor.Scale(wgt, dl.Data)
-				dlogits[op.Micro] = dl
-				resp.Loss += float64(loss) * float64(wgt)
-				for i, p := range nn.Argmax(preds) {
-					if p == ym[i] {
-						resp.Correct++
-					}
-				}
-			}
-			result = out
-		} else {
-			result = st.model.Backward(states[op.Micro], in)
-			states[op.Micro], dlogits[op.Micro] = nil, nil
-		}
+		result := it.run(op, in)
 		wl, b := clk.stop()
 		b = w.emulatedBusy(opKey{work: st.work(), backward: op.Backward, n: n}, b, st.cold())
 		busy += b
@@ -401,6 +346,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 	if opErr != nil {
 		return iterResp{}, opErr
 	}
+	resp := it.resp
 	for _, p := range st.params {
 		resp.GradSq += tensor.SumSquares(p.Grad.Data)
 	}
@@ -408,6 +354,95 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 	resp.OpCV = spread.cv()
 	resp.Wall = time.Since(start).Seconds()
 	return resp, nil
+}
+
+// iterRun is one stage's state through one iteration: its inputs, the
+// micro-batches' offsets into them, the forward states kept for the
+// backward ops, the last stage's loss gradients, and the loss so far.
+type iterRun struct {
+	st      *stage
+	req     iterReq
+	x       *tensor.Tensor
+	y       []int
+	offs    []int // micro-batch i is examples offs[i]:offs[i+1]
+	total   int   // examples in the iteration
+	states  []nn.State
+	dlogits []*tensor.Tensor
+	resp    iterResp // Loss and Correct accumulate here
+}
+
+// input returns op's input: the first stage's rows of x, the last
+// stage's loss gradient, or else the activation or gradient received
+// from the neighbouring stage, with the time spent waiting for it.
+func (it *iterRun) input(ctx context.Context, box *inbox, op Op) (*tensor.Tensor, time.Duration, error) {
+	st := it.st
+	switch {
+	case !op.Backward && st.first():
+		return rows(it.x, it.offs[op.Micro], it.offs[op.Micro+1]), 0, nil
+	case op.Backward && st.last():
+		return it.dlogits[op.Micro], 0, nil
+	}
+	n := it.req.Sizes[op.Micro]
+	t0 := time.Now()
+	t, err := box.get(ctx, actKey{iter: it.req.Iter, micro: op.Micro, backward: op.Backward})
+	idle := time.Since(t0)
+	if err != nil {
+		return nil, idle, fmt.Errorf("waiting for %v: %w", op, err)
+	}
+	shape := st.in
+	if op.Backward {
+		shape = st.out
+	}
+	if !slices.Equal(t.Shape, append([]int{n}, shape...)) {
+		return nil, idle, fmt.Errorf("%v: tensor of shape %v, want %v", op, t.Shape, append([]int{n}, shape...))
+	}
+	return t, idle, nil
+}
+
+// run computes op on in and returns its result: the forward output
+// (whose loss the last stage also takes) or the input gradient.
+func (it *iterRun) run(op Op, in *tensor.Tensor) *tensor.Tensor {
+	st := it.st
+	if op.Backward {
+		result := st.model.Backward(it.states[op.Micro], in)
+		it.states[op.Micro], it.dlogits[op.Micro] = nil, nil
+		return result
+	}
+	out, s := st.model.Forward(nn.Ctx{Train: true}, in)
+	it.states[op.Micro] = s
+	if st.last() {
+		it.loss(op, out)
+	}
+	return out
+}
+
+// loss adds micro-batch op.Micro's share of the loss and its correct
+// predictions to the response and keeps its loss gradient for the
+// backward op.
+func (it *iterRun) loss(op Op, out *tensor.Tensor) {
+	st := it.st
+	n := it.req.Sizes[op.Micro]
+	// Labels per example: 1 for an image, Seq for text.
+	per := st.info.Labels
+	ym := it.y[it.offs[op.Micro]*per : it.offs[op.Micro+1]*per]
+	var loss float32
+	var dl *tensor.Tensor
+	preds := out
+	if st.info.lm() {
+		loss, dl = nn.SequenceCrossEntropy(out, ym)
+		preds = out.Reshape(n*per, out.Shape[len(out.Shape)-1])
+	} else {
+		loss, dl = nn.SoftmaxCrossEntropy(out, ym)
+	}
+	wgt := float32(n) / float32(it.total)
+	tensor.Scale(wgt, dl.Data)
+	it.dlogits[op.Micro] = dl
+	it.resp.Loss += float64(loss) * float64(wgt)
+	for i, p := range nn.Argmax(preds) {
+		if p == ym[i] {
+			it.resp.Correct++
+		}
+	}
 }
 
 // rows returns rows [lo, hi) of x, sharing its memory.

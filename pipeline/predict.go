@@ -226,17 +226,7 @@ func (cm *costModel) replay(stages []simStage, sched Schedule, sizes []int, nois
 	next := make([]int, S)
 	ops := make([][]Op, S)
 	linkFree := map[[2]int]float64{}
-	cost := map[int][2][]float64{}
-	for _, n := range sizes {
-		if _, ok := cost[n]; !ok {
-			f, b := cm.layerTimes(n)
-			cost[n] = [2][]float64{f, b}
-		}
-	}
-	var inBytes float64
-	for _, n := range sizes {
-		inBytes += float64(n * cm.inputFloats() * 4)
-	}
+	cost, inBytes := cm.replayCosts(sizes)
 	var start float64 = math.Inf(1)
 	for k, st := range stages {
 		ops[k] = Ops(sched, k, S, M)
@@ -265,14 +255,7 @@ func (cm *costModel) replay(stages []simStage, sched Schedule, sizes []int, nois
 				if op.Backward {
 					c = cost[n][1]
 				}
-				d := 0.0
-				for _, v := range c[st.first:st.last] {
-					d += v
-				}
-				d = (d+cm.opBusy)*st.factor + cm.opOverhead
-				if noise != nil {
-					d = (d-cm.opOverhead)*noise() + cm.opOverhead
-				}
+				d := cm.opTime(st, c, noise)
 				end := ready + d
 				clock[k], busy[k] = end, busy[k]+d
 				next[k]++
@@ -314,12 +297,55 @@ func (cm *costModel) replay(stages []simStage, sched Schedule, sizes []int, nois
 			}
 		}
 	}
-	var collect, compute float64
-	pipeEnd := 0.0
-	for k, st := range stages {
+	for k := range stages {
 		if next[k] < len(ops[k]) {
 			return Prediction{Iteration: math.Inf(1)} // cannot happen: the schedules are deadlock-free
 		}
+	}
+	return cm.replayEnd(stages, start, clock, acked, busy)
+}
+
+// replayCosts returns the layers' forward and backward reference times
+// for each micro-batch size in sizes, and the bytes of the iteration's
+// inputs.
+func (cm *costModel) replayCosts(sizes []int) (map[int][2][]float64, float64) {
+	cost := map[int][2][]float64{}
+	for _, n := range sizes {
+		if _, ok := cost[n]; !ok {
+			f, b := cm.layerTimes(n)
+			cost[n] = [2][]float64{f, b}
+		}
+	}
+	var inBytes float64
+	for _, n := range sizes {
+		inBytes += float64(n * cm.inputFloats() * 4)
+	}
+	return cost, inBytes
+}
+
+// opTime is the duration of an op of stage st whose layers take c
+// reference seconds (forward or backward); noise, if not nil, draws a
+// factor on its compute time.
+func (cm *costModel) opTime(st simStage, c []float64, noise func() float64) float64 {
+	d := 0.0
+	for _, v := range c[st.first:st.last] {
+		d += v
+	}
+	d = (d+cm.opBusy)*st.factor + cm.opOverhead
+	if noise != nil {
+		d = (d-cm.opOverhead)*noise() + cm.opOverhead
+	}
+	return d
+}
+
+// replayEnd completes a replay whose stages started at start and ended
+// their ops at clock, their messages acknowledged at acked after busy
+// seconds of compute: the stages answer the coordinator, which then runs
+// the commit round.
+func (cm *costModel) replayEnd(stages []simStage, start float64, clock, acked, busy []float64) Prediction {
+	var collect, compute float64
+	pipeEnd := 0.0
+	for k, st := range stages {
 		pipeEnd = max(pipeEnd, clock[k])
 		collect = max(collect, max(clock[k], acked[k])+st.coord.Latency)
 		compute = max(compute, busy[k])

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -142,15 +143,70 @@ func DrawSlowdowns(n int, lo, hi float64, seed uint64) []float64 {
 // Simulate runs a simulated swarm and returns its curve and throughput.
 func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 	res := SimResult{Algo: cfg.Algo, Peers: cfg.Peers}
+	cfg, timeout, mm, err := checkSimConfig(cfg)
+	if err != nil {
+		return res, err
+	}
+	nw, err := newSimNetwork(ctx, cfg)
+	if err != nil {
+		return res, err
+	}
+	defer nw.close()
+	sw := &simSwarm{cfg: cfg, nw: nw, mm: mm, timeout: timeout}
+	defer sw.close()
+	if err := sw.startPeers(ctx); err != nil {
+		return res, err
+	}
+	if res.Joined, err = sw.startOptimizers(ctx); err != nil {
+		return res, err
+	}
+	ev := &simEvaluator{sw: sw}
+	if cfg.Test != nil {
+		if ev.model, err = models.Build(cfg.Model, cfg.Seed); err != nil {
+			return res, err
+		}
+	}
+	// The first point is the initial model, before any peer steps.
+	ev.start = time.Now()
+	ev.evaluate()
+	runCtx, cancel := context.WithCancel(ctx)
+	if cfg.Duration > 0 {
+		runCtx, cancel = context.WithTimeout(ctx, cfg.Duration)
+	}
+	defer cancel()
+	stats, errs := sw.train(runCtx, ev)
+	res.Seconds = time.Since(ev.start).Seconds()
+	ev.evaluate()
+	res.Curve = ev.curve
+	if n := len(res.Curve); n > 0 {
+		res.FinalAccuracy = res.Curve[n-1].Accuracy
+	}
+	res.Workers = stats
+	if cfg.Final != nil {
+		for i, st := range sw.peers {
+			cfg.Final(i, st.opt.Snapshot())
+		}
+	}
+	var rate float64
+	for _, s := range stats {
+		rate += float64(s.Steps) / res.Seconds
+	}
+	res.StepsPerSecond = rate / float64(cfg.Peers)
+	return res, errors.Join(errs...)
+}
+
+// checkSimConfig validates cfg and fills its defaults; it returns the
+// averaging timeout and the parsed matchmaking.
+func checkSimConfig(cfg SimConfig) (SimConfig, time.Duration, averaging.Matchmaking, error) {
 	switch {
 	case cfg.Peers < 1:
-		return res, fmt.Errorf("averaging: %d peers", cfg.Peers)
+		return cfg, 0, "", fmt.Errorf("averaging: %d peers", cfg.Peers)
 	case cfg.Train == nil || cfg.Batch <= 0:
-		return res, errors.New("averaging: simulation needs training data and a batch size")
+		return cfg, 0, "", errors.New("averaging: simulation needs training data and a batch size")
 	case cfg.Duration <= 0 && cfg.Steps <= 0:
-		return res, errors.New("averaging: simulation needs a duration or a step count")
+		return cfg, 0, "", errors.New("averaging: simulation needs a duration or a step count")
 	case cfg.Slowdowns != nil && len(cfg.Slowdowns) != cfg.Peers:
-		return res, fmt.Errorf("averaging: %d slowdowns for %d peers", len(cfg.Slowdowns), cfg.Peers)
+		return cfg, 0, "", fmt.Errorf("averaging: %d slowdowns for %d peers", len(cfg.Slowdowns), cfg.Peers)
 	}
 	if cfg.Model == "" {
 		cfg.Model = "mlp"
@@ -161,83 +217,121 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 	}
 	mm, err := averaging.ParseMatchmaking(string(cfg.Matchmaking))
 	if err != nil {
-		return res, err
+		return cfg, 0, "", err
 	}
 	if mm == averaging.MatchDHT && cfg.RoundInterval > 0 && cfg.Timeout <= 0 {
 		timeout = cfg.RoundInterval
 	}
-	nw, err := newSimNetwork(ctx, cfg)
-	if err != nil {
-		return res, err
-	}
-	defer nw.close()
+	return cfg, timeout, mm, nil
+}
 
-	type peerState struct {
-		peer    p2p.Transport
-		avg     *averaging.Averager
-		node    *dht.Node
-		model   *nn.Sequential
-		opt     *optimizer.Optimizer
-		compute computeFunc
+// simPeer is one simulated peer: its transport, averager, optional DHT
+// node, model replica, optimizer and compute step.
+type simPeer struct {
+	peer    p2p.Transport
+	avg     *averaging.Averager
+	node    *dht.Node
+	model   *nn.Sequential
+	opt     *optimizer.Optimizer
+	compute computeFunc
+}
+
+// simSwarm holds the peers of one simulation and what close must release.
+type simSwarm struct {
+	cfg     SimConfig
+	nw      *simNetwork
+	mm      averaging.Matchmaking
+	timeout time.Duration
+	peers   []*simPeer
+	roster  []averaging.Member
+	closers []io.Closer // closed in reverse order
+}
+
+// close closes what the swarm opened, last opened first.
+func (sw *simSwarm) close() {
+	for _, c := range slices.Backward(sw.closers) {
+		c.Close()
 	}
-	ps := make([]*peerState, cfg.Peers)
-	roster := make([]averaging.Member, cfg.Peers)
-	// rankMetrics is peer i's registerer: an untyped nil without metrics.
-	rankMetrics := func(i int) prometheus.Registerer {
-		if cfg.Metrics == nil {
-			return nil
-		}
-		return prometheus.WrapRegistererWith(prometheus.Labels{"rank": strconv.Itoa(i)}, cfg.Metrics)
+}
+
+// rankMetrics is peer i's registerer: an untyped nil without metrics.
+func (sw *simSwarm) rankMetrics(i int) prometheus.Registerer {
+	if sw.cfg.Metrics == nil {
+		return nil
 	}
-	for i := range ps {
-		p, err := nw.newPeer(ctx)
+	return prometheus.WrapRegistererWith(prometheus.Labels{"rank": strconv.Itoa(i)}, sw.cfg.Metrics)
+}
+
+// startPeers creates every peer's transport, averager and model, and with
+// DHT matchmaking its DHT node, bootstrapped from the seeds and peer 0.
+func (sw *simSwarm) startPeers(ctx context.Context) error {
+	sw.peers = make([]*simPeer, sw.cfg.Peers)
+	sw.roster = make([]averaging.Member, sw.cfg.Peers)
+	for i := range sw.peers {
+		p, err := sw.nw.newPeer(ctx)
 		if err != nil {
-			return res, err
+			return err
 		}
-		a := averaging.New(p, averaging.Config{Codec: cfg.Codec, Timeout: timeout})
-		defer a.Close()
-		model, err := models.Build(cfg.Model, cfg.Seed)
+		a := averaging.New(p, averaging.Config{Codec: sw.cfg.Codec, Timeout: sw.timeout})
+		sw.closers = append(sw.closers, a)
+		model, err := models.Build(sw.cfg.Model, sw.cfg.Seed)
 		if err != nil {
-			return res, err
+			return err
 		}
-		ps[i] = &peerState{peer: p, avg: a, model: model}
-		roster[i] = averaging.Member{Peer: p.AddrInfo(), Weight: 1}
-		if mm == averaging.MatchDHT {
-			node, err := dht.New(p, dht.Config{RPCTimeout: timeout, Metrics: rankMetrics(i)})
-			if err != nil {
-				return res, err
-			}
-			defer node.Close()
-			ps[i].node = node
-			seeds := cfg.DHTSeeds
-			if i > 0 {
-				seeds = append(slices.Clone(seeds), ps[0].peer.AddrInfo())
-			}
-			if len(seeds) > 0 {
-				bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				err := node.Bootstrap(bctx, seeds)
-				cancel()
-				if err != nil {
-					return res, fmt.Errorf("averaging: peer %d: %w", i, err)
-				}
+		sw.peers[i] = &simPeer{peer: p, avg: a, model: model}
+		sw.roster[i] = averaging.Member{Peer: p.AddrInfo(), Weight: 1}
+		if sw.mm == averaging.MatchDHT {
+			if err := sw.startDHT(ctx, i); err != nil {
+				return err
 			}
 		}
 	}
+	return nil
+}
+
+// startDHT gives peer i a DHT node and bootstraps it.
+func (sw *simSwarm) startDHT(ctx context.Context, i int) error {
+	node, err := dht.New(sw.peers[i].peer, dht.Config{RPCTimeout: sw.timeout, Metrics: sw.rankMetrics(i)})
+	if err != nil {
+		return err
+	}
+	sw.closers = append(sw.closers, node)
+	sw.peers[i].node = node
+	seeds := sw.cfg.DHTSeeds
+	if i > 0 {
+		seeds = append(slices.Clone(seeds), sw.peers[0].peer.AddrInfo())
+	}
+	if len(seeds) > 0 {
+		bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := node.Bootstrap(bctx, seeds)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("averaging: peer %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// startOptimizers gives every peer its data shard, compute step and
+// collaborative optimizer; it returns how many peers joined from the
+// state of peers already training.
+func (sw *simSwarm) startOptimizers(ctx context.Context) (joined int, err error) {
+	cfg := sw.cfg
 	shuffled, _, err := cfg.Train.Split(cfg.Train.Len(), cfg.Seed)
 	if err != nil {
-		return res, err
+		return joined, err
 	}
-	for i, st := range ps {
+	for i, st := range sw.peers {
 		shard, err := shuffled.Shard(i, cfg.Peers)
 		if err != nil {
-			return res, err
+			return joined, err
 		}
 		loader, err := data.NewLoader(shard, data.BatchOptions{Size: cfg.Batch, Shuffle: true, Seed: cfg.Seed + uint64(i), DropLast: true})
 		if err != nil {
-			return res, err
+			return joined, err
 		}
 		if loader.Len() == 0 {
-			return res, fmt.Errorf("averaging: shard of %d examples is smaller than a batch", shard.Len())
+			return joined, fmt.Errorf("averaging: shard of %d examples is smaller than a batch", shard.Len())
 		}
 		slow := 1.0
 		if cfg.Slowdowns != nil {
@@ -246,15 +340,15 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 		inner := optim.NewSGD(st.model.Params(), optim.SGDConfig{LR: cfg.LR, Momentum: cfg.Momentum})
 		st.compute = newCompute(st.model, shard, loader, cfg.Batch, time.Duration(slow*float64(cfg.BaseStep)))
 		o, err := optimizer.New(st.avg, inner, optimizer.Config{
-			Algo: cfg.Algo, Rank: i, Roster: roster, GroupSize: cfg.GroupSize, Tau: cfg.Tau,
+			Algo: cfg.Algo, Rank: i, Roster: sw.roster, GroupSize: cfg.GroupSize, Tau: cfg.Tau,
 			Period: cfg.Period, AverageModels: cfg.AverageModels, RunID: cfg.RunID,
-			Matchmaking: mm, DHT: st.node, RoundInterval: cfg.RoundInterval, MatchWindow: cfg.MatchWindow,
-			GridDims: cfg.GridDims, Metrics: rankMetrics(i),
+			Matchmaking: sw.mm, DHT: st.node, RoundInterval: cfg.RoundInterval, MatchWindow: cfg.MatchWindow,
+			GridDims: cfg.GridDims, Metrics: sw.rankMetrics(i),
 		})
 		if err != nil {
-			return res, err
+			return joined, err
 		}
-		defer o.Close()
+		sw.closers = append(sw.closers, o)
 		st.opt = o
 		if st.node != nil && len(cfg.DHTSeeds) > 0 {
 			// Joining an external DHT: if peers of this run are already
@@ -263,54 +357,22 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 			_, err := o.Join(jctx, st.node, optimizer.DownloadConfig{})
 			cancel()
 			if err == nil {
-				res.Joined++
+				joined++
 			}
 		}
 	}
+	return joined, nil
+}
 
-	var start time.Time
-	var evalModel *nn.Sequential
-	if cfg.Test != nil {
-		if evalModel, err = models.Build(cfg.Model, cfg.Seed); err != nil {
-			return res, err
-		}
-	}
-	evaluate := func() {
-		if evalModel == nil {
-			return
-		}
-		mean := make([]float32, ps[0].opt.Layout().Params)
-		steps := 0
-		for _, st := range ps {
-			if !nw.alive(st.peer.ID()) {
-				continue
-			}
-			tensor.Axpy(1, st.opt.Snapshot(), mean)
-			steps += st.opt.Stats().Steps
-		}
-		alive := 0
-		for _, st := range ps {
-			if nw.alive(st.peer.ID()) {
-				alive++
-			}
-		}
-		tensor.Scale(1/float32(max(alive, 1)), mean)
-		nn.SetFlatValues(evalModel.Params(), mean)
-		loss, acc := train.Evaluate(evalModel, cfg.Test, 500)
-		res.Curve = append(res.Curve, EvalPoint{Seconds: time.Since(start).Seconds(), Steps: steps, Accuracy: acc, Loss: loss})
-	}
-	// The first point is the initial model, before any peer steps.
-	start = time.Now()
-	evaluate()
-	runCtx, cancel := context.WithCancel(ctx)
-	if cfg.Duration > 0 {
-		runCtx, cancel = context.WithTimeout(ctx, cfg.Duration)
-	}
-	defer cancel()
+// train runs every peer until its step count is reached or runCtx ends,
+// evaluating every EvalEvery meanwhile and running Kill alongside; it
+// returns each peer's statistics and error.
+func (sw *simSwarm) train(runCtx context.Context, ev *simEvaluator) ([]optimizer.Stats, []error) {
+	cfg := sw.cfg
 	var wg sync.WaitGroup
 	stats := make([]optimizer.Stats, cfg.Peers)
 	errs := make([]error, cfg.Peers)
-	for i, st := range ps {
+	for i, st := range sw.peers {
 		wg.Go(func() {
 			errs[i] = runPeer(runCtx, i, st.opt, st.compute, cfg.Steps, cfg.OnStep)
 			stats[i] = st.opt.Stats()
@@ -324,7 +386,7 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 				if rank < 0 || rank >= cfg.Peers {
 					return fmt.Errorf("averaging: no rank %d", rank)
 				}
-				return nw.kill(ps[rank].peer.ID())
+				return sw.nw.kill(sw.peers[rank].peer.ID())
 			})
 		})
 	}
@@ -334,32 +396,50 @@ func Simulate(ctx context.Context, cfg SimConfig) (SimResult, error) {
 	}
 	tick := time.NewTicker(evalEvery)
 	defer tick.Stop()
-loop:
 	for {
 		select {
 		case <-tick.C:
-			evaluate()
+			ev.evaluate()
 		case <-finished:
-			break loop
+			return stats, errs
 		}
 	}
-	res.Seconds = time.Since(start).Seconds()
-	evaluate()
-	if n := len(res.Curve); n > 0 {
-		res.FinalAccuracy = res.Curve[n-1].Accuracy
+}
+
+// simEvaluator evaluates the mean model of the swarm's live peers.
+type simEvaluator struct {
+	sw    *simSwarm
+	model *nn.Sequential // nil: no test set, no evaluation
+	start time.Time
+	curve []EvalPoint
+}
+
+// evaluate appends the mean live model's test loss and accuracy to the
+// curve.
+func (ev *simEvaluator) evaluate() {
+	if ev.model == nil {
+		return
 	}
-	res.Workers = stats
-	if cfg.Final != nil {
-		for i, st := range ps {
-			cfg.Final(i, st.opt.Snapshot())
+	ps, nw := ev.sw.peers, ev.sw.nw
+	mean := make([]float32, ps[0].opt.Layout().Params)
+	steps := 0
+	for _, st := range ps {
+		if !nw.alive(st.peer.ID()) {
+			continue
+		}
+		tensor.Axpy(1, st.opt.Snapshot(), mean)
+		steps += st.opt.Stats().Steps
+	}
+	alive := 0
+	for _, st := range ps {
+		if nw.alive(st.peer.ID()) {
+			alive++
 		}
 	}
-	var rate float64
-	for _, s := range stats {
-		rate += float64(s.Steps) / res.Seconds
-	}
-	res.StepsPerSecond = rate / float64(cfg.Peers)
-	return res, errors.Join(errs...)
+	tensor.Scale(1/float32(max(alive, 1)), mean)
+	nn.SetFlatValues(ev.model.Params(), mean)
+	loss, acc := train.Evaluate(ev.model, ev.sw.cfg.Test, 500)
+	ev.curve = append(ev.curve, EvalPoint{Seconds: time.Since(ev.start).Seconds(), Steps: steps, Accuracy: acc, Loss: loss})
 }
 
 // Transports of a simulated swarm.

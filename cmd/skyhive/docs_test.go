@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // docCommand is one `skyhive …` command line found in the documentation.
@@ -294,4 +295,22 @@ func TestDocCommandExtraction(t *testing.T) {
 	if checkDocCommand(bad) == nil {
 		t.Error("an unknown command was accepted")
 	}
+}
+
+// TestFlagUsageHasNoBackquotes: pflag takes a `quoted` word of a flag's
+// usage as the name of its value in --help ("--hidden train moe"), so
+// usages quote nothing that way.
+func TestFlagUsageHasNoBackquotes(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+			if strings.Contains(f.Usage, "`") {
+				t.Errorf("%s --%s: usage %q has a backquote", c.CommandPath(), f.Name, f.Usage)
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCmd())
 }

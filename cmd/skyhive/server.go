@@ -55,7 +55,7 @@ func (f *serverFlags) register(fl *pflag.FlagSet) {
 	c := &f.cfg
 	fl.StringVar(&c.Experts, "experts", "ffn.[0:4].[0:4]", "expert UIDs or patterns, e.g. 'ffn.[0:16].[0:16]' (comma-separated)")
 	fl.StringVar(&c.ExpertType, "expert-type", server.TypeFFN, "expert type: ffn (x + FFN(LN(x))) or transformer (BERT encoder layer)")
-	fl.IntVar(&c.Hidden, "hidden", server.DefaultHidden, "experts' hidden size (trainers of `train moe` learn it from the DHT)")
+	fl.IntVar(&c.Hidden, "hidden", server.DefaultHidden, "experts' hidden size (the trainers of train moe learn it from the DHT)")
 	fl.IntVar(&c.Heads, "heads", 0, "attention heads of transformer experts (0: hidden/64)")
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (none: this server starts a DHT)")
 	fl.IntVar(&c.MinBatch, "min-batch", 1, "rows an expert's queue waits for before it runs")

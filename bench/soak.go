@@ -30,7 +30,7 @@ const MinSoakDuration = 90 * time.Second
 // CheckSoakDuration reports a soak too short to be judged, before it runs.
 func CheckSoakDuration(d time.Duration) error {
 	if d < MinSoakDuration {
-		return fmt.Errorf("--duration %v is too short for a soak: it measures after a 30 s warm-up over two windows of at least 30 s, so it needs at least %v", d, MinSoakDuration)
+		return fmt.Errorf("a soak of %v is too short (choose a longer duration): it measures after a 30 s warm-up over two windows of at least 30 s, so it needs at least %v", d, MinSoakDuration)
 	}
 	return nil
 }

@@ -55,7 +55,7 @@ func TestAnalyzeSoak(t *testing.T) {
 func TestSoakTooShortRefusedFirst(t *testing.T) {
 	start := time.Now()
 	_, err := runSoak(Options{Duration: time.Minute})
-	if err == nil || !strings.Contains(err.Error(), "--duration 1m0s is too short") {
+	if err == nil || !strings.Contains(err.Error(), "a soak of 1m0s is too short") {
 		t.Fatalf("a 1-minute soak: %v, want it refused as too short", err)
 	}
 	if d := time.Since(start); d > time.Second {

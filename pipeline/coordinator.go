@@ -26,8 +26,9 @@ import (
 // CoordinatorConfig configures a Coordinator's network.
 type CoordinatorConfig struct {
 	// Transport, if set, is the network the coordinator uses (e.g. a
-	// memnet peer); the caller closes it. Otherwise the coordinator starts
-	// a libp2p host from Host and closes it in Close.
+	// memnet peer, or a node's libp2p host started from HostConfig); the
+	// caller closes it. Otherwise the coordinator starts a libp2p host
+	// from Host and closes it in Close.
 	Transport p2p.Transport
 	// Host configures that host: listen addresses (default
 	// /ip4/127.0.0.1/tcp/0), announce addresses, identity file (keeps the
@@ -54,7 +55,7 @@ type CoordinatorConfig struct {
 	// unique, the coordinator by CoordinatorKey). Workers must name a
 	// region of it; the coordinator is in Region. Local workers only: the
 	// proxies run in the coordinator's process. The proxies carry TCP, so
-	// this needs the coordinator's own libp2p host (no Transport); on
+	// this needs a libp2p host (its own, or a Transport that is one); on
 	// memnet, emulate links with memnet.WithLink instead.
 	Network *netem.Network
 	Region  string
@@ -94,9 +95,10 @@ func (w *WorkerInfo) peerInfo(c *Coordinator) peer.AddrInfo {
 // Coordinator accepts workers and drives pipeline training sessions over
 // them. Its methods are safe for concurrent use.
 type Coordinator struct {
-	tr  p2p.Transport
-	own *p2p.Host // the host the coordinator started, or nil
-	log *slog.Logger
+	tr   p2p.Transport
+	own  *p2p.Host // the host the coordinator started, or nil
+	host *p2p.Host // the libp2p host it runs on, own or given, or nil
+	log  *slog.Logger
 	// routes hands out the addresses peers reach each other at: direct,
 	// or through the emulated links' proxies.
 	routes router
@@ -121,34 +123,18 @@ var ErrCoordinatorFull = errors.New("pipeline: coordinator full")
 // host of its own. Workers join it with `skyhive worker --join` one of
 // Addrs.
 func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, error) {
-	if cfg.Transport != nil && cfg.Network != nil {
-		return nil, errors.New("pipeline: emulated links proxy TCP and need the coordinator's own libp2p host, not a given transport")
+	if _, isHost := cfg.Transport.(*p2p.Host); cfg.Transport != nil && !isHost && cfg.Network != nil {
+		return nil, errors.New("pipeline: emulated links proxy TCP and need a libp2p host, not a given transport of another kind")
 	}
-	if len(cfg.Host.ListenAddrs) == 0 {
-		cfg.Host.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
-	}
-	if cfg.MaxMessageBytes <= 0 {
-		cfg.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	if cfg.MaxWorkers <= 0 {
-		cfg.MaxWorkers = DefaultMaxWorkers
-	}
-	cfg.MaxWorkers = min(cfg.MaxWorkers, maxStages)
+	cfg.setDefaults()
 	c := &Coordinator{tr: cfg.Transport, log: cfg.Logger, routes: direct{}, changed: make(chan struct{}), maxWorkers: cfg.MaxWorkers, maxMsg: cfg.MaxMessageBytes}
+	c.host, _ = cfg.Transport.(*p2p.Host)
 	if c.tr == nil {
-		hcfg := cfg.Host
-		// Plain calls (registrations, heartbeats) are small; replies
-		// of workers that carry tensors come over control streams.
-		hcfg.MaxMessageBytes, hcfg.Logger = callBytes, cfg.Logger
-		hcfg.MaxStreamBytes = int64(cfg.MaxMessageBytes) + 1<<20
-		h, err := p2p.New(ctx, hcfg)
+		h, err := p2p.New(ctx, cfg.hostConfig())
 		if err != nil {
 			return nil, fmt.Errorf("pipeline: coordinator host: %w", err)
 		}
-		c.tr, c.own = h, h
+		c.tr, c.own, c.host = h, h, h
 	}
 	if cfg.Network != nil {
 		if err := cfg.Network.Assign(CoordinatorKey, cfg.Region); err != nil {
@@ -169,6 +155,43 @@ func NewCoordinator(ctx context.Context, cfg CoordinatorConfig) (*Coordinator, e
 	return c, nil
 }
 
+// setDefaults fills in the zero fields of cfg that have defaults.
+func (cfg *CoordinatorConfig) setDefaults() {
+	if len(cfg.Host.ListenAddrs) == 0 {
+		cfg.Host.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.MaxWorkers <= 0 {
+		cfg.MaxWorkers = DefaultMaxWorkers
+	}
+	cfg.MaxWorkers = min(cfg.MaxWorkers, maxStages)
+}
+
+// hostConfig is the configuration of the coordinator's host (cfg with its
+// defaults set): Host with the coordinator's message limits and logger.
+func (cfg *CoordinatorConfig) hostConfig() p2p.Config {
+	hcfg := cfg.Host
+	// Plain calls (registrations, heartbeats) are small; replies of
+	// workers that carry tensors come over control streams.
+	hcfg.MaxMessageBytes, hcfg.Logger = callBytes, cfg.Logger
+	hcfg.MaxStreamBytes = int64(cfg.MaxMessageBytes) + 1<<20
+	return hcfg
+}
+
+// HostConfig is the configuration of the libp2p host a coordinator of cfg
+// starts for itself: Host (listening on /ip4/127.0.0.1/tcp/0 if it names
+// no address) with the coordinator's message limits and logger. A node
+// that the coordinator is to run on starts its host from it.
+func (cfg CoordinatorConfig) HostConfig() p2p.Config {
+	cfg.setDefaults()
+	return cfg.hostConfig()
+}
+
 // Addrs returns the coordinator's addresses with its peer ID, the values
 // workers accept for --join.
 func (c *Coordinator) Addrs() []string {
@@ -184,9 +207,10 @@ func (c *Coordinator) Addrs() []string {
 	return out
 }
 
-// Host returns the libp2p host the coordinator started, or nil when it
-// runs on a given Transport.
-func (c *Coordinator) Host() *p2p.Host { return c.own }
+// Host returns the libp2p host the coordinator runs on: the one it
+// started, or a given Transport that is one (e.g. a node's host); nil on
+// a Transport of another kind.
+func (c *Coordinator) Host() *p2p.Host { return c.host }
 
 // Transport returns the network the coordinator talks through.
 func (c *Coordinator) Transport() p2p.Transport { return c.tr }

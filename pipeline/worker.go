@@ -124,9 +124,7 @@ var ErrCoordinatorAddr = errors.New("pipeline: bad coordinator address")
 // host of its own. Call Run to join the
 // coordinator and serve, and Close to stop.
 func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
-	if cfg.Slowdown == 0 {
-		cfg.Slowdown = 1
-	}
+	cfg.setDefaults()
 	dev := cfg.Device
 	if dev == nil {
 		var err error
@@ -134,43 +132,16 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 			return nil, fmt.Errorf("pipeline: %w", err)
 		}
 	}
-	if cfg.MemCap < 0 {
-		return nil, fmt.Errorf("pipeline: negative memory cap %d", cfg.MemCap)
-	}
-	coord, err := peer.AddrInfoFromString(cfg.Join)
+	coord, err := cfg.check()
 	if err != nil {
-		return nil, fmt.Errorf("%w %q: want a multiaddr ending in /p2p/<peer id>: %w", ErrCoordinatorAddr, cfg.Join, err)
-	}
-	if cfg.Heartbeat <= 0 {
-		cfg.Heartbeat = time.Second
-	}
-	if cfg.HeartbeatMisses <= 0 {
-		cfg.HeartbeatMisses = 5
-	}
-	if cfg.MaxMessageBytes <= 0 {
-		cfg.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if len(cfg.Host.ListenAddrs) == 0 {
-		cfg.Host.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		return nil, err
 	}
 	w := &Worker{cfg: cfg, tr: cfg.Transport, log: cfg.Logger, coord: *coord, dev: dev, box: newInbox(0, nil, nil), stop: make(chan struct{}), controls: map[protocol.ID]controlHandler{}}
 	if cfg.Steady {
 		w.steady, w.late = &steadyCosts{}, &lateness{}
 	}
 	if w.tr == nil {
-		hcfg := cfg.Host
-		// Plain calls are small (heartbeats, link probes); the
-		// coordinator's calls come over control streams, activations over
-		// streams of their own, each bounded once the sender is known.
-		hcfg.MaxMessageBytes = callBytes
-		hcfg.MaxStreamBytes = int64(cfg.MaxMessageBytes) * maxMicro
-		// An activation stream stays open for a whole iteration and may
-		// wait for a slow neighbour's compute between messages.
-		hcfg.IdleTimeout = streamIdleTimeout
-		hcfg.Logger = cfg.Logger
+		hcfg := cfg.hostConfig()
 		h, err := p2p.New(ctx, hcfg)
 		if err != nil {
 			return nil, fmt.Errorf("pipeline: worker host: %w", err)
@@ -296,6 +267,58 @@ func (w *Worker) emulatedBusy(k opKey, busy time.Duration, cold bool) time.Durat
 		return w.steady.observeCold(k, busy)
 	}
 	return w.steady.observe(k, busy)
+}
+
+// setDefaults fills in the zero fields of cfg that have defaults.
+func (cfg *WorkerConfig) setDefaults() {
+	if cfg.Slowdown == 0 {
+		cfg.Slowdown = 1
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = time.Second
+	}
+	if cfg.HeartbeatMisses <= 0 {
+		cfg.HeartbeatMisses = 5
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if len(cfg.Host.ListenAddrs) == 0 {
+		cfg.Host.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
+// check refuses a negative memory cap and a Join that is not a
+// coordinator's multiaddr, and returns the coordinator's address.
+func (cfg *WorkerConfig) check() (*peer.AddrInfo, error) {
+	if cfg.MemCap < 0 {
+		return nil, fmt.Errorf("pipeline: negative memory cap %d", cfg.MemCap)
+	}
+	coord, err := peer.AddrInfoFromString(cfg.Join)
+	if err != nil {
+		return nil, fmt.Errorf("%w %q: want a multiaddr ending in /p2p/<peer id>: %w", ErrCoordinatorAddr, cfg.Join, err)
+	}
+	return coord, nil
+}
+
+// hostConfig is the configuration of the worker's own host (cfg with its
+// defaults set): Host with the worker's message limits, idle timeout and
+// logger.
+func (cfg *WorkerConfig) hostConfig() p2p.Config {
+	hcfg := cfg.Host
+	// Plain calls are small (heartbeats, link probes); the coordinator's
+	// calls come over control streams, activations over streams of their
+	// own, each bounded once the sender is known.
+	hcfg.MaxMessageBytes = callBytes
+	hcfg.MaxStreamBytes = int64(cfg.MaxMessageBytes) * maxMicro
+	// An activation stream stays open for a whole iteration and may wait
+	// for a slow neighbour's compute between messages.
+	hcfg.IdleTimeout = streamIdleTimeout
+	hcfg.Logger = cfg.Logger
+	return hcfg
 }
 
 // Close stops the worker: its handlers refuse calls from now on, a running

@@ -2,10 +2,13 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
 )
 
@@ -37,4 +40,47 @@ func RunWorkerFile(ctx context.Context, path string) error {
 		return fmt.Errorf("pipeline: worker file %s: %w", path, err)
 	}
 	return RunWorker(ctx, WorkerFromLaunch(w))
+}
+
+// WorkerNode is what a worker process's node adds to its WorkerConfig.
+type WorkerNode struct {
+	// MetricsAddr, if set, serves the node's Prometheus metrics, the
+	// worker's included, on http://MetricsAddr/metrics.
+	MetricsAddr string
+	// Log receives the node's notices (where its metrics are served).
+	Log io.Writer
+}
+
+// NodeConfig is the config of the node a worker process runs on: the host
+// the worker would start itself (cfg.Host with the worker's message
+// limits), reporting where others reach it to cfg.Reach, no DHT, and the
+// metrics endpoint of wn.
+func (cfg WorkerConfig) NodeConfig(wn WorkerNode) node.Config {
+	cfg.setDefaults()
+	hcfg := cfg.hostConfig()
+	return node.Config{Host: &hcfg, DHT: node.DHTConfig{Mode: node.DHTOff}, MetricsAddr: wn.MetricsAddr,
+		OnReach: cfg.Reach, Log: wn.Log}
+}
+
+// RunWorkerNode runs a worker process's role: a worker on a node of its
+// own (cfg.NodeConfig(wn)) until it stops, then the node closes. An
+// address in cfg.Join that is no coordinator's fails before the node
+// starts.
+func RunWorkerNode(ctx context.Context, cfg WorkerConfig, wn WorkerNode) error {
+	if _, err := cfg.check(); err != nil {
+		return err
+	}
+	n, err := node.New(ctx, cfg.NodeConfig(wn))
+	if err != nil {
+		return err
+	}
+	err = RunWorkerOn(ctx, n, cfg)
+	return errors.Join(err, n.Close())
+}
+
+// RunWorkerOn runs a worker on n's host, reporting to n's metrics
+// registerer, until it stops; n stays open.
+func RunWorkerOn(ctx context.Context, n *node.Node, cfg WorkerConfig) error {
+	cfg.Transport, cfg.Metrics, cfg.Reach = n.Host(), n.Metrics(), nil
+	return RunWorker(ctx, cfg)
 }

@@ -129,85 +129,146 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 	if cfg.StopTimeout <= 0 {
 		cfg.StopTimeout = 15 * time.Second
 	}
-	logf := func(format string, args ...any) {
-		if cfg.Log != nil {
-			fmt.Fprintf(cfg.Log, format+"\n", args...)
-		}
-	}
 	iso, err := chooseIsolation(spec, cfg.Isolation)
 	if err != nil {
 		return nil, err
 	}
 	timeout := cmp.Or(cfg.Timeout, spec.Timeout, DefaultTimeout)
+	rps, err := runPeers(spec, cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	net_, ns, err := isolate(ctx, spec, iso, rps, cfg.logf)
+	if err != nil {
+		return nil, err
+	}
+	if ns != nil {
+		defer ns.Close()
+	}
+	byName := map[string]runPeer{}
+	for _, rp := range rps {
+		byName[rp.spec.Name] = rp
+	}
+	pr, err := runProcesses(spec, cfg, rps, byName, ns)
+	if err != nil {
+		return nil, err
+	}
+	cfg.logf("swarm %s: %d peers, isolation %s, logs in %s", cmp.Or(spec.Name, "(unnamed)"), len(rps), iso, cfg.Dir)
+	sw, err := Start(ctx, spec, pr, Options{Network: net_, StopTimeout: cfg.StopTimeout})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range sw.Peers() {
+		if err := p.Register(byName[p.Name].id); err != nil {
+			sw.Stop()
+			return nil, err
+		}
+	}
+	res := &RunResult{Name: spec.Name, Isolation: iso}
+	res.TimedOut = !waitFinite(ctx, sw, timeout, cfg.logf)
+	stopErr := sw.Stop()
+	collectResults(res, sw, rps, byName, ns, cfg.Dir)
+	// The chart is a view of the result: failing to draw it is reported,
+	// not the run's error.
+	if err := WriteSummaryPNG(filepath.Join(cfg.Dir, SummaryFile), res); err != nil {
+		cfg.logf("swarm %s: summary chart: %v", cmp.Or(spec.Name, "(unnamed)"), err)
+	} else {
+		cfg.logf("swarm %s: summary chart in %s", cmp.Or(spec.Name, "(unnamed)"), filepath.Join(cfg.Dir, SummaryFile))
+	}
+	return res, runError(ctx, spec, cfg.Dir, timeout, res, stopErr)
+}
+
+// logf writes a line to cfg.Log, if set.
+func (cfg *RunConfig) logf(format string, args ...any) {
+	if cfg.Log != nil {
+		fmt.Fprintf(cfg.Log, format+"\n", args...)
+	}
+}
+
+// runPeers are the spec's peers in start order, each with its identity
+// (a key file in dir, created if missing), so that every address is known
+// before anything starts.
+func runPeers(spec *Spec, dir string) ([]runPeer, error) {
 	peers := spec.Peers()
 	if err := checkOrder(peers); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("swarm: %w", err)
 	}
-	// Identities first, so every address is known before anything starts.
 	rps := make([]runPeer, len(peers))
 	for i, ps := range peers {
-		rp := runPeer{spec: ps, key: filepath.Join(cfg.Dir, ps.Name+".key")}
+		rp := runPeer{spec: ps, key: filepath.Join(dir, ps.Name+".key")}
+		var err error
 		if rp.id, err = identity(rp.key); err != nil {
 			return nil, err
 		}
 		rps[i] = rp
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var net_ *netem.Network
-	var ns namespaces
-	if iso == IsolationNamespaces {
-		profile := spec.Profile
-		if profile == nil {
-			profile = netem.Uniform(netem.LinkParams{})
-		}
-		if net_, err = netem.New(profile, spec.Seed); err != nil {
-			return nil, err
-		}
-		ids := make([]peer.ID, len(rps))
-		var nat []peer.ID
-		for i, rp := range rps {
-			ids[i] = rp.id
-			region := rp.spec.Region
-			if region == "" {
-				region = profile.Regions[0]
-			}
-			if err := net_.Assign(rp.id, region); err != nil {
-				return nil, err
-			}
-			if rp.spec.NAT {
-				nat = append(nat, rp.id)
-			}
-		}
-		if ns, err = newNamespaces(ctx, net_, ids, nat); err != nil {
-			return nil, fmt.Errorf("swarm: isolation namespaces: %w", err)
-		}
-		defer ns.Close()
+	return rps, nil
+}
+
+// isolate gives every peer of rps its address: with namespaces, one of
+// its own in a network namespace linked by the spec's emulated network
+// (which it returns with the namespaces; close them when done); else a
+// free port on loopback, and no network.
+func isolate(ctx context.Context, spec *Spec, iso string, rps []runPeer, logf func(string, ...any)) (*netem.Network, namespaces, error) {
+	if iso != IsolationNamespaces {
 		for i := range rps {
-			rps[i].ip = fmt.Sprintf("10.77.0.%d", i+1)
-			rps[i].port = listenPort
-		}
-	} else {
-		for i := range rps {
+			var err error
 			if rps[i].port, err = freePort(); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			rps[i].ip = "127.0.0.1"
 		}
 		if spec.Profile != nil {
 			logf("isolation processes: every peer on loopback; the network's links are not emulated (run as root for namespaces)")
 		}
+		return nil, nil, nil
 	}
-	byName := map[string]runPeer{}
-	for _, rp := range rps {
-		byName[rp.spec.Name] = rp
+	profile := spec.Profile
+	if profile == nil {
+		profile = netem.Uniform(netem.LinkParams{})
 	}
+	net_, err := netem.New(profile, spec.Seed)
+	if err != nil {
+		return nil, nil, err
+	}
+	ids := make([]peer.ID, len(rps))
+	var nat []peer.ID
+	for i, rp := range rps {
+		ids[i] = rp.id
+		region := rp.spec.Region
+		if region == "" {
+			region = profile.Regions[0]
+		}
+		if err := net_.Assign(rp.id, region); err != nil {
+			return nil, nil, err
+		}
+		if rp.spec.NAT {
+			nat = append(nat, rp.id)
+		}
+	}
+	ns, err := newNamespaces(ctx, net_, ids, nat)
+	if err != nil {
+		return nil, nil, fmt.Errorf("swarm: isolation namespaces: %w", err)
+	}
+	for i := range rps {
+		rps[i].ip = fmt.Sprintf("10.77.0.%d", i+1)
+		rps[i].port = listenPort
+	}
+	return net_, ns, nil
+}
+
+// runProcesses is how the run starts its peers: the skyhive binary with
+// each peer's role config (the swarm's secret for a closed swarm, one per
+// run directory, so that a rejoining peer keeps it), ready once it
+// listens, inside its namespace if ns is set.
+func runProcesses(spec *Spec, cfg RunConfig, rps []runPeer, byName map[string]runPeer, ns namespaces) (*Processes, error) {
 	secret := ""
 	if spec.Closed {
-		// One secret per run directory: a rejoining peer keeps it.
 		secret = filepath.Join(cfg.Dir, "swarm.secret")
 		if err := admission.NewSwarmSecret(secret); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, err
@@ -234,20 +295,13 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 			return []string{"ip", "netns", "exec", name}
 		}
 	}
-	logf("swarm %s: %d peers, isolation %s, logs in %s", cmp.Or(spec.Name, "(unnamed)"), len(rps), iso, cfg.Dir)
-	sw, err := Start(ctx, spec, pr, Options{Network: net_, StopTimeout: cfg.StopTimeout})
-	if err != nil {
-		return nil, err
-	}
-	for _, p := range sw.Peers() {
-		if err := p.Register(byName[p.Name].id); err != nil {
-			sw.Stop()
-			return nil, err
-		}
-	}
-	res := &RunResult{Name: spec.Name, Isolation: iso}
-	res.TimedOut = !waitFinite(ctx, sw, timeout, logf)
-	stopErr := sw.Stop()
+	return pr, nil
+}
+
+// collectResults fills in res from the stopped swarm: its duration and
+// events, the network's traffic, and every peer's state, addresses, bytes
+// and final JSON result (from its .out file in dir).
+func collectResults(res *RunResult, sw *Swarm, rps []runPeer, byName map[string]runPeer, ns namespaces, dir string) {
 	rep := sw.Report()
 	res.Seconds = rep.End.Sub(rep.Start).Seconds()
 	res.Events = rep.Events
@@ -260,7 +314,7 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 		st, perr := p.State()
 		pres := PeerResult{
 			Name: p.Name, Class: p.Class, Role: p.Role, Region: p.Region, NAT: p.NAT, Stranger: byName[p.Name].spec.Stranger,
-			Addr: rp.addr(), State: st, Starts: p.Starts(), Log: filepath.Join(cfg.Dir, p.Name+".log"),
+			Addr: rp.addr(), State: st, Starts: p.Starts(), Log: filepath.Join(dir, p.Name+".log"),
 		}
 		if perr != nil {
 			pres.Error = perr.Error() + lastLine(pres.Log)
@@ -268,7 +322,7 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 		if ns != nil {
 			pres.Sent, pres.Received, _ = ns.PeerBytes(rp.id)
 		}
-		if v, ok := lastJSON(filepath.Join(cfg.Dir, p.Name+".out")); ok {
+		if v, ok := lastJSON(filepath.Join(dir, p.Name+".out")); ok {
 			pres.Result = v
 			var acc struct {
 				TestAccuracy *float64 `json:"test_accuracy"`
@@ -279,30 +333,29 @@ func Run(ctx context.Context, spec *Spec, cfg RunConfig) (*RunResult, error) {
 		}
 		res.Peers = append(res.Peers, pres)
 	}
-	// The chart is a view of the result: failing to draw it is reported,
-	// not the run's error.
-	if err := WriteSummaryPNG(filepath.Join(cfg.Dir, SummaryFile), res); err != nil {
-		logf("swarm %s: summary chart: %v", cmp.Or(spec.Name, "(unnamed)"), err)
-	} else {
-		logf("swarm %s: summary chart in %s", cmp.Or(spec.Name, "(unnamed)"), filepath.Join(cfg.Dir, SummaryFile))
-	}
+}
+
+// runError is the run's outcome: ctx's end, the timeout, or the peers
+// that failed (a run where only strangers failed succeeded: the swarm
+// refused them).
+func runError(ctx context.Context, spec *Spec, dir string, timeout time.Duration, res *RunResult, stopErr error) error {
 	switch {
 	case ctx.Err() != nil:
-		return res, ctx.Err()
+		return ctx.Err()
 	case res.TimedOut:
-		return res, fmt.Errorf("swarm: %s did not finish within %v (raise \"timeout\" or shorten the training)", cmp.Or(spec.Name, "the swarm"), timeout)
+		return fmt.Errorf("swarm: %s did not finish within %v (raise \"timeout\" or shorten the training)", cmp.Or(spec.Name, "the swarm"), timeout)
 	}
 	if stopErr == nil {
-		return res, nil
+		return nil
 	}
 	failed := res.failed()
 	if len(failed) == 0 && slices.ContainsFunc(res.Peers, func(p PeerResult) bool { return p.Stranger && p.State == StateFailed }) {
-		return res, nil // only strangers failed: the swarm refused them
+		return nil // only strangers failed: the swarm refused them
 	}
 	if len(failed) > 0 {
-		return res, &PeersFailedError{Dir: cfg.Dir, Peers: failed, err: stopErr}
+		return &PeersFailedError{Dir: dir, Peers: failed, err: stopErr}
 	}
-	return res, stopErr
+	return stopErr
 }
 
 // PeersFailedError is Run's error when peers failed: each failed peer with

@@ -16,14 +16,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
-	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/netem"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/skyhive/skyhive/profile"
-	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/text"
 	"github.com/skyhive/skyhive/train"
 	"github.com/spf13/cobra"
@@ -56,8 +55,7 @@ type pipelineFlags struct {
 	compare         string
 	compareRounds   int
 	status          statusFlags
-	// live receives the iterations for the status record (nil: none is
-	// published).
+	// live receives the iterations for the status record.
 	live *metrics.Live
 }
 
@@ -207,18 +205,18 @@ func (p *pipelineFlags) localSlowdowns(seed uint64) ([]float64, error) {
 
 // pipelineResult is what --json prints.
 type pipelineResult struct {
-	Iterations   int                    `json:"iterations"`
-	Ran          int                    `json:"iterations_run"`
-	Seconds      float64                `json:"seconds"`
-	FinalLoss    float64                `json:"final_loss"`
-	TestLoss     float64                `json:"test_loss"`
-	TestAccuracy float64                `json:"test_accuracy"`
-	Plan         alloc.Plan             `json:"plan"`
-	Workers      []pipeline.WorkerInfo  `json:"workers"`
-	Events       []string               `json:"events,omitempty"`
-	Last         *pipeline.IterStats    `json:"last_iteration,omitempty"`
-	Compare      []planMeasurement      `json:"compare,omitempty"`
-	Config       map[string]interface{} `json:"config"`
+	Iterations   int                        `json:"iterations"`
+	Ran          int                        `json:"iterations_run"`
+	Seconds      float64                    `json:"seconds"`
+	FinalLoss    float64                    `json:"final_loss"`
+	TestLoss     float64                    `json:"test_loss"`
+	TestAccuracy float64                    `json:"test_accuracy"`
+	Plan         alloc.Plan                 `json:"plan"`
+	Workers      []pipeline.WorkerInfo      `json:"workers"`
+	Events       []string                   `json:"events,omitempty"`
+	Last         *pipeline.IterStats        `json:"last_iteration,omitempty"`
+	Compare      []pipeline.PlanMeasurement `json:"compare,omitempty"`
+	Config       map[string]interface{}     `json:"config"`
 }
 
 // run trains the model as a pipeline over workers.
@@ -255,12 +253,13 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	defer stopMetrics()
-	sc, stopStatus, err := p.startScenario(ctx, reg.Registerer(), out)
+	p.live = &metrics.Live{}
+	sc, n, err := p.startScenario(ctx, reg.Registerer(), out)
 	if err != nil {
 		return err
 	}
+	defer n.Close()
 	defer sc.Close()
-	defer stopStatus()
 	plan, err := p.readPlan()
 	if err != nil {
 		return err
@@ -271,24 +270,46 @@ func (p *pipelineFlags) run(cmd *cobra.Command) error {
 	return p.trainImage(cmd, sc, sched, plan, trainSet, testSet)
 }
 
-// startScenario starts the coordinator, publishes its status record with
-// --dht, launches the local workers of --workers and waits for the
-// --join-wait ones. Close the scenario after calling stopStatus.
-func (p *pipelineFlags) startScenario(ctx context.Context, reg prometheus.Registerer, out io.Writer) (sc *pipeline.Scenario, stopStatus func(), err error) {
+// startScenario starts the coordinator's node, which publishes its status
+// record with --dht, the coordinator on it, launches the local workers of
+// --workers and waits for the --join-wait ones. Close the scenario, then
+// the node.
+func (p *pipelineFlags) startScenario(ctx context.Context, reg prometheus.Registerer, out io.Writer) (sc *pipeline.Scenario, n *node.Node, err error) {
 	cfg, err := p.scenarioConfig(reg)
 	if err != nil {
 		return nil, nil, err
 	}
-	if sc, err = pipeline.NewScenario(ctx, cfg); err != nil {
+	if err := p.status.check(); err != nil {
 		return nil, nil, err
 	}
+	seeds, err := p.net.seeds()
+	if err != nil {
+		return nil, nil, err
+	}
+	n, err = pipeline.StartCoordinatorNode(ctx, cfg.Coordinator, pipeline.CoordinatorNode{
+		DHT: node.BootstrapAddrs(seeds), StatusEvery: p.status.every, Metrics: reg, Log: out})
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.Coordinator.Transport = n.Host()
+	if sc, err = pipeline.NewScenario(ctx, cfg); err != nil {
+		return nil, nil, errors.Join(err, n.Close())
+	}
+	if err = p.launch(ctx, sc, n, cfg, out); err != nil {
+		return nil, nil, errors.Join(err, sc.Close(), n.Close())
+	}
+	return sc, n, nil
+}
+
+// launch publishes the coordinator's status record on n, launches the
+// local workers of --workers and waits for the --join-wait ones.
+func (p *pipelineFlags) launch(ctx context.Context, sc *pipeline.Scenario, n *node.Node, cfg pipeline.ScenarioConfig, out io.Writer) error {
 	c := sc.Coordinator()
 	if p.joinWait > 0 {
 		reportReach(ctx, c.Host(), out, nil)
 	}
-	if stopStatus, err = p.publishStatus(ctx, c, out); err != nil {
-		sc.Close()
-		return nil, nil, err
+	if err := pipeline.PublishStatus(n, c, p.live); err != nil {
+		return err
 	}
 	if p.workers > 0 {
 		fmt.Fprintf(out, "launching %d local workers, slowdowns %s\n", p.workers, fmtFloats(cfg.Slowdowns))
@@ -296,20 +317,14 @@ func (p *pipelineFlags) startScenario(ctx context.Context, reg prometheus.Regist
 			fmt.Fprintf(out, "emulated links: workers in regions %s, coordinator in %s\n", strings.Join(cfg.Regions, ","), p.coordRegion)
 		}
 	}
-	err = sc.Launch(ctx)
-	if err == nil && p.joinWait > 0 {
-		fmt.Fprintf(out, "waiting for %d workers; start them with:\n", p.joinWait)
-		for _, a := range c.Addrs() {
-			fmt.Fprintf(out, "  skyhive worker --join %s\n", a)
-		}
-		err = c.WaitWorkers(ctx, len(c.Workers())+p.joinWait)
+	if err := sc.Launch(ctx); err != nil || p.joinWait <= 0 {
+		return err
 	}
-	if err != nil {
-		stopStatus()
-		sc.Close()
-		return nil, nil, err
+	fmt.Fprintf(out, "waiting for %d workers; start them with:\n", p.joinWait)
+	for _, a := range c.Addrs() {
+		fmt.Fprintf(out, "  skyhive worker --join %s\n", a)
 	}
-	return sc, stopStatus, nil
+	return c.WaitWorkers(ctx, len(c.Workers())+p.joinWait)
 }
 
 // scenarioConfig is the coordinator of --listen and the emulated
@@ -386,7 +401,7 @@ func (p *pipelineFlags) sessionConfig(model string, batch int, lr float64, warmu
 // with an event.
 func (p *pipelineFlags) onIteration(batch int, out io.Writer) func(pipeline.IterStats) error {
 	return func(st pipeline.IterStats) error {
-		pipelineStatus(p.live, st, batch)
+		pipeline.RecordStatus(p.live, st, batch)
 		if st.Event != "" || st.Iter == 0 || (p.logEvery > 0 && (st.Iter+1)%p.logEvery == 0) {
 			st.WriteTable(out)
 		}
@@ -417,8 +432,8 @@ func (p *pipelineFlags) trainImage(cmd *cobra.Command, sc *pipeline.Scenario, sc
 	}
 	defer closeStats()
 	topts := pipeline.TrainOptions{Data: pipeline.NewBatches(loader), Steps: int(total), Eval: testSet, EvalBatch: 512,
-		OnIteration: p.onIteration(f.cfg.BatchSize, out), Stats: stats, BeforeStep: p.failureDrill(sc, out)}
-	var compared []planMeasurement
+		OnIteration: p.onIteration(f.cfg.BatchSize, out), Stats: stats, BeforeStep: sc.FailureDrill(p.killWorker, p.killAt, out)}
+	var compared []pipeline.PlanMeasurement
 	if p.compare != "" {
 		if compared, err = p.measurePlans(ctx, s, trainSet, f.cfg.BatchSize, f.cfg.Seed, out); err != nil {
 			if ctx.Err() != nil {
@@ -447,94 +462,10 @@ func (p *pipelineFlags) trainImage(cmd *cobra.Command, sc *pipeline.Scenario, sc
 	return nil
 }
 
-// publishStatus joins the DHT of --dht, if given, as a client and
-// publishes the coordinator's status record there until the returned stop
-// is called. The pipeline does not need the DHT: if it cannot be joined
-// the coordinator trains without publishing.
-func (p *pipelineFlags) publishStatus(ctx context.Context, c *pipeline.Coordinator, log io.Writer) (stop func(), err error) {
-	if err := p.status.check(); err != nil {
-		return nil, err
-	}
-	seeds, err := p.net.seeds()
-	if err != nil || len(seeds) == 0 || p.status.every == 0 || c.Host() == nil {
-		return func() {}, err
-	}
-	h := c.Host()
-	node, err := dht.New(h, dht.Config{ClientMode: true, PrivKey: h.LibP2P().Peerstore().PrivKey(h.ID())})
-	if err != nil {
-		return nil, err
-	}
-	bctx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = node.Bootstrap(bctx, seeds)
-	cancel()
-	if err != nil {
-		node.Close()
-		fmt.Fprintf(log, "--dht: %v; training without publishing a status record\n", err)
-		return func() {}, nil
-	}
-	p.live = &metrics.Live{}
-	p.status.region = p.coordRegion
-	stopPub := p.status.start(ctx, log, h, node, metrics.RoleCoordinator, func(s *metrics.Status) {
-		p.live.Sample(s)
-		if s.Pipeline != nil {
-			ps := *s.Pipeline
-			ps.Workers = len(c.Workers())
-			s.Pipeline = &ps
-		} else {
-			s.Pipeline = &metrics.PipelineStatus{Workers: len(c.Workers())}
-		}
-	})
-	return func() { stopPub(); node.Close() }, nil
-}
-
-// pipelineStatus records an iteration of batch examples for the status
-// record.
-func pipelineStatus(l *metrics.Live, st pipeline.IterStats, batch int) {
-	l.Update(func(s *metrics.Status) {
-		s.Step, s.Samples = int64(st.Iter+1), int64(st.Iter+1)*int64(batch)
-		s.Loss, s.Accuracy = metrics.Float(st.Loss), metrics.Float(st.Accuracy)
-		ps := &metrics.PipelineStatus{Iter: int64(st.Iter), Plan: st.Gen, Seconds: st.Seconds, Event: st.Event}
-		if ps.Event == "" && s.Pipeline != nil {
-			ps.Event = s.Pipeline.Event // the last re-plan
-		}
-		for _, t := range st.Stages {
-			ps.Stages = append(ps.Stages, metrics.Stage{Stage: t.Stage, Worker: t.Worker, First: t.First, Last: t.Last,
-				Compute: t.Compute, Comm: t.Comm, Idle: t.Idle})
-		}
-		s.Pipeline = ps
-	})
-}
-
-// failureDrill returns the hook that runs --kill-worker before iteration
-// --kill-at, or nil without the drill.
-func (p *pipelineFlags) failureDrill(sc *pipeline.Scenario, out io.Writer) func(context.Context, int) error {
-	if sc.LocalWorkers() == 0 || p.killWorker < 0 {
-		return nil
-	}
-	return func(_ context.Context, iter int) error {
-		if p.killWorker < 0 || iter != p.killAt {
-			return nil
-		}
-		fmt.Fprintf(out, "failure drill: killing worker w%d before iteration %d\n", p.killWorker, iter)
-		w := p.killWorker
-		p.killWorker = -1
-		return sc.KillWorker(w)
-	}
-}
-
-// planMeasurement is one strategy's plan measured by --compare.
-type planMeasurement struct {
-	Strategy  string     `json:"strategy"`
-	Plan      alloc.Plan `json:"plan"`
-	Predicted float64    `json:"predicted_seconds"`
-	Median    float64    `json:"measured_seconds"` // median iteration time
-	Times     []float64  `json:"times"`
-}
-
 // measurePlans runs --compare: each strategy's plan for --compare-rounds
 // iterations in turn (real training steps, on batches of their own), then
 // installs --strategy's plan again for the training.
-func (p *pipelineFlags) measurePlans(ctx context.Context, s *pipeline.Session, trainSet *data.Dataset, batch int, seed uint64, out io.Writer) ([]planMeasurement, error) {
+func (p *pipelineFlags) measurePlans(ctx context.Context, s *pipeline.Session, trainSet *data.Dataset, batch int, seed uint64, out io.Writer) ([]pipeline.PlanMeasurement, error) {
 	if p.compareRounds < 1 {
 		return nil, fmt.Errorf("--compare-rounds %d: want at least 1", p.compareRounds)
 	}
@@ -548,29 +479,11 @@ func (p *pipelineFlags) measurePlans(ctx context.Context, s *pipeline.Session, t
 	if err != nil {
 		return nil, err
 	}
-	cmp, err := s.Compare(ctx, pipeline.CompareOptions{
-		Strategies: strategies,
-		Planned: func(pipeline.PlanComparisons) error {
-			fmt.Fprintf(out, "comparing plans of %s: %d measured iterations each, in turn\n", p.compare, p.compareRounds)
-			return nil
-		},
-		Measurement: pipeline.MeasureOptions{Data: pipeline.NewBatches(loader), Rounds: p.compareRounds},
-		// Train on --strategy's plan: the one just measured if it was
-		// compared.
-		Then: p.strategy,
-	})
+	// Train on --strategy's plan: the one just measured if it was
+	// compared.
+	res, err := s.MeasureStrategies(ctx, strategies, p.strategy, pipeline.MeasureOptions{Data: pipeline.NewBatches(loader), Rounds: p.compareRounds}, out)
 	if err != nil {
 		return nil, fmt.Errorf("--compare: %w", err)
-	}
-	var res []planMeasurement
-	for _, pc := range cmp {
-		if pc.Err != nil {
-			fmt.Fprintf(out, "  %-8s cannot plan: %v\n", pc.Strategy, pc.Err)
-			continue
-		}
-		m := planMeasurement{Strategy: pc.Strategy, Plan: pc.Plan, Predicted: pc.Prediction.Iteration, Median: stats.Median(pc.Times), Times: pc.Times}
-		fmt.Fprintf(out, "  %-8s measured %.1f ms/iteration (median of %d), predicted %.1f ms\n", m.Strategy, 1e3*m.Median, len(m.Times), 1e3*m.Predicted)
-		res = append(res, m)
 	}
 	return res, nil
 }
@@ -733,7 +646,7 @@ func (p *pipelineFlags) trainLM(cmd *cobra.Command, sc *pipeline.Scenario, sched
 	}
 	defer closeStats()
 	tr, err := s.Train(ctx, pipeline.TrainOptions{Tokens: sampler, Steps: int(total), EvalTokens: corpus.val, EvalBatch: 16,
-		OnIteration: p.onIteration(batch, out), Stats: statsOut, BeforeStep: p.failureDrill(sc, out)})
+		OnIteration: p.onIteration(batch, out), Stats: statsOut, BeforeStep: sc.FailureDrill(p.killWorker, p.killAt, out)})
 	if err != nil {
 		return err
 	}

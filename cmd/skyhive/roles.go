@@ -33,7 +33,7 @@ func roles() map[string]runRole {
 	}
 	return map[string]runRole{
 		launch.RolePeer:       runPeerFile,
-		launch.RoleWorker:     byFlags(newWorkerCmd),
+		launch.RoleWorker:     runWorkerFile,
 		launch.RoleDHT:        byFlags(newDHTCmd),
 		launch.RoleServer:     runServerFile,
 		launch.RoleMoETrainer: runMoETrainerFile,

@@ -1,21 +1,22 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
-	"os"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/pipeline"
-	"github.com/spf13/cobra"
 )
 
 func newWorkerCmd() *cobra.Command {
-	var cfg pipeline.WorkerConfig
-	var net connectFlags
-	var mf metricsFlags
-	var verbose bool
+	var f workerFlags
 	cmd := &cobra.Command{
 		Use:   "worker --join ADDR",
 		Short: "Serve as a pipeline stage worker for a coordinator (skyhive train pipeline)",
@@ -31,40 +32,86 @@ func newWorkerCmd() *cobra.Command {
 			"  skyhive worker --join $COORD --slowdown 2.5 --mem-cap 2000000000",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			level := slog.LevelWarn
-			if verbose {
-				level = slog.LevelInfo
-			}
-			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-			var err error
-			if cfg.Host, err = net.config(); err != nil {
-				return err
-			}
-			reg, stopMetrics, err := mf.start(cmd.Context(), cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			defer stopMetrics()
-			cfg.Host.Metrics, cfg.Metrics = reg.Registerer(), reg.Registerer()
-			cfg.Reach = func(r p2p.Reach) { printReach(cmd.ErrOrStderr(), r) }
-			err = pipeline.RunWorker(cmd.Context(), cfg)
-			if errors.Is(err, pipeline.ErrCoordinatorAddr) {
-				return fmt.Errorf("--join: %w", err)
-			}
-			return err
+			return runWorkerRole(cmd.Context(), cmd.ErrOrStderr(), f.config())
 		},
 	}
-	fl := cmd.Flags()
-	fl.StringVar(&cfg.Join, "join", "", "coordinator multiaddr ending in /p2p/<peer id> (required)")
-	fl.StringVar(&cfg.Name, "name", "", "name shown in the coordinator's tables (default: peer ID)")
-	net.register(fl, "")
-	fl.Float64Var(&cfg.Slowdown, "slowdown", 1, "emulated slowdown factor (>= 1)")
-	fl.BoolVar(&cfg.Steady, "steady", false, "emulate a steady device: --slowdown multiplies the median busy time of each op's recent executions, not this one's, so the host's second-to-second noise does not reach the emulated speed")
-	fl.StringVar(&cfg.Region, "region", "", "network region of this worker (plans group stages by region; required by coordinators that emulate links)")
-	fl.Int64Var(&cfg.MemCap, "mem-cap", 0, "memory cap in bytes for the assigned layers (0: none)")
-	fl.DurationVar(&cfg.Heartbeat, "heartbeat", 0, "interval of liveness pings to the coordinator (default 1s)")
-	fl.BoolVar(&verbose, "verbose", false, "log stage assignments and joins")
-	mf.register(fl)
+	f.register(cmd.Flags())
 	cmd.MarkFlagRequired("join")
 	return cmd
+}
+
+// workerFlags are the options of `skyhive worker`: a launch.Worker.
+type workerFlags struct {
+	w       launch.Worker
+	net     connectFlags
+	metrics metricsFlags
+}
+
+func (f *workerFlags) register(fl *pflag.FlagSet) {
+	w := &f.w
+	fl.StringVar(&w.Join, "join", "", "coordinator multiaddr ending in /p2p/<peer id> (required)")
+	fl.StringVar(&w.Name, "name", "", "name shown in the coordinator's tables (default: peer ID)")
+	f.net.register(fl, "")
+	fl.Float64Var(&w.Slowdown, "slowdown", 1, "emulated slowdown factor (>= 1)")
+	fl.BoolVar(&w.Steady, "steady", false, "emulate a steady device: --slowdown multiplies the median busy time of each op's recent executions, not this one's, so the host's second-to-second noise does not reach the emulated speed")
+	fl.StringVar(&w.Region, "region", "", "network region of this worker (plans group stages by region; required by coordinators that emulate links)")
+	fl.Int64Var(&w.MemCap, "mem-cap", 0, "memory cap in bytes for the assigned layers (0: none)")
+	fl.DurationVar(durationVar(&w.Heartbeat), "heartbeat", 0, "interval of liveness pings to the coordinator (default 1s)")
+	fl.BoolVar(&w.Verbose, "verbose", false, "log stage assignments and joins")
+	f.metrics.register(fl)
+}
+
+// config is the worker the flags describe.
+func (f *workerFlags) config() launch.Worker {
+	w := f.w
+	w.Net, w.Metrics = f.net.launchNet(), f.metrics.addr
+	return w
+}
+
+// workerDefaults is the worker of `skyhive worker` without flags.
+func workerDefaults() launch.Worker {
+	var f workerFlags
+	f.register(pflag.NewFlagSet("worker", pflag.ContinueOnError))
+	return f.config()
+}
+
+// runWorkerFile runs a worker from a config file: the file's fields over
+// the defaults of `skyhive worker`.
+func runWorkerFile(ctx context.Context, _, stderr io.Writer, f launch.File) error {
+	w := workerDefaults()
+	if err := f.Decode(&w); err != nil { // refuses unknown fields and bad values
+		return err
+	}
+	switch {
+	case len(w.DHT) > 0:
+		return fmt.Errorf("%s config: %q is not an option of this role", f.Role, "dht")
+	case w.StatusEvery != 0:
+		return fmt.Errorf("%s config: %q is not an option of this role", f.Role, "status_every")
+	}
+	if err := selectProcess(w.Process); err != nil {
+		return err
+	}
+	return runWorkerRole(ctx, stderr, w)
+}
+
+// runWorkerRole runs the worker w describes on a node of its own until
+// the coordinator shuts it down, it loses the coordinator, or ctx ends.
+func runWorkerRole(ctx context.Context, stderr io.Writer, w launch.Worker) error {
+	level := slog.LevelWarn
+	if w.Verbose {
+		level = slog.LevelInfo
+	}
+	cfg := pipeline.WorkerFromLaunch(w)
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	net := connectFlagsOf(w.Net)
+	var err error
+	if cfg.Host, err = net.config(); err != nil {
+		return err
+	}
+	cfg.Reach = func(r p2p.Reach) { printReach(stderr, r) }
+	err = pipeline.RunWorkerNode(ctx, cfg, pipeline.WorkerNode{MetricsAddr: w.Metrics, Log: stderr})
+	if errors.Is(err, pipeline.ErrCoordinatorAddr) {
+		return fmt.Errorf("--join: %w", err)
+	}
+	return err
 }

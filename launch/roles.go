@@ -196,8 +196,10 @@ type DHT struct {
 // Role returns RoleDHT.
 func (DHT) Role() string { return RoleDHT }
 
-// Server configures a MoE expert server (`skyhive server`); the fields are
-// the command's flags.
+// Server configures a MoE expert server (`skyhive server`; see
+// moe/server.RunRole); the fields are the command's flags. Lazy left out
+// creates the experts lazily when they would take more than 1 GiB;
+// QueueMemory 0 is the default, at most a quarter of Net.MemoryMiB.
 type Server struct {
 	Net
 	Process
@@ -219,12 +221,13 @@ type Server struct {
 	StepRows        int      `json:"step_rows,omitempty"`
 	ZeroInit        bool     `json:"zero_init,omitempty"`
 	Seed            uint64   `json:"seed,omitempty"`
-	Lazy            bool     `json:"lazy,omitempty"`
+	Lazy            *bool    `json:"lazy,omitempty"`
 	Checkpoint      string   `json:"checkpoint,omitempty"`
 	CheckpointEvery Duration `json:"checkpoint_every,omitempty"`
 	DeclareEvery    Duration `json:"declare_every,omitempty"`
 	StatsEvery      Duration `json:"stats_every,omitempty"`
 	MaxExperts      int      `json:"max_experts,omitempty"`
+	Verbose         bool     `json:"verbose,omitempty"`
 }
 
 // Role returns RoleServer.
@@ -256,8 +259,9 @@ type Training struct {
 	Bandwidth float64  `json:"bandwidth,omitempty"`
 }
 
-// MoETrainer configures a MoE trainer (`skyhive train moe`); the fields
-// are the command's flags.
+// MoETrainer configures a MoE trainer (`skyhive train moe`; see
+// moe/trainer.RunRole); the fields are the command's flags. Hidden 0 takes
+// the experts' hidden size from their DHT records.
 type MoETrainer struct {
 	Net
 	Process
@@ -276,6 +280,7 @@ type MoETrainer struct {
 	EvalLimit        int      `json:"eval_limit,omitempty"`
 	DHTCache         Duration `json:"dht_cache,omitempty"`
 	AllowZeroOutputs bool     `json:"allow_zero_outputs,omitempty"`
+	MaxFailedSteps   float64  `json:"max_failed_steps,omitempty"`
 }
 
 // Role returns RoleMoETrainer.

@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skyhive/skyhive/moe/trainer"
 	"github.com/skyhive/skyhive/text"
 )
 
 // runMoELM runs `skyhive demo moe` on a language-model corpus with a tiny
 // DMoE transformer and returns its JSON result and its stderr.
-func runMoELM(t *testing.T, data string, extra ...string) (moeResult, string) {
+func runMoELM(t *testing.T, data string, extra ...string) (trainer.Result, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -30,7 +31,7 @@ func runMoELM(t *testing.T, data string, extra ...string) (moeResult, string) {
 	if err := root.ExecuteContext(ctx); err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
-	var res moeResult
+	var res trainer.Result
 	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil {
 		t.Fatalf("stdout is not the JSON result: %v\n%s", err, stdout.String())
 	}

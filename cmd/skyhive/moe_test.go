@@ -148,14 +148,3 @@ func TestMoEHiddenFromDHT(t *testing.T) {
 		t.Fatalf("the model did not take the experts' hidden size, or steps failed:\n%s", out.String())
 	}
 }
-
-// TestServerLazyByDefault checks that the server creates large expert
-// grids lazily unless told otherwise, and the default grid at once.
-func TestServerLazyByDefault(t *testing.T) {
-	if lazyByDefault(16, "ffn", defaultHidden) || lazyByDefault(256, "ffn", defaultHidden) {
-		t.Error("the default grid or a 16×16 grid of default experts would be created lazily")
-	}
-	if !lazyByDefault(256, "ffn", 1024) {
-		t.Error("256 experts of hidden 1024 (34 GiB) would be created at start")
-	}
-}

@@ -21,9 +21,10 @@ import (
 type runRole func(ctx context.Context, stdout, stderr io.Writer, f launch.File) error
 
 // roles are the roles a config file may name, by launch role name. The
-// averaging peer runs from its typed config (runPeerRole, which its flags
-// feed too); the others run their command with the flags the config's
-// fields name (see runFlagRole).
+// averaging peer, the pipeline worker, the expert server and the MoE
+// trainer run from their typed configs, which their flags feed too; the
+// others run their command with the flags the config's fields name (see
+// runFlagRole).
 func roles() map[string]runRole {
 	byFlags := func(newCmd func() *cobra.Command) runRole {
 		return func(ctx context.Context, stdout, stderr io.Writer, f launch.File) error {
@@ -34,8 +35,8 @@ func roles() map[string]runRole {
 		launch.RolePeer:       runPeerFile,
 		launch.RoleWorker:     runWorkerFile,
 		launch.RoleDHT:        byFlags(newDHTCmd),
-		launch.RoleServer:     byFlags(newServerCmd),
-		launch.RoleMoETrainer: byFlags(newTrainMoECmd),
+		launch.RoleServer:     runServerFile,
+		launch.RoleMoETrainer: runMoETrainerFile,
 		launch.RolePipeline:   byFlags(newTrainPipelineCmd),
 	}
 }

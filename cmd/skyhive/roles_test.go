@@ -2,17 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/moe/trainer"
 )
 
 // A config file for a role runs that role with the file's fields over the
@@ -35,6 +38,11 @@ func TestRoleFileErrors(t *testing.T) {
 		{`{"role": "peer", "config": {"algo": "wagma"}}`, "--dht is required"},
 		{`{"role": "peer", "config": {"dht": ["` + dht + `"], "shard": "3/2"}}`, "--shard"},
 		{`{"role": "peer", "config": {"dht": ["` + dht + `"], "model": "gpt-mini", "data": "fashion-mnist"}}`, "gpt-mini is a language model"},
+		{`{"role": "server", "config": {"workers": 2}}`, `unknown field "workers"`},
+		{`{"role": "server", "config": {"experts": "ffn.[0:x]", "listen": ["/ip4/127.0.0.1/tcp/0"]}}`, "ffn.[0:x]"},
+		{`{"role": "server", "config": {"status_every": "10ms"}}`, "--status-every"},
+		{`{"role": "train-moe", "config": {"grids": "ffn.4.4"}}`, "--dht is required"},
+		{`{"role": "train-moe", "config": {"dht": ["` + dht + `"], "max_failed_steps": 2}}`, "--max-failed-steps 2"},
 	}
 	for i, c := range cases {
 		var out syncBuffer
@@ -120,7 +128,7 @@ func TestRoleConfigsNameFlags(t *testing.T) {
 		{launch.RolePipeline, newTrainPipelineCmd, []string{"region"}},
 	}
 	kinds := map[string][]string{
-		"string": {"string"}, "[]string": {"stringSlice"}, "bool": {"bool"}, "int": {"int"}, "int64": {"int64", "int"},
+		"string": {"string"}, "[]string": {"stringSlice"}, "bool": {"bool"}, "*bool": {"bool"}, "int": {"int"}, "int64": {"int64", "int"},
 		"uint64": {"uint64"}, "float64": {"float64"}, "launch.Duration": {"duration"},
 	}
 	for _, c := range cases {
@@ -163,5 +171,69 @@ func TestFlagRoleFromFile(t *testing.T) {
 	}
 	if err := runRoleFile(context.Background(), path, &out, &out); err == nil || !strings.Contains(err.Error(), "--join") {
 		t.Errorf("worker with a bad --join: got %v", err)
+	}
+}
+
+// An expert server runs from its config file as `skyhive server` does with
+// the same options: it serves, prints its address and, when stopped, its
+// statistics and the checkpoint it writes.
+func TestServerRoleFromFile(t *testing.T) {
+	dir := t.TempDir()
+	path, ckpt := filepath.Join(dir, "server.json"), filepath.Join(dir, "experts.safetensors")
+	lazy := true
+	if err := launch.Write(path, launch.Server{Net: launch.Net{Listen: []string{"/ip4/127.0.0.1/tcp/0"}},
+		Experts: "ffn.[0:2]", Hidden: 8, Lazy: &lazy, Checkpoint: ckpt}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- runRoleFile(ctx, path, &stdout, &stderr) }()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(stderr.String(), "Ctrl-C to stop"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server is not serving:\n%s\n%s", stdout.String(), stderr.String())
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stdout.String(), "/p2p/") || !strings.Contains(stdout.String(), "0 of 2 experts called") ||
+		!strings.Contains(stderr.String(), "2 ffn experts (hidden 8, created on first use") {
+		t.Fatalf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	}
+	if _, err := os.Stat(ckpt); err != nil {
+		t.Fatalf("no checkpoint: %v", err)
+	}
+}
+
+// A MoE trainer runs from its config file as `skyhive train moe` does: it
+// takes the experts' hidden size from the DHT when the file gives none,
+// trains against the server and prints its result.
+func TestMoETrainerRoleFromFile(t *testing.T) {
+	if !fashionMNISTInstalled() {
+		t.Skip("Fashion-MNIST not installed")
+	}
+	addr, _ := startServer(t, "--experts", "ffn.[0:2].[0:2]", "--hidden", "16")
+	path := filepath.Join(t.TempDir(), "trainer.json")
+	if err := launch.Write(path, launch.MoETrainer{Net: launch.Net{Listen: []string{"/ip4/127.0.0.1/tcp/0"}, DHT: []string{addr}},
+		Output:   launch.Output{JSON: true},
+		Training: launch.Training{Epochs: 1, Limit: 256, Batch: 64},
+		Grids:    "ffn.2.2", KBest: 2, EvalLimit: 100}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var stdout, stderr syncBuffer
+	if err := runRoleFile(ctx, path, &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	var res trainer.Result
+	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil || res.Steps != 4 || res.Failed != 0 || res.TestAccuracy == 0 {
+		t.Fatalf("result %+v (%v):\n%s", res, err, stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "hidden size 16") {
+		t.Fatalf("the model did not take the experts' hidden size:\n%s", stderr.String())
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/tensor"
@@ -261,8 +262,23 @@ func (m *MixtureOfExperts) ForwardCtx(ctx context.Context, x *tensor.Tensor) (*t
 	if n == 0 {
 		return nil, nil, errors.New("moe/client: empty batch")
 	}
-	row := x.Len() / n
 	scores, gst := m.Gate.Forward(nn.Ctx{}, gin)
+	cands := m.cfg.Search.FindBest(ctx, n, m.gridScores(scores, n), m.cfg.KBest, m.isDead)
+	calls, refs := groupCalls(x, cands, m.newExpert)
+	okCalls, errs := m.callExperts(ctx, calls, cands)
+
+	st := &moeState{x: x, gateIn: gin, gateSt: gst, calls: calls, choices: make([][]choice, n), answered: make([]int, n)}
+	y, zero := combine(x, cands, refs, okCalls, st)
+	if zero > 0 && !m.cfg.AllowZeroOutputs {
+		st.err = fmt.Errorf("%w: %d of %d samples: %w", ErrNoExperts, zero, n, callErrors(errs))
+		return y, st, st.err
+	}
+	return y, st, nil
+}
+
+// gridScores splits the gate's scores of n samples into one score vector
+// per grid dimension, as the beam search takes them.
+func (m *MixtureOfExperts) gridScores(scores *tensor.Tensor, n int) [][]float32 {
 	grid := m.cfg.Search.Grid()
 	perDim := make([][]float32, len(grid.Size))
 	off := 0
@@ -273,25 +289,39 @@ func (m *MixtureOfExperts) ForwardCtx(ctx context.Context, x *tensor.Tensor) (*t
 		}
 		off += size
 	}
-	cands := m.cfg.Search.FindBest(ctx, n, perDim, m.cfg.KBest, m.isDead)
+	return perDim
+}
 
-	// Group the samples by expert.
+// newExpert is the remote expert a call of the layer goes to.
+func (m *MixtureOfExperts) newExpert(info moe.ExpertInfo) *RemoteExpert {
+	return &RemoteExpert{UID: info.UID, Peer: info.Peer, Transport: m.cfg.Transport, Codec: m.cfg.Codec}
+}
+
+// callRef is where one candidate expert of a sample is in the calls: the
+// call and the sample's row within it.
+type callRef struct {
+	c   *call
+	pos int
+}
+
+// groupCalls groups the samples of x by expert: one call per expert that
+// any sample chose, holding the rows of the samples that chose it, and for
+// each sample where its candidates' rows are.
+func groupCalls(x *tensor.Tensor, cands [][]Candidate, newExpert func(moe.ExpertInfo) *RemoteExpert) ([]*call, [][]callRef) {
+	n := x.Shape[0]
+	row := x.Len() / n
 	byUID := map[string]*call{}
 	var calls []*call
-	type ref struct {
-		c   *call
-		pos int
-	}
-	refs := make([][]ref, n)
+	refs := make([][]callRef, n)
 	for i, cs := range cands {
 		for _, c := range cs {
 			cl := byUID[c.Info.UID]
 			if cl == nil {
-				cl = &call{expert: &RemoteExpert{UID: c.Info.UID, Peer: c.Info.Peer, Transport: m.cfg.Transport, Codec: m.cfg.Codec}}
+				cl = &call{expert: newExpert(c.Info)}
 				byUID[c.Info.UID] = cl
 				calls = append(calls, cl)
 			}
-			refs[i] = append(refs[i], ref{cl, len(cl.rows)})
+			refs[i] = append(refs[i], callRef{cl, len(cl.rows)})
 			cl.rows = append(cl.rows, i)
 		}
 	}
@@ -302,10 +332,16 @@ func (m *MixtureOfExperts) ForwardCtx(ctx context.Context, x *tensor.Tensor) (*t
 			copy(cl.x.Data[j*row:(j+1)*row], x.Data[i*row:(i+1)*row])
 		}
 	}
+	return calls, refs
+}
 
-	// Call the experts and wait: for all of them, for ForwardTimeout, or
-	// for TimeoutAfterKMin once every sample has KMin answers.
+// callExperts calls the experts and waits: for all of them, for
+// ForwardTimeout, or for TimeoutAfterKMin once every sample has KMin
+// answers. It returns the calls that answered and the errors of those
+// that failed; experts that failed or were too slow are marked dead.
+func (m *MixtureOfExperts) callExperts(ctx context.Context, calls []*call, cands [][]Candidate) (map[*call]bool, []error) {
 	fctx, cancel := context.WithTimeout(ctx, m.cfg.ForwardTimeout)
+	defer cancel()
 	done := make(chan *call, len(calls))
 	for _, cl := range calls {
 		go func() {
@@ -313,11 +349,11 @@ func (m *MixtureOfExperts) ForwardCtx(ctx context.Context, x *tensor.Tensor) (*t
 			done <- cl
 		}()
 	}
-	answered := make([]int, n)
+	answered := make([]int, len(cands))
 	okCalls := map[*call]bool{}
 	need := 0 // samples still below KMin
-	for i := range n {
-		if len(cands[i]) > 0 {
+	for _, cs := range cands {
+		if len(cs) > 0 {
 			need++
 		}
 	}
@@ -373,9 +409,16 @@ wait:
 			m.markDead(cl.err)
 		}
 	}
+	return okCalls, errs
+}
 
-	// Combine: softmax over the answering experts' scores.
-	st := &moeState{x: x, gateIn: gin, gateSt: gst, calls: calls, choices: make([][]choice, n), answered: make([]int, n)}
+// combine is the layer's output: for each sample, the softmax over its
+// answering experts' scores weighting their answers. It records each
+// sample's choices in st and returns how many samples no expert answered
+// (their output rows are zeros).
+func combine(x *tensor.Tensor, cands [][]Candidate, refs [][]callRef, okCalls map[*call]bool, st *moeState) (*tensor.Tensor, int) {
+	n := x.Shape[0]
+	row := x.Len() / n
 	y := tensor.New(x.Shape...)
 	var zero int
 	for i := range n {
@@ -404,11 +447,7 @@ wait:
 		st.choices[i] = ch
 		st.answered[i] = len(ch)
 	}
-	if zero > 0 && !m.cfg.AllowZeroOutputs {
-		st.err = fmt.Errorf("%w: %d of %d samples: %w", ErrNoExperts, zero, n, callErrors(errs))
-		return y, st, st.err
-	}
-	return y, st, nil
+	return y, zero
 }
 
 // BackwardCtx returns the gradient with respect to the input, accumulates

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bytes"
@@ -8,19 +8,17 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/skyhive/skyhive/moe/server"
 )
 
 // TestServerQuietByDefault checks the lines a busy 640-expert server writes
 // in ten minutes at its defaults (a summary every 30 s, a table of the
 // busiest experts on exit, repeated warnings counted): under 100.
 func TestServerQuietByDefault(t *testing.T) {
-	st := server.Stats{UptimeSeconds: 30, LastDeclared: time.Now()}
+	st := Stats{UptimeSeconds: 30, LastDeclared: time.Now()}
 	for i := range 640 {
-		e := server.ExpertStats{UID: fmt.Sprintf("ffn.%d.%d", i/32, i%32), Updates: int64(i)}
-		e.Forward = server.CallStats{Requests: int64(i + 1), Batches: 1, Rows: 4}
-		e.Backward = server.CallStats{Requests: int64(i + 1), Batches: 1, Rows: 4, Errors: int64(i % 3)}
+		e := ExpertStats{UID: fmt.Sprintf("ffn.%d.%d", i/32, i%32), Updates: int64(i)}
+		e.Forward = CallStats{Requests: int64(i + 1), Batches: 1, Rows: 4}
+		e.Backward = CallStats{Requests: int64(i + 1), Batches: 1, Rows: 4, Errors: int64(i % 3)}
 		st.Experts = append(st.Experts, e)
 	}
 	var out bytes.Buffer
@@ -53,5 +51,16 @@ func TestServerQuietByDefault(t *testing.T) {
 	}
 	if n := strings.Count(out.String(), "declare experts"); n != 5 {
 		t.Fatalf("--verbose wrote %d of 5 warnings", n)
+	}
+}
+
+// TestServerLazyByDefault checks that the server creates large expert
+// grids lazily unless told otherwise, and the default grid at once.
+func TestServerLazyByDefault(t *testing.T) {
+	if lazyByDefault(16, "ffn", DefaultHidden) || lazyByDefault(256, "ffn", DefaultHidden) {
+		t.Error("the default grid or a 16×16 grid of default experts would be created lazily")
+	}
+	if !lazyByDefault(256, "ffn", 1024) {
+		t.Error("256 experts of hidden 1024 (34 GiB) would be created at start")
 	}
 }

@@ -1,0 +1,253 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/metrics"
+	"github.com/skyhive/skyhive/moe"
+	"github.com/skyhive/skyhive/node"
+	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/wire"
+)
+
+// DefaultHidden is the experts' hidden size of `skyhive server` and of
+// the MoE trainers without one: small enough that the default grid, or the
+// 256 experts of a 16×16 one, start in a second on a laptop.
+const DefaultHidden = 64
+
+// roleMessageBytes bounds a call's request and response on an expert
+// server's host and a trainer's.
+const roleMessageBytes = 256 << 20
+
+// RoleConfig configures RunRole: an expert server on a node of its own, as
+// `skyhive server` and `skyhive @FILE` run one.
+type RoleConfig struct {
+	// Node is the server's node: its host, the DHT peers it joins (none:
+	// this server starts a DHT), the bound on the records it stores, its
+	// status record's region and period, its metrics endpoint and its
+	// log. RunRole sets the rest: a DHT server answering dial-back checks,
+	// the status role, messages of up to 256 MiB.
+	Node node.Config
+	// Server is the server's options, as the command's flags and a config
+	// file give them (see launch.Server). Its Net and Process are read
+	// only through Node, except Net.MemoryMiB, of which a quarter bounds
+	// the queued requests when QueueMemory is 0.
+	Server launch.Server
+	// Stdout receives the statistics and Stderr the notices (nil:
+	// discarded).
+	Stdout, Stderr io.Writer
+	// Announce, if set, tells where others reach the server once its
+	// host runs, e.g. by printing its addresses.
+	Announce func(ctx context.Context, h *p2p.Host)
+}
+
+// RunRole runs an expert server until ctx ends: it starts the node (host,
+// DHT, metrics), creates the experts and serves them, publishes the status
+// record, prints the experts' statistics every StatsEvery (a summary line,
+// or a line per expert with Verbose, or JSON lines with JSON; appended to
+// the Stats file too), and when ctx ends checkpoints, prints them once more
+// and stops.
+func RunRole(ctx context.Context, cfg RoleConfig) error {
+	s := cfg.Server
+	if cfg.Stdout == nil {
+		cfg.Stdout = io.Discard
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = io.Discard
+	}
+	uids, err := moe.ParseExperts(s.Experts, s.MaxExperts)
+	if err != nil {
+		return err
+	}
+	n, err := startNode(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	lazy := lazyByDefault(len(uids), s.ExpertType, s.Hidden)
+	if s.Lazy != nil {
+		lazy = *s.Lazy
+	}
+	fmt.Fprintf(cfg.Stderr, "expert server hosting %d %s experts (hidden %d, %s)\n", len(uids), s.ExpertType, s.Hidden, expertMemory(len(uids), s.ExpertType, s.Hidden, lazy))
+	if cfg.Announce != nil {
+		cfg.Announce(ctx, n.Host())
+	}
+	if len(n.Seeds()) == 0 {
+		fmt.Fprintln(cfg.Stderr, "no --dht given: this server is the DHT's first node; pass its address to others")
+	}
+	logs := newQuietHandler(slog.NewTextHandler(cfg.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), s.Verbose)
+	defer logs.flush(context.Background())
+	srv, err := NewContext(ctx, Config{
+		Transport: n.Host(), DHT: n.DHT(), Experts: uids, Type: s.ExpertType, Hidden: s.Hidden, Heads: s.Heads,
+		MinBatch: s.MinBatch, MaxBatch: s.MaxBatch, BatchTimeout: time.Duration(s.BatchTimeout), Workers: s.ParallelBatches,
+		LR: s.LR, ClipNorm: s.Clip, StepRows: s.StepRows, MaxSeqLen: s.MaxSeqLen,
+		RequestMemory: s.RequestMemory << 20, QueueMemory: queueMemory(s) << 20, ZeroInit: s.ZeroInit, Seed: s.Seed, Lazy: lazy,
+		Limits:       WireLimits(s.MaxBatch, s.Hidden),
+		DeclareEvery: time.Duration(s.DeclareEvery), CheckpointPath: s.Checkpoint, CheckpointEvery: time.Duration(s.CheckpointEvery),
+		Logger:  slog.New(logs),
+		Metrics: n.Metrics(),
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cfg.Stderr, "serving %s … %s; Ctrl-C to stop\n", uids[0], uids[len(uids)-1])
+	if err := n.StartStatus(func(st *metrics.Status) { serverStatus(st, srv.Stats()) }); err != nil {
+		return errors.Join(err, srv.Close())
+	}
+	return serveStats(ctx, cfg, srv, logs)
+}
+
+// startNode starts the server's node, naming what to check when it cannot
+// join the DHT; ctx ending is returned as is.
+func startNode(ctx context.Context, cfg RoleConfig) (*node.Node, error) {
+	ncfg := cfg.Node
+	if ncfg.Host != nil {
+		h := *ncfg.Host
+		h.MaxMessageBytes = roleMessageBytes
+		ncfg.Host = &h
+	} else {
+		ncfg.Net.MaxMessageBytes = roleMessageBytes
+	}
+	ncfg.DHT.Mode, ncfg.ServeDialback, ncfg.Status.Role = node.DHTServer, true, metrics.RoleServer
+	if ncfg.Log == nil {
+		ncfg.Log = cfg.Stderr
+	}
+	n, err := node.New(ctx, ncfg)
+	switch {
+	case err == nil:
+		return n, nil
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case errors.Is(err, node.ErrJoin):
+		return nil, fmt.Errorf("join DHT: %w (check the --dht address, which must end in /p2p/PEER_ID, and that its peer runs)", err)
+	}
+	return nil, err
+}
+
+// queueMemory is the MiB of request tensors the server queues: the
+// config's, or by default DefaultQueueMemory, at most a quarter of the
+// memory budget.
+func queueMemory(s launch.Server) int64 {
+	if s.QueueMemory != 0 {
+		return s.QueueMemory
+	}
+	q := int64(DefaultQueueMemory >> 20)
+	if b := s.MemoryMiB; b > 0 {
+		q = min(q, max(b/4, 1))
+	}
+	return q
+}
+
+// WireLimits bounds decoded expert messages for batches of maxBatch rows
+// of hidden values.
+func WireLimits(maxBatch, hidden int) wire.Limits {
+	return wire.Limits{MaxElements: min(2*maxBatch*hidden*128, 1<<26), MaxDims: 4, MaxTensors: 4}
+}
+
+// serveStats prints the server's statistics every StatsEvery (and appends
+// them to the Stats file) until ctx ends, then closes srv, which
+// checkpoints, and prints them once more.
+func serveStats(ctx context.Context, cfg RoleConfig, srv *Server, logs *quietHandler) error {
+	s := cfg.Server
+	stats, closeStats, err := openStats(s.Stats)
+	if err != nil {
+		srv.Close()
+		return err
+	}
+	defer closeStats()
+	lines := jsonLines{w: stats}
+	show := func(st Stats, final bool) {
+		lines.write(st)
+		switch {
+		case s.JSON:
+			_ = json.NewEncoder(cfg.Stdout).Encode(st)
+		case s.Verbose:
+			printServerStats(cfg.Stdout, st, len(st.Experts))
+		case final:
+			printServerStats(cfg.Stdout, st, busiestShown)
+		default:
+			printServerSummary(cfg.Stdout, st)
+		}
+		logs.flush(ctx)
+	}
+	var tick <-chan time.Time
+	if every := time.Duration(s.StatsEvery); every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(cfg.Stderr, "stopping: checkpointing and closing")
+			err := srv.Close()
+			show(srv.Stats(), true)
+			if err == nil && lines.err != nil {
+				err = fmt.Errorf("stats: %w", lines.err)
+			}
+			return err
+		case <-tick:
+			show(srv.Stats(), false)
+		}
+	}
+}
+
+// openStats opens a stats file for appending JSON lines; with no path it
+// returns a nil writer and a close that does nothing.
+func openStats(path string) (io.Writer, func() error, error) {
+	if path == "" {
+		return nil, func() error { return nil }, nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, fmt.Errorf("stats: %w", err)
+	}
+	return f, f.Close, nil
+}
+
+// jsonLines writes one JSON object per line to w (nil: nowhere), ignoring
+// writes after the first failed one, whose error it keeps.
+type jsonLines struct {
+	w   io.Writer
+	err error
+}
+
+func (j *jsonLines) write(v any) {
+	if j.w == nil || j.err != nil {
+		return
+	}
+	j.err = json.NewEncoder(j.w).Encode(v)
+}
+
+// lazyMemory is the memory of eagerly created experts above which a
+// server creates them lazily unless told otherwise.
+const lazyMemory = 1 << 30
+
+// expertBytes is the memory of n experts once created: four float32s per
+// parameter (weight, gradient, two AdamW moments).
+func expertBytes(n int, typ string, hidden int) int64 {
+	return int64(n) * ExpertParams(typ, hidden) * 16
+}
+
+// lazyByDefault reports whether n experts would take more than lazyMemory
+// if all were created at start.
+func lazyByDefault(n int, typ string, hidden int) bool {
+	return expertBytes(n, typ, hidden) > lazyMemory
+}
+
+// expertMemory describes the experts' memory for the start-up line.
+func expertMemory(n int, typ string, hidden int, lazy bool) string {
+	mib := float64(expertBytes(n, typ, hidden)) / (1 << 20)
+	if lazy {
+		return fmt.Sprintf("created on first use, up to %.0f MiB", mib)
+	}
+	return fmt.Sprintf("%.0f MiB", mib)
+}

@@ -190,17 +190,19 @@ func allDocCommands(t *testing.T) []docCommand {
 }
 
 // usageBlocks marks every command of a code block as a usage pattern when
-// one of them is: such a block lists a command's forms ("dht get --dht
+// most of them are: such a block lists a command's forms ("dht get --dht
 // MA/p2p/ID KEY" beside "dht [--listen MA,...]"), not steps to run.
 func usageBlocks(cs []docCommand) {
-	usage := map[int]bool{}
+	usage, total := map[int]int{}, map[int]int{}
 	for _, c := range cs {
+		total[c.block]++
 		if c.synopsis {
-			usage[c.block] = true
+			usage[c.block]++
 		}
 	}
 	for i := range cs {
-		cs[i].synopsis = cs[i].synopsis || usage[cs[i].block]
+		b := cs[i].block
+		cs[i].synopsis = cs[i].synopsis || 2*usage[b] > total[b]
 	}
 }
 
@@ -306,6 +308,11 @@ func TestDocCommandExtraction(t *testing.T) {
 	}
 	if _, ok := docCommandText("skyhive       0.8550        0.4327    7.69×"); ok {
 		t.Error("an output line was taken for a command")
+	}
+	block := []docCommand{{block: 1, synopsis: true}, {block: 1}, {block: 1, synopsis: true}, {block: 2, synopsis: true}, {block: 2}, {block: 2}}
+	usageBlocks(block)
+	if !block[1].synopsis || block[4].synopsis || block[5].synopsis {
+		t.Errorf("usage blocks: %+v (block 1 is mostly usage, block 2 mostly examples)", block)
 	}
 	bad := docCommand{args: []string{"train", "pipeline", "--no-such-flag", "3"}}
 	if checkDocCommand(bad) == nil {

@@ -210,6 +210,9 @@ type Host struct {
 	renewing sync.WaitGroup     // the reservation renewal loop
 
 	m *hostMetrics // nil without Config.Metrics
+
+	// calls bounds the calls in flight per peer and protocol.
+	calls streamSlots
 }
 
 var _ Transport = (*Host)(nil)
@@ -512,20 +515,26 @@ func (h *Host) openStream(ctx context.Context, to peer.AddrInfo, proto protocol.
 			return nil, nil, ctxErr(ctx, err)
 		}
 	}
+	free, err := h.calls.acquire(ctx, to.ID, proto)
+	if err != nil {
+		return nil, nil, fmt.Errorf("p2p: waiting for a free stream to %s: %w", to.ID.ShortString(), err)
+	}
 	// Relayed (limited) connections are allowed: behind NATs they may be
 	// all there is, and the relay enforces its own data limits.
 	s, err = h.h.NewStream(network.WithAllowLimitedConn(ctx, "skyhive-rpc"), to.ID, proto)
 	if err != nil {
+		free()
 		return nil, nil, ctxErr(ctx, fmt.Errorf("p2p: open %s to %s: %w", proto, to.ID.ShortString(), err))
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		if err := s.SetDeadline(dl); err != nil {
 			s.Reset()
+			free()
 			return nil, nil, fmt.Errorf("p2p: set deadline: %w", err)
 		}
 	}
 	stop := context.AfterFunc(ctx, func() { s.Reset() })
-	return s, func() { stop() }, nil
+	return s, func() { stop(); free() }, nil
 }
 
 // ctxErr prefers ctx's error: once ctx has ended, whatever broke the stream

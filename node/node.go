@@ -17,15 +17,12 @@
 //
 // Roles on it: the averaging peer (averaging/peer.Run and RunOn, `skyhive
 // peer`), the DHT node (`skyhive dht`) and its short-lived clients
-// (`skyhive dht put` and `get`, `skyhive status`, `skyhive doctor`), and
-// the dashboard (`skyhive dashboard`). The API also fits the roles that
-// still assemble their own: an expert server (`skyhive server`) needs a
-// server-mode DHT and StartStatus once its server runs; a MoE trainer
-// (`skyhive train moe`) a client-mode DHT over its emulated link
-// (Config.DHTTransport) and StartStatus; a pipeline coordinator or worker
-// the host first (Node.Host, as its Transport) and an optional
-// client-mode DHT for its status record (DHTConfig.Optional). Until they
-// move, they publish their records with PublishStatus.
+// (`skyhive dht put` and `get`, `skyhive status`, `skyhive doctor`), the
+// dashboard (`skyhive dashboard`), the expert server (moe/server.RunRole,
+// `skyhive server`), the MoE trainer (moe/trainer.RunRole, `skyhive train
+// moe`), and the pipeline worker and coordinator (pipeline.RunWorkerNode,
+// `skyhive worker`; `skyhive train pipeline`). The local demos (`skyhive
+// demo`) still start their coordinator's host directly.
 package node
 
 import (

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -30,6 +29,7 @@ import (
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/memnet"
+	"github.com/skyhive/skyhive/profile"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/train"
 	"github.com/skyhive/skyhive/wire"
@@ -130,14 +130,10 @@ type SimResult struct {
 	Joined int `json:"joined,omitempty"`
 }
 
-// DrawSlowdowns draws n slowdown factors from U[lo, hi] with a seed.
+// DrawSlowdowns draws n slowdown factors from U[lo, hi] with a seed: the
+// one draw of profile.DrawSlowdowns, on the averaging experiments' stream.
 func DrawSlowdowns(n int, lo, hi float64, seed uint64) []float64 {
-	rng := rand.New(rand.NewPCG(seed, 0x51057))
-	s := make([]float64, n)
-	for i := range s {
-		s[i] = lo + (hi-lo)*rng.Float64()
-	}
-	return s
+	return profile.DrawSlowdowns(n, lo, hi, seed, 0x51057)
 }
 
 // Simulate runs a simulated swarm and returns its curve and throughput.

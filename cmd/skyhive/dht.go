@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
@@ -219,18 +220,18 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 		defer t.Stop()
 		tick = t.C
 	}
-	lines := jsonLines{w: stats}
+	lines := jsonl.Writer{W: stats}
 	start := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			fmt.Fprintln(cmd.ErrOrStderr(), "stopping")
-			if lines.err != nil {
-				return fmt.Errorf("--stats: %w", lines.err)
+			if lines.Err != nil {
+				return fmt.Errorf("--stats: %w", lines.Err)
 			}
 			return nil
 		case now := <-tick:
-			lines.write(map[string]any{"time": now.UTC().Format(time.RFC3339), "uptime_seconds": now.Sub(start).Seconds(),
+			lines.Write(map[string]any{"time": now.UTC().Format(time.RFC3339), "uptime_seconds": now.Sub(start).Seconds(),
 				"peers": len(d.Peers()), "records": d.Records()})
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
@@ -112,28 +112,11 @@ func (o *outputFlags) register(fl *pflag.FlagSet, result, lines string) {
 // openStats opens --stats for appending; it returns a nil writer and a
 // no-op close without --stats.
 func (o *outputFlags) openStats() (io.Writer, func() error, error) {
-	if o.stats == "" {
-		return nil, func() error { return nil }, nil
-	}
-	f, err := os.OpenFile(o.stats, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	w, closeFile, err := jsonl.Open(o.stats)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--stats: %w", err)
 	}
-	return f, f.Close, nil
-}
-
-// jsonLines writes one JSON object per line to w (nil: nowhere), ignoring
-// write errors after the first, which it keeps.
-type jsonLines struct {
-	w   io.Writer
-	err error
-}
-
-func (j *jsonLines) write(v any) {
-	if j.w == nil || j.err != nil {
-		return
-	}
-	j.err = json.NewEncoder(j.w).Encode(v)
+	return w, closeFile, nil
 }
 
 // printJSON prints v as indented JSON.

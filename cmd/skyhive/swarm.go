@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/bench"
+	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/swarm"
 )
 
@@ -91,11 +92,11 @@ func (f *swarmRunFlags) run(cmd *cobra.Command, path string) error {
 	if res == nil {
 		return runErr
 	}
-	(&jsonLines{w: stats}).write(res)
+	(&jsonl.Writer{W: stats}).Write(res)
 	if f.out.json {
-		lines := &jsonLines{w: cmd.OutOrStdout()}
+		lines := &jsonl.Writer{W: cmd.OutOrStdout()}
 		for _, r := range bench.SwarmResults(res) {
-			lines.write(r)
+			lines.Write(r)
 		}
 	} else {
 		printSwarmSummary(cmd.OutOrStdout(), res)

@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"time"
 
+	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/moe"
@@ -157,15 +157,15 @@ func WireLimits(maxBatch, hidden int) wire.Limits {
 // checkpoints, and prints them once more.
 func serveStats(ctx context.Context, cfg RoleConfig, srv *Server, logs *quietHandler) error {
 	s := cfg.Server
-	stats, closeStats, err := openStats(s.Stats)
+	stats, closeStats, err := jsonl.Open(s.Stats)
 	if err != nil {
 		srv.Close()
 		return err
 	}
 	defer closeStats()
-	lines := jsonLines{w: stats}
+	lines := jsonl.Writer{W: stats}
 	show := func(st Stats, final bool) {
-		lines.write(st)
+		lines.Write(st)
 		switch {
 		case s.JSON:
 			_ = json.NewEncoder(cfg.Stdout).Encode(st)
@@ -190,41 +190,14 @@ func serveStats(ctx context.Context, cfg RoleConfig, srv *Server, logs *quietHan
 			fmt.Fprintln(cfg.Stderr, "stopping: checkpointing and closing")
 			err := srv.Close()
 			show(srv.Stats(), true)
-			if err == nil && lines.err != nil {
-				err = fmt.Errorf("stats: %w", lines.err)
+			if err == nil && lines.Err != nil {
+				err = fmt.Errorf("stats: %w", lines.Err)
 			}
 			return err
 		case <-tick:
 			show(srv.Stats(), false)
 		}
 	}
-}
-
-// openStats opens a stats file for appending JSON lines; with no path it
-// returns a nil writer and a close that does nothing.
-func openStats(path string) (io.Writer, func() error, error) {
-	if path == "" {
-		return nil, func() error { return nil }, nil
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, nil, fmt.Errorf("stats: %w", err)
-	}
-	return f, f.Close, nil
-}
-
-// jsonLines writes one JSON object per line to w (nil: nowhere), ignoring
-// writes after the first failed one, whose error it keeps.
-type jsonLines struct {
-	w   io.Writer
-	err error
-}
-
-func (j *jsonLines) write(v any) {
-	if j.w == nil || j.err != nil {
-		return
-	}
-	j.err = json.NewEncoder(j.w).Encode(v)
 }
 
 // lazyMemory is the memory of eagerly created experts above which a

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/moe/client"
 	"github.com/skyhive/skyhive/optim"
@@ -22,7 +23,7 @@ type classifierRun struct {
 	t       *client.Trainer
 	testSet *data.Dataset
 	res     Result
-	lines   jsonLines
+	lines   jsonl.Writer
 	bar     *progress.Bar // the current epoch's
 	// The epoch and its samples at the metrics' last step.
 	tmEpoch   int
@@ -39,12 +40,12 @@ type classifierRun struct {
 func (j *Job) trainClassifier(ctx context.Context, out io.Writer, tr p2p.Transport, getter client.Getter) (Result, error) {
 	c := j.cfg
 	r := &classifierRun{j: j, out: out, testSet: j.data.testSet}
-	stats, closeStats, err := openStats(c.Stats)
+	stats, closeStats, err := jsonl.Open(c.Stats)
 	if err != nil {
 		return r.res, err
 	}
 	defer closeStats()
-	r.lines.w = stats
+	r.lines.W = stats
 	trainSet := j.data.trainSet
 	r.t, err = client.NewTrainer(ctx, client.TrainerConfig{
 		Model: client.ModelConfig{Inputs: 784, Hidden: j.hidden, Classes: 10, Grids: j.grids, CacheTTL: time.Duration(c.DHTCache), Seed: c.Seed,
@@ -77,8 +78,8 @@ func (j *Job) trainClassifier(ctx context.Context, out io.Writer, tr p2p.Transpo
 		OnEpoch:  r.epoch,
 	})
 	r.res.Seconds = time.Since(start).Seconds()
-	if err == nil && r.lines.err != nil {
-		err = fmt.Errorf("stats: %w", r.lines.err)
+	if err == nil && r.lines.Err != nil {
+		err = fmt.Errorf("stats: %w", r.lines.Err)
 	}
 	return r.res, err
 }
@@ -127,7 +128,7 @@ func (r *classifierRun) epoch(ctx context.Context, epoch int, s client.Stats) er
 	r.res.TestAccuracy = acc
 	r.res.Steps += s.Steps
 	r.res.Failed += s.Failed
-	r.lines.write(e)
+	r.lines.Write(e)
 	r.bar = r.newBar(epoch + 1)
 	return nil
 }

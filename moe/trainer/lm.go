@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/moe/client"
 	"github.com/skyhive/skyhive/optim"
@@ -40,12 +41,12 @@ func (j *Job) trainLM(ctx context.Context, out io.Writer, tr p2p.Transport, gett
 	if err != nil {
 		return res, err
 	}
-	stats, closeStats, err := openStats(c.Stats)
+	stats, closeStats, err := jsonl.Open(c.Stats)
 	if err != nil {
 		return res, err
 	}
 	defer closeStats()
-	lines := jsonLines{w: stats}
+	lines := jsonl.Writer{W: stats}
 	opt := optim.NewAdamW(lm.Params(), optim.AdamWConfig{LR: c.LR, WeightDecay: c.WeightDecay, NoDecay: optim.NoDecayVectors})
 	start := time.Now()
 	st, err := client.TrainLM(ctx, lm, opt, sampler, client.LMTrainConfig{
@@ -68,8 +69,8 @@ func (j *Job) trainLM(ctx context.Context, out io.Writer, tr p2p.Transport, gett
 	j.tm.Eval(vl, math.NaN())
 	res.EvalTokens = (len(d.val) - 1) / seq * seq
 	fmt.Fprintln(out)
-	if lines.err != nil {
-		return res, fmt.Errorf("stats: %w", lines.err)
+	if lines.Err != nil {
+		return res, fmt.Errorf("stats: %w", lines.Err)
 	}
 	return res, nil
 }
@@ -77,7 +78,7 @@ func (j *Job) trainLM(ctx context.Context, out io.Writer, tr p2p.Transport, gett
 // lmStepper returns the language model's step callback: it shows the
 // progress bar, reports to the metrics and the status record, and writes
 // a line of stats every tenth of the steps.
-func (j *Job) lmStepper(out io.Writer, steps int64, start time.Time, lines *jsonLines) func(int64, float64, error) {
+func (j *Job) lmStepper(out io.Writer, steps int64, start time.Time, lines *jsonl.Writer) func(int64, float64, error) {
 	batch := j.cfg.Batch
 	bar := progress.New(out, "steps", int(steps))
 	tokens := int64(batch * j.cfg.Seq)
@@ -99,7 +100,7 @@ func (j *Job) lmStepper(out io.Writer, steps int64, start time.Time, lines *json
 			}
 		})
 		if (step+1)%max(steps/10, 1) == 0 {
-			lines.write(Epoch{Steps: step + 1, TrainLoss: sum / float64(max(n, 1)), Seconds: time.Since(start).Seconds()})
+			lines.Write(Epoch{Steps: step + 1, TrainLoss: sum / float64(max(n, 1)), Seconds: time.Since(start).Seconds()})
 			sum, n = 0, 0
 		}
 	}

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -287,31 +286,4 @@ func (j *Job) finish(stdout, log io.Writer, res Result) error {
 		return err
 	}
 	return CheckFailures(log, res, j.cfg.MaxFailedSteps)
-}
-
-// openStats opens a stats file for appending JSON lines; with no path it
-// returns a nil writer and a close that does nothing.
-func openStats(path string) (io.Writer, func() error, error) {
-	if path == "" {
-		return nil, func() error { return nil }, nil
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, nil, fmt.Errorf("stats: %w", err)
-	}
-	return f, f.Close, nil
-}
-
-// jsonLines writes one JSON object per line to w (nil: nowhere), ignoring
-// writes after the first failed one, whose error it keeps.
-type jsonLines struct {
-	w   io.Writer
-	err error
-}
-
-func (l *jsonLines) write(v any) {
-	if l.w == nil || l.err != nil {
-		return
-	}
-	l.err = json.NewEncoder(l.w).Encode(v)
 }

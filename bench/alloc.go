@@ -97,11 +97,10 @@ const (
 	tightLo, tightHi = 0.75, 2.5
 )
 
-func runAlloc(o Options) ([]Result, error) {
+func runAlloc(ctx context.Context, o Options) ([]Result, error) {
 	cases, netCases, seeds := allocCases(o.Quick)
 	strategies := []string{"sky", "optimal", "skyhive"}
 	schedules := []allocSchedule{{"seq", 1}, {fmt.Sprintf("gpipe%d", allocMicro), allocMicro}}
-	ctx := context.Background()
 	strats, err := alloc.Strategies(strategies, 5*time.Second)
 	if err != nil {
 		return nil, err

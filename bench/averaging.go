@@ -40,7 +40,7 @@ type avgCase struct {
 	bws    []float64 // per-peer bandwidth factors; nil = all 1
 }
 
-func runAveraging(o Options) ([]Result, error) {
+func runAveraging(ctx context.Context, o Options) ([]Result, error) {
 	reps := max(o.Reps, 5)
 	cases := []avgCase{{16, 8, wire.CodecNone, nil}, {64, 4, wire.CodecNone, nil}, {256, 2, wire.CodecNone, nil},
 		{64, 4, wire.CodecFP16, nil}, {64, 4, wire.CodecNone, []float64{2, 1, 1, 0.5}}}
@@ -54,14 +54,14 @@ func runAveraging(o Options) ([]Result, error) {
 	}
 	var out []Result
 	for _, c := range cases {
-		rs, err := benchAllReduce(o, c, reps)
+		rs, err := benchAllReduce(ctx, o, c, reps)
 		if err != nil {
 			return out, err
 		}
 		out = append(out, rs...)
 	}
 	for _, p := range peersList {
-		r, err := benchThroughput(o, p, max(o.Reps, tputReps), runFor)
+		r, err := benchThroughput(ctx, o, p, max(o.Reps, tputReps), runFor)
 		if err != nil {
 			return out, err
 		}
@@ -72,7 +72,7 @@ func runAveraging(o Options) ([]Result, error) {
 
 // benchAllReduce times one all-reduce of c.mib MiB among c.n memnet peers
 // whose interfaces are modelled by netem.NICLink.
-func benchAllReduce(o Options, c avgCase, reps int) ([]Result, error) {
+func benchAllReduce(ctx context.Context, o Options, c avgCase, reps int) ([]Result, error) {
 	elems := c.mib << 18
 	link := netem.NewNICLink(avgBandwidth, avgLatency)
 	network := memnet.NewNetwork(memnet.WithLink(link))
@@ -114,7 +114,7 @@ func benchAllReduce(o Options, c avgCase, reps int) ([]Result, error) {
 			var wg sync.WaitGroup
 			errs := make([]error, c.n)
 			for i := range avgs {
-				wg.Go(func() { _, errs[i] = avgs[i].AllReduce(context.Background(), s, vecs[i]) })
+				wg.Go(func() { _, errs[i] = avgs[i].AllReduce(ctx, s, vecs[i]) })
 			}
 			wg.Wait()
 			for _, err := range errs {
@@ -128,7 +128,10 @@ func benchAllReduce(o Options, c avgCase, reps int) ([]Result, error) {
 	o.Logf("averaging: all-reduce %s codec %s", name, c.codec)
 	if c.bws != nil {
 		// Bandwidth-aware split against an even split on the same peers.
-		tw, te := TimeAlternating(reps, 1, allReduce(members), allReduce(equal))
+		tw, te, err := TimeAlternating(ctx, reps, 1, allReduce(members), allReduce(equal))
+		if err != nil {
+			return nil, err
+		}
 		if runErr != nil {
 			return nil, runErr
 		}
@@ -138,7 +141,10 @@ func benchAllReduce(o Options, c avgCase, reps int) ([]Result, error) {
 			Note: "split in proportion to bandwidth vs an even split; ratio < 1 means the weighted split is faster"}
 		return []Result{r.WithBaseline("even_split", e.Median)}, nil
 	}
-	ts, _ := TimeAlternating(reps, 1, allReduce(members), nil)
+	ts, _, err := TimeAlternating(ctx, reps, 1, allReduce(members), nil)
+	if err != nil {
+		return nil, err
+	}
 	if runErr != nil {
 		return nil, runErr
 	}
@@ -156,7 +162,7 @@ func benchAllReduce(o Options, c avgCase, reps int) ([]Result, error) {
 
 // benchThroughput compares WAGMA with all-reduce SGD in local steps per
 // second per peer, alternating runs.
-func benchThroughput(o Options, peers, reps int, runFor time.Duration) (Result, error) {
+func benchThroughput(ctx context.Context, o Options, peers, reps int, runFor time.Duration) (Result, error) {
 	ds, err := data.GaussianBlobs(peers*64, data.ImageSize, data.NumClasses, 11)
 	if err != nil {
 		return Result{}, err
@@ -172,7 +178,7 @@ func benchThroughput(o Options, peers, reps int, runFor time.Duration) (Result, 
 				Batch: 32, LR: 0.01, Momentum: 0.9, Slowdowns: slow, BaseStep: baseStep,
 				Bandwidth: avgBandwidth, Latency: avgLatency, Timeout: avgTimeout, Duration: runFor, Seed: 1,
 				Metrics: o.registerer()}
-			res, err := sim.Simulate(context.Background(), cfg)
+			res, err := sim.Simulate(ctx, cfg)
 			if err != nil && runErr == nil {
 				runErr = err
 			}
@@ -181,7 +187,9 @@ func benchThroughput(o Options, peers, reps int, runFor time.Duration) (Result, 
 	}
 	var wag, ar []float64
 	o.Logf("averaging: throughput with %d peers", peers)
-	TimeAlternating(reps, 0, measure(optimizer.WAGMA, &wag), measure(optimizer.AllReduce, &ar))
+	if _, _, err := TimeAlternating(ctx, reps, 0, measure(optimizer.WAGMA, &wag), measure(optimizer.AllReduce, &ar)); err != nil {
+		return Result{}, err
+	}
 	if runErr != nil {
 		return Result{}, runErr
 	}

@@ -5,6 +5,7 @@
 package bench
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -75,15 +76,22 @@ type Stats = stats.Summary[float64]
 func Summarize(xs []float64) Stats { return stats.Summarize(xs) }
 
 // TimeAlternating runs warm-up calls of a and b, then reps alternating
-// measurements A B A B…, and returns the durations of each in seconds.
-func TimeAlternating(reps, warmup int, a, b func()) (ta, tb []float64) {
+// measurements A B A B…, and returns the durations of each in seconds. It
+// stops between calls, with ctx's error, once ctx is cancelled.
+func TimeAlternating(ctx context.Context, reps, warmup int, a, b func()) (ta, tb []float64, err error) {
 	for i := 0; i < warmup; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
 		a()
 		if b != nil {
 			b()
 		}
 	}
 	for i := 0; i < reps; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
 		t0 := time.Now()
 		a()
 		ta = append(ta, time.Since(t0).Seconds())
@@ -93,7 +101,7 @@ func TimeAlternating(reps, warmup int, a, b func()) (ta, tb []float64) {
 			tb = append(tb, time.Since(t0).Seconds())
 		}
 	}
-	return ta, tb
+	return ta, tb, nil
 }
 
 // WriteJSON writes one JSON object per line.
@@ -129,5 +137,7 @@ func WriteTable(w io.Writer, rs []Result) error {
 type Suite struct {
 	Name  string
 	Short string
-	Run   func(o Options) ([]Result, error)
+	// Run measures the suite; it stops early, with ctx's error, when ctx
+	// is cancelled.
+	Run func(ctx context.Context, o Options) ([]Result, error)
 }

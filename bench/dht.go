@@ -130,12 +130,12 @@ func parallelDo(n int, f func(i int)) {
 	wg.Wait()
 }
 
-func runDHT(o Options) ([]Result, error) {
+func runDHT(ctx context.Context, o Options) ([]Result, error) {
 	n := 1000
 	if o.Quick {
 		n = 100
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(42, uint64(n)))
 

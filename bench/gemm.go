@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -34,7 +35,7 @@ type gemmShape struct {
 	m, n, k int
 }
 
-func runGemm(o Options) ([]Result, error) {
+func runGemm(ctx context.Context, o Options) ([]Result, error) {
 	reps := max(o.Reps, 5)
 	shapes := []gemmShape{
 		{"256", 256, 256, 256},
@@ -74,8 +75,14 @@ func runGemm(o Options) ([]Result, error) {
 			gonum.Sgemm(blas.NoTrans, blas.NoTrans, s.m, s.n, s.k, 1, a, s.k, b, s.n, 0, cGonum, s.n)
 		}
 
-		tMain, _ := TimeAlternating(reps, 2, runMain, nil)
-		tGo, tGonum := TimeAlternating(reps, 1, runGo, runGonum)
+		tMain, _, err := TimeAlternating(ctx, reps, 2, runMain, nil)
+		if err != nil {
+			return nil, err
+		}
+		tGo, tGonum, err := TimeAlternating(ctx, reps, 1, runGo, runGonum)
+		if err != nil {
+			return nil, err
+		}
 
 		// The three results must agree, or the speeds mean nothing.
 		if d := maxRelDiff(cGo, cGonum); d > 1e-3 {

@@ -58,12 +58,12 @@ func hostileSuite() Suite {
 		Name: "hostile",
 		Short: "honest throughput of an expert server (FFN hidden 1024, batch 64) and of a 4-peer averaging group over libp2p loopback " +
 			"while a hostile peer floods them at 400 requests/s, vs no attack and vs the same flood aimed at a decoy peer",
-		Run: func(o Options) ([]Result, error) { return runHostile(o, hostileDefaults(o)) },
+		Run: func(ctx context.Context, o Options) ([]Result, error) { return runHostile(ctx, o, hostileDefaults(o)) },
 	}
 }
 
-func runHostile(o Options, c hostileConfig) ([]Result, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+func runHostile(ctx context.Context, o Options, c hostileConfig) ([]Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	var closers []*p2p.Host
 	defer func() {

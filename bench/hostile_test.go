@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +15,7 @@ import (
 func TestHostileQuick(t *testing.T) {
 	c := hostileConfig{Hidden: 32, Batch: 8, MaxBatch: 64, Members: 3, VecLen: 4096,
 		Identities: 2, MaxInflight: 16, Rate: 200, Rounds: 1, Phase: 400 * time.Millisecond, Settle: 100 * time.Millisecond}
-	rs, err := runHostile(Options{Quick: true}, c)
+	rs, err := runHostile(context.Background(), Options{Quick: true}, c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 
@@ -73,7 +74,7 @@ func (r *layerGemmRef) run() {
 	}
 }
 
-func runLayers(o Options) ([]Result, error) {
+func runLayers(ctx context.Context, o Options) ([]Result, error) {
 	cfg := nn.BERTLarge()
 	batch := 8
 	if o.Quick {
@@ -92,7 +93,7 @@ func runLayers(o Options) ([]Result, error) {
 	tensor.FillNormal(x.Data, rng, 0, 1)
 	dy := tensor.New(in...)
 	tensor.FillNormal(dy.Data, rng, 0, 1)
-	ctx := nn.Ctx{Train: true}
+	fwd := nn.Ctx{Train: true}
 
 	rows := batch * cfg.Seq
 	var shapes []layerGemm
@@ -104,13 +105,16 @@ func runLayers(o Options) ([]Result, error) {
 	ref := newLayerGemmRef(shapes, rng)
 
 	step := func() {
-		y, st := layer.Forward(ctx, x)
+		y, st := layer.Forward(fwd, x)
 		_ = y
 		layer.Backward(st, dy)
 	}
 	o.Logf("layers: BERT-large layer, batch %d, seq %d: %.1f GFLOP per step, %d reps, GEMM backend %s",
 		batch, cfg.Seq, cost.TotalFLOPs()/1e9, reps, tensor.Backend())
-	tl, tg := TimeAlternating(reps, 1, step, ref.run)
+	tl, tg, err := TimeAlternating(ctx, reps, 1, step, ref.run)
+	if err != nil {
+		return nil, err
+	}
 	ls, gs := Summarize(tl), Summarize(tg)
 	gemmRate := ref.flops / gs.Median // FLOP/s
 	bound := cost.TotalFLOPs() / gemmRate

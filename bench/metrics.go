@@ -259,7 +259,7 @@ func (s *Scraper) Stop() ScrapeStats {
 // RunWithMetrics runs s with a fresh metrics registry in o.Metrics, served
 // on addr and scraped every second while the suite runs; it logs where
 // the metrics are and, at the end, what the scrapes saw.
-func RunWithMetrics(s Suite, o Options, addr string) ([]Result, error) {
+func RunWithMetrics(ctx context.Context, s Suite, o Options, addr string) ([]Result, error) {
 	reg := metrics.NewRegistry()
 	sc, err := StartScraper(addr, reg, time.Second)
 	if err != nil {
@@ -267,7 +267,7 @@ func RunWithMetrics(s Suite, o Options, addr string) ([]Result, error) {
 	}
 	o.Logf("bench %s: metrics on %s, scraped every second", s.Name, sc.URL())
 	o.Metrics = reg.Registerer()
-	rs, err := s.Run(o)
+	rs, err := s.Run(ctx, o)
 	st := sc.Stop()
 	o.Logf("bench %s: metrics: %s", s.Name, st)
 	return rs, err

@@ -39,8 +39,8 @@ func moeSuite() Suite {
 	}
 }
 
-func runMoE(o Options) ([]Result, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+func runMoE(ctx context.Context, o Options) ([]Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	var rs []Result
 	r1, err := moeRemoteVsLocal(ctx, o)
@@ -96,20 +96,23 @@ func moeRemoteVsLocal(ctx context.Context, o Options) ([]Result, error) {
 		tensor.FillNormal(dy.Data, rand.New(rand.NewPCG(uint64(b), 2)), 0, 0.01)
 		var callErr error
 		// Forward only.
-		tr, tl := TimeAlternating(reps, 2, func() {
+		tr, tl, err := TimeAlternating(ctx, reps, 2, func() {
 			if _, _, err := remote.Forward(ctx, x); err != nil && callErr == nil {
 				callErr = err
 			}
 		}, func() {
 			local.Forward(nn.Ctx{}, x)
 		})
+		if err != nil {
+			return nil, err
+		}
 		if callErr != nil {
 			return nil, fmt.Errorf("moe bench: remote forward: %w", callErr)
 		}
 		rs = append(rs, tputResult("remote-ffn-forward", b, hidden, tr, tl))
 		// Forward then backward (the server recomputes the forward pass and
 		// applies AdamW; the local reference does the same work).
-		tr, tl = TimeAlternating(reps, 1, func() {
+		tr, tl, err = TimeAlternating(ctx, reps, 1, func() {
 			_, st, err := remote.Forward(ctx, x)
 			if err == nil {
 				_, err = remote.Backward(ctx, st, dy)
@@ -124,6 +127,9 @@ func moeRemoteVsLocal(ctx context.Context, o Options) ([]Result, error) {
 			local.Backward(st, dy)
 			opt.Step()
 		})
+		if err != nil {
+			return nil, err
+		}
 		if callErr != nil {
 			return nil, fmt.Errorf("moe bench: remote backward: %w", callErr)
 		}
@@ -314,7 +320,10 @@ func moeDMoE(ctx context.Context, sw *sim.Swarm, grids []moe.Grid, reps int, win
 		})
 	}
 	var out []float64
-	time.Sleep(2 * window) // warm-up: fills the DHT caches and the pipeline
+	select { // warm-up: fills the DHT caches and the pipeline
+	case <-time.After(2 * window):
+	case <-ctx.Done():
+	}
 	for range reps {
 		n0, t0 := done.Load(), time.Now()
 		select {

@@ -62,7 +62,7 @@ type pipeGeometry struct {
 	regions               []string // per worker; nil: one region, no emulation
 }
 
-func runPipeline(o Options) ([]Result, error) {
+func runPipeline(ctx context.Context, o Options) ([]Result, error) {
 	// The multi-region case uses GPipe: 1F1B keeps at most S−k
 	// micro-batches in flight on stage k, so across a 200 ms round trip
 	// its stages stall waiting for gradients; GPipe sends every forward
@@ -84,7 +84,7 @@ func runPipeline(o Options) ([]Result, error) {
 	for i := range mr.workers {
 		mr.regions = append(mr.regions, []string{"eu", "us"}[i%2])
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	bin, err := skyhiveBinary()
 	if err != nil {
@@ -100,7 +100,7 @@ func runPipeline(o Options) ([]Result, error) {
 		return out, nil
 	}
 	t0 = time.Now()
-	mctx, mcancel := context.WithTimeout(context.Background(), mrTimeout)
+	mctx, mcancel := context.WithTimeout(ctx, mrTimeout)
 	defer mcancel()
 	more, err := pipeCase(mctx, o, bin, mr, false)
 	if err != nil {

@@ -32,7 +32,7 @@ const (
 	rpcTensor = "/skyhive/bench/tensor/1.0.0"
 )
 
-func runRPC(o Options) ([]Result, error) {
+func runRPC(ctx context.Context, o Options) ([]Result, error) {
 	reps := max(o.Reps, 5)
 	sizes := []int{4 << 20, 16 << 20, 64 << 20}
 	calls := 300 // round trips per latency measurement
@@ -53,7 +53,7 @@ func runRPC(o Options) ([]Result, error) {
 
 	var out []Result
 	for _, transport := range []string{"tcp", "quic"} {
-		rs, err := rpcTransport(o, transport, reps, calls, sizes, rc)
+		rs, err := rpcTransport(ctx, o, transport, reps, calls, sizes, rc)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", transport, err)
 		}
@@ -62,14 +62,13 @@ func runRPC(o Options) ([]Result, error) {
 	return out, nil
 }
 
-func rpcTransport(o Options, transport string, reps, calls int, sizes []int, rc net.Conn) ([]Result, error) {
+func rpcTransport(ctx context.Context, o Options, transport string, reps, calls int, sizes []int, rc net.Conn) ([]Result, error) {
 	listen := "/ip4/127.0.0.1/tcp/0"
 	label := "tcp+tls"
 	if transport == "quic" {
 		listen = "/ip4/127.0.0.1/udp/0/quic-v1"
 		label = "quic"
 	}
-	ctx := context.Background()
 	reg := o.registerer()
 	a, err := p2p.New(ctx, p2p.Config{ListenAddrs: []string{listen}, Metrics: reg})
 	if err != nil {
@@ -151,7 +150,10 @@ func (r *rpcRun) latency() (Result, error) {
 		}
 	}
 	r.o.Logf("rpc: %s latency, %d reps of %d calls", r.label, r.reps, r.calls)
-	ta, tb := TimeAlternating(r.reps, 1, p2pLat, rawLat)
+	ta, tb, err := TimeAlternating(r.ctx, r.reps, 1, p2pLat, rawLat)
+	if err != nil {
+		return Result{}, err
+	}
 	if r.failure != nil {
 		return Result{}, r.failure
 	}
@@ -186,7 +188,10 @@ func (r *rpcRun) throughput(size int) (Result, error) {
 	}
 	rawSend := func() { r.fail(rawStream(r.rc, x)) }
 	r.o.Logf("rpc: %s stream %d MiB, %d reps", r.label, size>>20, r.reps)
-	ta, tb := TimeAlternating(r.reps, 1, p2pSend, rawSend)
+	ta, tb, err := TimeAlternating(r.ctx, r.reps, 1, p2pSend, rawSend)
+	if err != nil {
+		return Result{}, err
+	}
 	if r.failure != nil {
 		return Result{}, r.failure
 	}

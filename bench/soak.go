@@ -35,7 +35,7 @@ func CheckSoakDuration(d time.Duration) error {
 	return nil
 }
 
-func runSoak(o Options) ([]Result, error) {
+func runSoak(ctx context.Context, o Options) ([]Result, error) {
 	d := o.Duration
 	if d <= 0 {
 		d = 10 * time.Minute
@@ -57,11 +57,14 @@ func runSoak(o Options) ([]Result, error) {
 	o.Logf("soak: %d peers for %v, logs and stats in %s", SoakPeers, d, dir)
 	pc := launch.Peer{Algo: "wagma", Model: "mlp-small", Duration: launch.Duration(d), Quiet: true,
 		StatsEvery: launch.Duration(10 * time.Second), EvalExamples: 2000}
-	res, err := peer.Launch(context.Background(), peer.LaunchConfig{
+	res, err := peer.Launch(ctx, peer.LaunchConfig{
 		Exe: exe, Peers: SoakPeers, Peer: pc, Dir: dir, Duration: d, Log: o.Log,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("soak: %w", err)
 	}
 	return AnalyzeSoak(dir, SoakPeers, d, res)
 }

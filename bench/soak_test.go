@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"strings"
@@ -54,7 +55,7 @@ func TestAnalyzeSoak(t *testing.T) {
 // is refused before any peer starts.
 func TestSoakTooShortRefusedFirst(t *testing.T) {
 	start := time.Now()
-	_, err := runSoak(Options{Duration: time.Minute})
+	_, err := runSoak(context.Background(), Options{Duration: time.Minute})
 	if err == nil || !strings.Contains(err.Error(), "a soak of 1m0s is too short") {
 		t.Fatalf("a 1-minute soak: %v, want it refused as too short", err)
 	}

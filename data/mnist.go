@@ -3,6 +3,7 @@ package data
 import (
 	"bufio"
 	"compress/gzip"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -93,20 +94,27 @@ type LoadOptions struct {
 // labels in [0,10). Errors name the offending file and, when a file is
 // missing or corrupt, say how to install the dataset.
 func LoadFashionMNIST(dir string, set Set, opt LoadOptions) (*Dataset, error) {
+	return LoadFashionMNISTContext(context.Background(), dir, set, opt)
+}
+
+// LoadFashionMNISTContext is LoadFashionMNIST that stops reading, with
+// ctx's error, once ctx is cancelled (decoding the training split takes
+// about a second).
+func LoadFashionMNISTContext(ctx context.Context, dir string, set Set, opt LoadOptions) (*Dataset, error) {
 	if set != Train && set != Test {
 		return nil, fmt.Errorf("data: unknown Fashion-MNIST split %v", set)
 	}
 	if dir == "" {
 		dir = DefaultDir
 	}
-	images, imgPath, err := readIDXFile(filepath.Join(dir, set.String()+"-images-idx3-ubyte"), maxMNISTItems*ImageSize)
+	images, imgPath, err := readIDXFile(ctx, filepath.Join(dir, set.String()+"-images-idx3-ubyte"), maxMNISTItems*ImageSize)
 	if err != nil {
 		return nil, err
 	}
 	if len(images.Dims) != 3 || images.Dims[1] != ImageSide || images.Dims[2] != ImageSide {
 		return nil, fileError(imgPath, fmt.Errorf("%w: image dimensions %v, want [N %d %d]", ErrIDXFormat, images.Dims, ImageSide, ImageSide))
 	}
-	labels, lblPath, err := readIDXFile(filepath.Join(dir, set.String()+"-labels-idx1-ubyte"), maxMNISTItems)
+	labels, lblPath, err := readIDXFile(ctx, filepath.Join(dir, set.String()+"-labels-idx1-ubyte"), maxMNISTItems)
 	if err != nil {
 		return nil, err
 	}
@@ -157,8 +165,9 @@ func LoadFashionMNIST(dir string, set Set, opt LoadOptions) (*Dataset, error) {
 }
 
 // readIDXFile opens base+".gz" (gunzipping it) or, if that does not exist,
-// base itself, and decodes it. It returns the path it read.
-func readIDXFile(base string, maxElems int) (*IDX, string, error) {
+// base itself, and decodes it, until ctx is cancelled. It returns the path
+// it read.
+func readIDXFile(ctx context.Context, base string, maxElems int) (*IDX, string, error) {
 	path := base + ".gz"
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -184,7 +193,7 @@ func readIDXFile(base string, maxElems int) (*IDX, string, error) {
 			bound = gzipSizeBound(f, st.Size())
 		}
 	}
-	var r io.Reader = bufio.NewReaderSize(f, 1<<16)
+	var r io.Reader = bufio.NewReaderSize(ctxReader{ctx, f}, 1<<16)
 	if path != base {
 		zr, err := gzip.NewReader(r)
 		if err != nil {
@@ -198,6 +207,19 @@ func readIDXFile(base string, maxElems int) (*IDX, string, error) {
 		return nil, path, fileError(path, err)
 	}
 	return idx, path, nil
+}
+
+// ctxReader reads r until ctx is cancelled, then fails with ctx's error.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // gzipSizeBound returns the uncompressed size recorded in the trailer of the

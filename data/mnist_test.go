@@ -3,6 +3,7 @@ package data
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io/fs"
@@ -97,6 +98,23 @@ func TestLoadSmall(t *testing.T) {
 		want := (float32(20)/255 - PixelMean) / PixelStd
 		if got := s.X.Data[2*ImageSize]; math.Abs(float64(got-want)) > 1e-6 {
 			t.Errorf("standardized pixel %v, want %v", got, want)
+		}
+	}
+}
+
+// TestLoadCancelled checks that a cancelled context stops the load with the
+// context's error, for compressed and raw files.
+func TestLoadCancelled(t *testing.T) {
+	for _, gz := range []bool{true, false} {
+		dir := t.TempDir()
+		writeSet(t, dir, Test, 5, gz)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := LoadFashionMNISTContext(ctx, dir, Test, LoadOptions{}); !errors.Is(err, context.Canceled) {
+			t.Errorf("gz=%v: %v, want context.Canceled", gz, err)
+		}
+		if _, err := LoadFashionMNISTContext(context.Background(), dir, Test, LoadOptions{}); err != nil {
+			t.Errorf("gz=%v: %v", gz, err)
 		}
 	}
 }

@@ -426,7 +426,7 @@ func (c *Config) nodeConfig() node.Config {
 func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 	start := time.Now()
 	res := Result{Algo: string(cfg.Algo)}
-	su, err := newSetup(cfg)
+	su, err := newSetup(ctx, cfg)
 	if err != nil {
 		return res, err
 	}

@@ -57,15 +57,15 @@ func isLM(spec string) bool { return train.IsLanguageModel(spec) }
 
 // newSetup loads the data and builds the model and the optimizer of cfg;
 // the task draws no batch before its seed is set.
-func newSetup(cfg Config) (*setup, error) {
+func newSetup(ctx context.Context, cfg Config) (*setup, error) {
 	if isLM(cfg.Model) {
 		return newLMSetup(cfg)
 	}
-	trainSet, err := data.LoadFashionMNIST(cfg.DataDir, data.Train, data.LoadOptions{Standardize: true, Limit: cfg.Limit})
+	trainSet, err := data.LoadFashionMNISTContext(ctx, cfg.DataDir, data.Train, data.LoadOptions{Standardize: true, Limit: cfg.Limit})
 	if err != nil {
 		return nil, err
 	}
-	testSet, err := data.LoadFashionMNIST(cfg.DataDir, data.Test, data.LoadOptions{Standardize: true, Limit: cfg.EvalExamples})
+	testSet, err := data.LoadFashionMNISTContext(ctx, cfg.DataDir, data.Test, data.LoadOptions{Standardize: true, Limit: cfg.EvalExamples})
 	if err != nil {
 		return nil, err
 	}

@@ -44,9 +44,9 @@ func newBenchCmd() *cobra.Command {
 				var rs []bench.Result
 				var err error
 				if metricsAddr != "" {
-					rs, err = bench.RunWithMetrics(s, opts, metricsAddr)
+					rs, err = bench.RunWithMetrics(cmd.Context(), s, opts, metricsAddr)
 				} else {
-					rs, err = s.Run(opts)
+					rs, err = s.Run(cmd.Context(), opts)
 				}
 				if err != nil {
 					return fmt.Errorf("bench %s: %w", s.Name, err)

@@ -21,8 +21,15 @@ const stopBound = 2 * time.Second
 
 // startAndStop starts the binary as `skyhive args...`, waits until its
 // output contains ready, sends SIGTERM and returns how long it took to
-// exit, its output and its error.
+// exit, its output (stdout and stderr together) and its error.
 func startAndStop(t *testing.T, ready string, args ...string) (time.Duration, string, error) {
+	t.Helper()
+	return startAndStopAfter(t, ready, 0, args...)
+}
+
+// startAndStopAfter is startAndStop that lets the command work for settle
+// after it printed ready.
+func startAndStopAfter(t *testing.T, ready string, settle time.Duration, args ...string) (time.Duration, string, error) {
 	t.Helper()
 	seen := make(chan struct{})
 	w := &watchWriter{want: ready, seen: seen}
@@ -34,13 +41,19 @@ func startAndStop(t *testing.T, ready string, args ...string) (time.Duration, st
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%v printed no %q in 30s:\n%s", args, ready, tail(p.stderr.String()))
 	}
+	select {
+	case <-time.After(settle):
+	case <-p.done:
+		t.Fatalf("%v exited %v after %q: %v\n%s", args, settle, ready, p.err, tail(w.String()))
+	}
 	sent := time.Now()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-p.done:
-		return time.Since(sent), p.stderr.String(), p.err
+		took := time.Since(sent)
+		return took, w.String(), p.err
 	case <-time.After(stopBound + 10*time.Second):
 		t.Fatalf("%v still running %v after SIGTERM:\n%s", args, stopBound+10*time.Second, tail(p.stderr.String()))
 		return 0, "", nil
@@ -54,6 +67,13 @@ type watchWriter struct {
 	want string
 	seen chan struct{}
 	done bool
+}
+
+// String returns what was written so far.
+func (w *watchWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }
 
 func (w *watchWriter) Write(p []byte) (int, error) {

@@ -176,6 +176,23 @@ func TestSwarmRunKilledLeavesNothing(t *testing.T) {
 	requireNothingRunning(t, peers)
 }
 
+// TestSwarmRunStopsOnSignal sends SIGTERM to `swarm run` while its peers
+// train: it stops them and exits within stopBound, leaving nothing running.
+func TestSwarmRunStopsOnSignal(t *testing.T) {
+	dir := t.TempDir()
+	spec := writeSpec(t, dir, `{
+  "name": "long",
+  "isolation": "processes",
+  "devices": [
+    {"name": "dht", "count": 1, "role": "dht"},
+    {"name": "peer", "count": 2, "role": "peer", "config": {"algo": "local", "duration": "5m", "batch": 32}}
+  ]
+}`)
+	peers := filepath.Join(dir, "peers")
+	signalled(t, "2 of 2 training peers running", 5*time.Second, "swarm", "run", spec, "--dir", peers)
+	requireNothingRunning(t, peers)
+}
+
 // A closed swarm (the runner makes a secret and gives it to every member)
 // refuses a stranger: the stranger fails to join with an error saying the
 // swarm is closed, the members train, and the run succeeds.

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/skyhive/skyhive/bench"
 	"github.com/spf13/cobra"
@@ -41,13 +43,7 @@ func newBenchCmd() *cobra.Command {
 			}
 			opts.Log = os.Stderr
 			for _, s := range suites {
-				var rs []bench.Result
-				var err error
-				if metricsAddr != "" {
-					rs, err = bench.RunWithMetrics(cmd.Context(), s, opts, metricsAddr)
-				} else {
-					rs, err = s.Run(cmd.Context(), opts)
-				}
+				rs, err := runSuite(cmd.Context(), s, opts, metricsAddr)
 				if err != nil {
 					return fmt.Errorf("bench %s: %w", s.Name, err)
 				}
@@ -69,6 +65,44 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&opts.Duration, "duration", 0, "run length of timed suites (soak; 0: the suite's default)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "give the suite's components Prometheus metrics, serve them on http://ADDR/metrics and scrape them every second (e.g. 127.0.0.1:0), to measure their cost")
 	return cmd
+}
+
+// benchStopGrace is how long an interrupted suite may take to return
+// before the command stops without it: a suite stops between
+// measurements, and one measurement (a BERT-large layer step in the layers
+// suite) can take seconds.
+const benchStopGrace = time.Second
+
+// runSuite runs s, with metrics served on metricsAddr if it is set. Once
+// ctx is cancelled it waits at most benchStopGrace for the suite, which
+// writes nothing but its results, and then returns ctx's error: the
+// command exits, taking the unfinished measurement with it.
+func runSuite(ctx context.Context, s bench.Suite, opts bench.Options, metricsAddr string) ([]bench.Result, error) {
+	type result struct {
+		rs  []bench.Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		if metricsAddr != "" {
+			r.rs, r.err = bench.RunWithMetrics(ctx, s, opts, metricsAddr)
+		} else {
+			r.rs, r.err = s.Run(ctx, opts)
+		}
+		done <- r
+	}()
+	select {
+	case r := <-done:
+		return r.rs, r.err
+	case <-ctx.Done():
+	}
+	select {
+	case r := <-done:
+		return r.rs, r.err
+	case <-time.After(benchStopGrace):
+		return nil, ctx.Err()
+	}
 }
 
 func suiteList() string {

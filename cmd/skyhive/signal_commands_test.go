@@ -55,6 +55,7 @@ func TestSignalStopsLongRunningCommands(t *testing.T) {
 		{"train averaging", "5s: ", 0, []string{"train", "averaging", "--peers", "2", "--duration", "5m"}},
 		{"demo moe", "training a DMoE classifier", 2 * time.Second, []string{"demo", "moe"}},
 		{"bench", "gemm 256:", 0, []string{"bench", "gemm"}},
+		{"bench layers", "BERT-large layer", 2 * time.Second, []string{"bench", "layers"}}, // seconds per measurement
 		{"bench soak", "5s: peer0", 0, []string{"bench", "soak", "--duration", "5m"}},
 		{"experiment", "reachable at", 5 * time.Second, []string{"experiment", "sky-computing", "--quick", "--out", t.TempDir()}},
 	}

@@ -17,9 +17,7 @@ import (
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/averaging/peer"
 	"github.com/skyhive/skyhive/data"
-	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/launch"
-	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/train"
@@ -233,27 +231,6 @@ func peerDefaults() (launch.Peer, error) {
 	return f.config(fl)
 }
 
-// peerConfig turns a peer's typed config into peer.Config: its network
-// options parsed here, the rest by peer.ConfigFrom. The writers, hooks
-// and metrics are left to the caller.
-func peerConfig(l launch.Peer) (peer.Config, error) {
-	net := connectFlagsOf(l.Net)
-	seeds, err := net.seeds()
-	if err != nil {
-		return peer.Config{}, err
-	}
-	host, err := net.config()
-	if err != nil {
-		return peer.Config{}, err
-	}
-	if len(seeds) == 0 {
-		return peer.Config{}, fmt.Errorf("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
-	}
-	c, err := peer.ConfigFrom(l)
-	c.Host, c.DHT, c.DHTMaxBytes = host, seeds, net.dhtMaxBytes()
-	return c, err
-}
-
 // toConfig is a flag's value as a config field where a zero field takes the
 // default: the flag's 0 becomes negative.
 func toConfig(v float64) float64 {
@@ -263,67 +240,36 @@ func toConfig(v float64) float64 {
 	return v
 }
 
-// runPeerRole runs an averaging peer with its typed config, from the flags
-// of `skyhive peer` or from a config file (`skyhive @FILE`), printing its
-// result on stdout and its notices on stderr.
+// runPeerRole runs an averaging peer (peer.RunRole) with its typed config,
+// from the flags of `skyhive peer` or from a config file: its result on
+// stdout, its progress and notices on stderr.
 func runPeerRole(ctx context.Context, stdout, stderr io.Writer, l launch.Peer) error {
-	c, err := peerConfig(l)
+	host, err := roleHost(l.Net, l.Process)
 	if err != nil {
 		return err
 	}
-	if !l.Quiet {
-		c.Progress = stderr
+	if len(l.DHT) == 0 {
+		return errors.New("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
 	}
-	c.Log = stderr
-	c.Reach = func(r p2p.Reach) { printReach(stderr, r) }
-	status := statusFlags{region: l.Region, every: max(time.Duration(l.StatusEvery), 0)}
-	if err := status.check(); err != nil {
+	c, err := peer.FromLaunch(l, host)
+	if err != nil {
 		return err
 	}
-	if status.every > 0 {
-		c.Status = func(ctx context.Context, h *p2p.Host, node *dht.Node, live func() peer.Live) {
-			stop := status.start(ctx, stderr, h, node, metrics.RolePeer, func(s *metrics.Status) {
-				peerStatus(s, live(), c.RunID, string(c.Algo))
-			})
-			<-ctx.Done()
-			stop()
-		}
+	out := outputFlags{stats: l.Stats}
+	stats, closeStats, err := out.openStats()
+	if err != nil {
+		return err
 	}
-	if l.Stats != "" {
-		sf, err := os.OpenFile(l.Stats, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-		if err != nil {
-			return fmt.Errorf("--stats: %w", err)
-		}
-		defer sf.Close()
-		c.Stats = sf
-	}
+	defer closeStats()
 	mf := metricsFlags{addr: l.Metrics}
 	reg, stopMetrics, err := mf.start(ctx, stderr)
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
-	c.Host.Metrics, c.Metrics = reg.Registerer(), reg.Registerer()
-	res, err := peer.Run(ctx, c)
-	if c.Progress != nil {
-		fmt.Fprintln(c.Progress)
-	}
-	if err != nil {
-		return peerFlagHint(err)
-	}
-	return res.Report(stdout, l.JSON)
-}
-
-// peerStatus fills an averaging peer's status record from its numbers.
-func peerStatus(s *metrics.Status, l peer.Live, run, algo string) {
-	st := l.Stats
-	s.Step, s.Samples, s.Loss = int64(st.Steps), st.Samples, metrics.Float(l.Loss)
-	if e := l.Eval; e != nil && e.Perplexity == 0 {
-		s.Accuracy = metrics.Float(e.Accuracy) // language models report perplexity, not accuracy
-	}
-	s.Averaging = &metrics.AveragingStatus{Run: run, Algo: algo, Round: int64(st.Round),
-		Groups: int64(st.Groups + st.GlobalSyncs), GroupMembers: int64(st.GroupMembers),
-		Alone: int64(st.Alone), Failures: int64(st.Failures), SwarmPeers: l.Progress.Peers, Epoch: int64(l.Progress.Epoch)}
+	err = peer.RunRole(ctx, peer.RoleConfig{Peer: l, Config: c, Stdout: stdout, Stderr: stderr, Stats: stats,
+		Metrics: reg.Registerer(), Reach: func(r p2p.Reach) { printReach(stderr, r) }})
+	return peerFlagHint(err)
 }
 
 // peerFlagHint names the flags behind the peer's configuration errors.

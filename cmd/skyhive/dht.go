@@ -240,7 +240,7 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 // joinHint names the flags behind a failure to join the DHT.
 func joinHint(err error) error {
 	if errors.Is(err, node.ErrJoin) {
-		return fmt.Errorf("join DHT: %w (check the --dht address and that its peer runs)", err)
+		return fmt.Errorf("join DHT: %w (flag --dht)", err)
 	}
 	return err
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/moe/server"
 	"github.com/skyhive/skyhive/moe/trainer"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/train"
 )
@@ -173,19 +174,6 @@ func moeTrainerDefaults() launch.MoETrainer {
 	return m.config(fl)
 }
 
-// runMoETrainerFile runs a MoE trainer from a config file: the file's
-// fields over the defaults of `skyhive train moe`.
-func runMoETrainerFile(ctx context.Context, stdout, stderr io.Writer, f launch.File) error {
-	c := moeTrainerDefaults()
-	if err := f.Decode(&c); err != nil {
-		return err
-	}
-	if err := selectProcess(c.Process); err != nil {
-		return err
-	}
-	return runMoETrainerRole(ctx, stdout, stderr, c)
-}
-
 // runMoETrainerRole runs a MoE trainer (trainer.RunRole) with its typed
 // config, from the flags of `skyhive train moe` or from a config file: its
 // result on stdout, its progress and notices on stderr.
@@ -196,11 +184,11 @@ func runMoETrainerRole(ctx context.Context, stdout, stderr io.Writer, c launch.M
 	if err := checkMoE(c); err != nil {
 		return err
 	}
-	ncfg, err := roleNode(c.Net, c.Process, metrics.RoleTrainer, stderr)
+	host, err := roleHost(c.Net, c.Process)
 	if err != nil {
 		return err
 	}
-	return trainer.RunRole(ctx, trainer.RoleConfig{Node: ncfg, Trainer: c, Stdout: stdout, Stderr: stderr,
+	return trainer.RunRole(ctx, trainer.RoleConfig{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleTrainer), Trainer: c, Stdout: stdout, Stderr: stderr,
 		Announce: func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stderr, nil) }})
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/skyhive/skyhive/averaging/peer"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/moe/trainer"
 )
@@ -82,14 +83,18 @@ func TestPeerFlagsAndFileAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := peerConfig(fromFile)
-	if err != nil {
-		t.Fatal(err)
+	peerConfig := func(l launch.Peer) peer.Config {
+		host, err := roleHost(l.Net, l.Process)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := peer.FromLaunch(l, host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
-	b, err := peerConfig(fromFlags)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := peerConfig(fromFile), peerConfig(fromFlags)
 	if a.Data == "" {
 		a.Data = "gcide" // the flags resolve it; the peer does the same for the file
 	}

@@ -22,10 +22,10 @@ import (
 type runRole func(ctx context.Context, stdout, stderr io.Writer, f launch.File) error
 
 // roles are the roles a config file may name, by launch role name. The
-// averaging peer, the pipeline worker, the expert server and the MoE
-// trainer run from their typed configs, which their flags feed too
-// (fileRole); the others run their command with the flags the config's
-// fields name (see runFlagRole).
+// averaging peer, the pipeline worker, the DHT node, the expert server
+// and the MoE trainer run from their typed configs, which their flags feed
+// too (fileRole); the pipeline coordinator runs its command with the flags
+// the config's fields name (see runFlagRole).
 func roles() map[string]runRole {
 	byFlags := func(newCmd func() *cobra.Command) runRole {
 		return func(ctx context.Context, stdout, stderr io.Writer, f launch.File) error {
@@ -35,7 +35,7 @@ func roles() map[string]runRole {
 	return map[string]runRole{
 		launch.RolePeer:       fileRole(peerDefaults, runPeerRole),
 		launch.RoleWorker:     fileRole(infallible(workerDefaults), runWorkerRole),
-		launch.RoleDHT:        byFlags(newDHTCmd),
+		launch.RoleDHT:        fileRole(infallible(dhtDefaults), runDHTRole),
 		launch.RoleServer:     fileRole(infallible(serverDefaults), runServerRole),
 		launch.RoleMoETrainer: fileRole(infallible(moeTrainerDefaults), runMoETrainerRole),
 		launch.RolePipeline:   byFlags(newTrainPipelineCmd),

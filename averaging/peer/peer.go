@@ -2,7 +2,8 @@
 // libp2p host, a DHT node joined to the swarm, its replica of a model, its
 // shard of the data and its real compute speed, training with its own loop
 // and an optimizer.Optimizer that averages with the other peers of the run.
-// `skyhive peer` is a thin shell around ConfigFrom and Run; `skyhive train
+// `skyhive peer` is a thin shell around FromLaunch and RunRole (ConfigFrom
+// and Run, with the peer's status record and result); `skyhive train
 // averaging` launches several on one machine with RunLocal (over Launch).
 package peer
 

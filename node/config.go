@@ -21,7 +21,7 @@ import (
 var ErrConfig = errors.New("node: bad configuration")
 
 // ErrJoin means the node could not join the DHT through its bootstrap
-// peers.
+// peers; New's error names them and says what to check.
 var ErrJoin = errors.New("cannot join the DHT")
 
 // DHT modes of DHTConfig.Mode.

@@ -167,6 +167,9 @@ func (n *Node) hostConfig() (p2p.Config, error) {
 	return hcfg, nil
 }
 
+// joinAdvice is what a failure to join the DHT asks to check.
+const joinAdvice = "check the address, which must end in /p2p/PEER_ID, and that its peer runs and is reachable"
+
 // join bootstraps the DHT node through the seeds, if any: within New, or
 // in the background for an optional DHT, whose outcome it reports on Log.
 func (n *Node) join(ctx context.Context) error {
@@ -193,8 +196,8 @@ func (n *Node) join(ctx context.Context) error {
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		err = fmt.Errorf("%w: %v", cerr, err)
 	}
-	return fmt.Errorf("%w at %s: failed after %v (of up to %v): %w", ErrJoin, strings.Join(n.cfg.DHT.Bootstrap, ", "),
-		time.Since(start).Round(time.Millisecond), n.cfg.DHT.JoinTimeout, err)
+	return fmt.Errorf("%w at %s: failed after %v (of up to %v): %w (%s)", ErrJoin, strings.Join(n.cfg.DHT.Bootstrap, ", "),
+		time.Since(start).Round(time.Millisecond), n.cfg.DHT.JoinTimeout, err, joinAdvice)
 }
 
 func (n *Node) bootstrap(ctx context.Context) error {

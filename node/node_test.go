@@ -198,8 +198,8 @@ func TestJoinFailure(t *testing.T) {
 
 	cfg := Config{Net: loopback, DHT: DHTConfig{Bootstrap: seed, JoinTimeout: 2 * time.Second}}
 	_, err = New(ctx, cfg)
-	if !errors.Is(err, ErrJoin) || !strings.Contains(err.Error(), seed[0]) {
-		t.Fatalf("join through a stopped node: %v", err)
+	if !errors.Is(err, ErrJoin) || !strings.Contains(err.Error(), seed[0]) || !strings.Contains(err.Error(), "check the address") {
+		t.Fatalf("join through a stopped node: %v, want the address and what to check", err)
 	}
 	var log syncBuffer
 	cfg.DHT.Optional, cfg.Log = true, &log

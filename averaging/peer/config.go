@@ -130,6 +130,16 @@ func setData(c *Config, l launch.Peer) error {
 	return nil
 }
 
+// ToField is an option's value as a launch.Peer field where 0 is the
+// default (CorpusBytes, Warmup, Clip, WeightDecay): 0, which means none
+// (no bound, no warm-up, no clipping, no decay), becomes negative.
+func ToField(v float64) float64 {
+	if v == 0 {
+		return -1
+	}
+	return v
+}
+
 // fromField is the value of a launch.Peer field where 0 is the default
 // (def) and a negative value the flag's 0.
 func fromField(v, def float64) float64 {

@@ -8,6 +8,7 @@ import (
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/models"
+	"github.com/skyhive/skyhive/p2p"
 )
 
 // ConfigFrom applies a language model's defaults (the model's warm-up
@@ -83,5 +84,36 @@ func TestLocalRunCheck(t *testing.T) {
 		if err := r.Check(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: got %v, want %q", r, err, c.want)
 		}
+	}
+}
+
+// ToField writes an option so that ConfigFrom reads it back: 0 (none)
+// stays 0 instead of taking the default, other values stay themselves.
+func TestToFieldRoundTrip(t *testing.T) {
+	c, err := ConfigFrom(launch.Peer{Algo: "wagma", Model: "gpt-mini", Data: "gcide", InnerSteps: 1, OuterLR: 0.7, Codec: "none",
+		Clip: ToField(0), Warmup: int(ToField(0)), WeightDecay: ToField(0.05), CorpusBytes: int64(ToField(4096))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ClipNorm != 0 || c.Warmup != 0 || c.WeightDecay != 0.05 || c.CorpusBytes != 4096 {
+		t.Fatalf("clip %v, warm-up %d, weight decay %v, corpus bytes %d; want 0, 0, 0.05, 4096", c.ClipNorm, c.Warmup, c.WeightDecay, c.CorpusBytes)
+	}
+}
+
+// FromLaunch parses the DHT peers and bounds the records by an eighth of
+// the memory budget, on the host it is given.
+func TestFromLaunch(t *testing.T) {
+	const seed = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd"
+	l := launch.Peer{Net: launch.Net{DHT: []string{seed}, MemoryMiB: 128}, Algo: "wagma", InnerSteps: 1, OuterLR: 0.7, Codec: "none"}
+	c, err := FromLaunch(l, p2p.Config{IdentityFile: "id.key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.DHT) != 1 || c.DHT[0].ID.String() != seed[len(seed)-52:] || c.DHTMaxBytes != 16<<20 || c.Host.IdentityFile != "id.key" {
+		t.Fatalf("got DHT %v, record bound %d, host %+v", c.DHT, c.DHTMaxBytes, c.Host)
+	}
+	l.DHT = []string{"not-an-address"}
+	if _, err := FromLaunch(l, p2p.Config{}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("a bad DHT address: %v", err)
 	}
 }

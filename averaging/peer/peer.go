@@ -2,7 +2,8 @@
 // libp2p host, a DHT node joined to the swarm, its replica of a model, its
 // shard of the data and its real compute speed, training with its own loop
 // and an optimizer.Optimizer that averages with the other peers of the run.
-// `skyhive peer` is a thin shell around ConfigFrom and Run; `skyhive train
+// `skyhive peer` is a thin shell around FromLaunch and RunRole (ConfigFrom
+// and Run, with the peer's status record and result); `skyhive train
 // averaging` launches several on one machine with RunLocal (over Launch).
 package peer
 
@@ -531,19 +532,13 @@ func (lt *lmTask) describe(res *Result) {
 	res.UnigramPerplexity = lt.unigram
 }
 
-// openNode starts the peer's own node, naming what to check when it
-// cannot join the DHT; ctx ending is returned as is.
+// openNode starts the peer's own node; ctx ending is returned as is.
 func openNode(ctx context.Context, cfg Config) (*node.Node, error) {
 	n, err := node.New(ctx, cfg.nodeConfig())
-	switch {
-	case err == nil:
-		return n, nil
-	case ctx.Err() != nil:
+	if err != nil && ctx.Err() != nil {
 		return nil, ctx.Err()
-	case errors.Is(err, node.ErrJoin):
-		return nil, fmt.Errorf("%w (check the address, which must end in /p2p/PEER_ID, and that the node runs and is reachable)", err)
 	}
-	return nil, err
+	return n, err
 }
 
 // startState sets the peer's starting state: its checkpoint, or the

@@ -17,9 +17,7 @@ import (
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/averaging/peer"
 	"github.com/skyhive/skyhive/data"
-	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/launch"
-	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/train"
@@ -111,9 +109,9 @@ func (l *averagingLMFlags) resolve(fl *pflag.FlagSet, model string) (lm bool, da
 // for the data and context resolve returned.
 func (l *averagingLMFlags) setConfig(c *launch.Peer, dataset string, seq int) {
 	c.Data, c.Seq, c.Vocab, c.TokenWidth, c.EvalTokens = dataset, seq, l.vocab, l.tokenWidth, l.evalTokens
-	c.CorpusBytes = int64(toConfig(float64(l.corpusBytes)))
-	c.Warmup = int(toConfig(float64(l.warmup)))
-	c.Clip, c.WeightDecay = toConfig(l.clip), toConfig(l.weightDecay)
+	c.CorpusBytes = int64(peer.ToField(float64(l.corpusBytes)))
+	c.Warmup = int(peer.ToField(float64(l.warmup)))
+	c.Clip, c.WeightDecay = peer.ToField(l.clip), peer.ToField(l.weightDecay)
 }
 
 func newPeerCmd() *cobra.Command {
@@ -166,7 +164,7 @@ func (f *peerFlags) register(fl *pflag.FlagSet) {
 	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
 	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
 	fl.DurationVar(durationVar(&c.RoundInterval), "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
-	registerOuterFlags(fl, outerFlags{&c.InnerSteps, &c.WarmupInnerSteps, &c.Fragments, &c.OverlapSteps, &c.OuterLR, &c.OuterMomentum})
+	registerOuterFlags(fl, c)
 	fl.StringVar(&c.Codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.StringVar(&c.Aggregation, "aggregation", "mean", "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
 	fl.Float64Var(&c.MaxNormRatio, "max-norm-ratio", averaging.DefaultMaxNormRatio, "drop a contribution whose norm is over this multiple of the group's median (negative: keep every finite one)")
@@ -233,97 +231,36 @@ func peerDefaults() (launch.Peer, error) {
 	return f.config(fl)
 }
 
-// peerConfig turns a peer's typed config into peer.Config: its network
-// options parsed here, the rest by peer.ConfigFrom. The writers, hooks
-// and metrics are left to the caller.
-func peerConfig(l launch.Peer) (peer.Config, error) {
-	net := connectFlagsOf(l.Net)
-	seeds, err := net.seeds()
-	if err != nil {
-		return peer.Config{}, err
-	}
-	host, err := net.config()
-	if err != nil {
-		return peer.Config{}, err
-	}
-	if len(seeds) == 0 {
-		return peer.Config{}, fmt.Errorf("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
-	}
-	c, err := peer.ConfigFrom(l)
-	c.Host, c.DHT, c.DHTMaxBytes = host, seeds, net.dhtMaxBytes()
-	return c, err
-}
-
-// toConfig is a flag's value as a config field where a zero field takes the
-// default: the flag's 0 becomes negative.
-func toConfig(v float64) float64 {
-	if v == 0 {
-		return -1
-	}
-	return v
-}
-
-// runPeerRole runs an averaging peer with its typed config, from the flags
-// of `skyhive peer` or from a config file (`skyhive @FILE`), printing its
-// result on stdout and its notices on stderr.
+// runPeerRole runs an averaging peer (peer.RunRole) with its typed config,
+// from the flags of `skyhive peer` or from a config file: its result on
+// stdout, its progress and notices on stderr.
 func runPeerRole(ctx context.Context, stdout, stderr io.Writer, l launch.Peer) error {
-	c, err := peerConfig(l)
+	host, err := roleHost(l.Net, l.Process)
 	if err != nil {
 		return err
 	}
-	if !l.Quiet {
-		c.Progress = stderr
+	if len(l.DHT) == 0 {
+		return errors.New("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
 	}
-	c.Log = stderr
-	c.Reach = func(r p2p.Reach) { printReach(stderr, r) }
-	status := statusFlags{region: l.Region, every: max(time.Duration(l.StatusEvery), 0)}
-	if err := status.check(); err != nil {
+	c, err := peer.FromLaunch(l, host)
+	if err != nil {
 		return err
 	}
-	if status.every > 0 {
-		c.Status = func(ctx context.Context, h *p2p.Host, node *dht.Node, live func() peer.Live) {
-			stop := status.start(ctx, stderr, h, node, metrics.RolePeer, func(s *metrics.Status) {
-				peerStatus(s, live(), c.RunID, string(c.Algo))
-			})
-			<-ctx.Done()
-			stop()
-		}
+	out := outputFlags{stats: l.Stats}
+	stats, closeStats, err := out.openStats()
+	if err != nil {
+		return err
 	}
-	if l.Stats != "" {
-		sf, err := os.OpenFile(l.Stats, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-		if err != nil {
-			return fmt.Errorf("--stats: %w", err)
-		}
-		defer sf.Close()
-		c.Stats = sf
-	}
+	defer closeStats()
 	mf := metricsFlags{addr: l.Metrics}
 	reg, stopMetrics, err := mf.start(ctx, stderr)
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
-	c.Host.Metrics, c.Metrics = reg.Registerer(), reg.Registerer()
-	res, err := peer.Run(ctx, c)
-	if c.Progress != nil {
-		fmt.Fprintln(c.Progress)
-	}
-	if err != nil {
-		return peerFlagHint(err)
-	}
-	return res.Report(stdout, l.JSON)
-}
-
-// peerStatus fills an averaging peer's status record from its numbers.
-func peerStatus(s *metrics.Status, l peer.Live, run, algo string) {
-	st := l.Stats
-	s.Step, s.Samples, s.Loss = int64(st.Steps), st.Samples, metrics.Float(l.Loss)
-	if e := l.Eval; e != nil && e.Perplexity == 0 {
-		s.Accuracy = metrics.Float(e.Accuracy) // language models report perplexity, not accuracy
-	}
-	s.Averaging = &metrics.AveragingStatus{Run: run, Algo: algo, Round: int64(st.Round),
-		Groups: int64(st.Groups + st.GlobalSyncs), GroupMembers: int64(st.GroupMembers),
-		Alone: int64(st.Alone), Failures: int64(st.Failures), SwarmPeers: l.Progress.Peers, Epoch: int64(l.Progress.Epoch)}
+	err = peer.RunRole(ctx, peer.RoleConfig{Peer: l, Config: c, Stdout: stdout, Stderr: stderr, Stats: stats,
+		Metrics: reg.Registerer(), Reach: func(r p2p.Reach) { printReach(stderr, r) }})
+	return peerFlagHint(err)
 }
 
 // peerFlagHint names the flags behind the peer's configuration errors.
@@ -343,61 +280,40 @@ func peerFlagHint(err error) error {
 func shortID(s string) string { return peer.ShortID(s) }
 
 // averagingFlags are the options of train averaging and demo averaging,
-// which launch `skyhive peer` processes on this machine; the flags they pass
-// on have the peer's names.
+// which launch `skyhive peer` processes on this machine: every peer's
+// config, with the peer's flag names, and the local run's.
 type averagingFlags struct {
-	algo     string
-	peers    int
-	group    int
-	tau      int
-	period   int
-	model    string
-	seed     uint64
-	batch    int
-	lr       float64
-	momentum float64
-	slowLo   float64
-	slowHi   float64
-	duration time.Duration
-	steps    int
-	codec    string
-	match    string
-	interval time.Duration
-	// DiLoCo's outer optimization, passed on to the peers.
-	innerSteps, warmupInnerSteps int
-	fragments, overlapSteps      int
-	outerLR, outerMomentum       float64
-	runID                        string
-	dir                          string
-	small                        bool // retired --small
-	data                         dataFlags
-	lm                           averagingLMFlags
-	out                          outputFlags
-
+	cfg     launch.Peer
+	local   peer.LocalRun
+	small   bool // retired --small
+	data    dataFlags
+	lm      averagingLMFlags
+	out     outputFlags
 	metrics metricsFlags
 }
 
 func (a *averagingFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&a.algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
-	fl.IntVar(&a.peers, "peers", 4, "peer processes (skyhive peer) to start on this machine")
-	fl.StringVar(&a.model, "model", "mlp-small", "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores), or a language model: "+models.LMUsage()+", e.g. gpt-mini")
-	fl.Uint64Var(&a.seed, "seed", 1, "seed of the initial weights, the slowdowns and the batch order")
-	fl.IntVar(&a.batch, "batch", 64, "examples per local step (language models: sequences, 16 unless given)")
-	fl.Float64Var(&a.lr, "lr", 0.05, "SGD learning rate of each peer (cosine decay to a tenth over --duration or --steps); language models: AdamW's, 3e-3 unless given")
-	fl.Float64Var(&a.momentum, "momentum", 0.9, "SGD momentum (image models)")
-	fl.DurationVar(&a.duration, "duration", time.Minute, "how long the peers train (with --steps alone: until they are done)")
-	fl.IntVar(&a.steps, "steps", 0, "stop each peer after this many local steps (0: --duration only)")
-	fl.IntVar(&a.group, "group-size", 0, "averaging group size (0: the peer's default)")
-	fl.IntVar(&a.tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
-	fl.IntVar(&a.period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
-	fl.Float64Var(&a.slowLo, "slowdown-min", 1, "smallest emulated peer slowdown (slowdowns are drawn from U[MIN, MAX])")
-	fl.Float64Var(&a.slowHi, "slowdown-max", 2, "largest emulated peer slowdown")
-	fl.StringVar(&a.codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
-	fl.StringVar(&a.match, "matchmaking", "", "dht (default for wagma) or ranks (default for allreduce and local)")
-	fl.DurationVar(&a.interval, "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
-	registerOuterFlags(fl, outerFlags{&a.innerSteps, &a.warmupInnerSteps, &a.fragments, &a.overlapSteps, &a.outerLR, &a.outerMomentum})
-	fl.StringVar(&a.runID, "run-id", optimizer.DefaultRunID, "run name in DHT keys")
-	fl.StringVar(&a.dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
+	c, r := &a.cfg, &a.local
+	fl.StringVar(&c.Algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
+	fl.IntVar(&r.Peers, "peers", 4, "peer processes (skyhive peer) to start on this machine")
+	fl.StringVar(&c.Model, "model", "mlp-small", "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores), or a language model: "+models.LMUsage()+", e.g. gpt-mini")
+	fl.Uint64Var(&c.Seed, "seed", 1, "seed of the initial weights, the slowdowns and the batch order")
+	fl.IntVar(&c.Batch, "batch", 64, "examples per local step (language models: sequences, 16 unless given)")
+	fl.Float64Var(&c.LR, "lr", 0.05, "SGD learning rate of each peer (cosine decay to a tenth over --duration or --steps); language models: AdamW's, 3e-3 unless given")
+	fl.Float64Var(&c.Momentum, "momentum", 0.9, "SGD momentum (image models)")
+	fl.DurationVar(durationVar(&c.Duration), "duration", time.Minute, "how long the peers train (with --steps alone: until they are done)")
+	fl.IntVar(&c.Steps, "steps", 0, "stop each peer after this many local steps (0: --duration only)")
+	fl.IntVar(&c.GroupSize, "group-size", 0, "averaging group size (0: the peer's default)")
+	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
+	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
+	fl.Float64Var(&r.SlowdownMin, "slowdown-min", 1, "smallest emulated peer slowdown (slowdowns are drawn from U[MIN, MAX])")
+	fl.Float64Var(&r.SlowdownMax, "slowdown-max", 2, "largest emulated peer slowdown")
+	fl.StringVar(&c.Codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
+	fl.StringVar(&c.Matchmaking, "matchmaking", "", "dht (default for wagma) or ranks (default for allreduce and local)")
+	fl.DurationVar(durationVar(&c.RoundInterval), "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
+	registerOuterFlags(fl, c)
+	fl.StringVar(&c.RunID, "run-id", optimizer.DefaultRunID, "run name in DHT keys")
+	fl.StringVar(&r.Dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
 	a.data.register(fl)
 	a.lm.register(fl)
 	a.out.register(fl, "the peers' results", "every peer's stats lines, copied from --logs when the peers are done")
@@ -437,20 +353,16 @@ func newTrainAveragingCmd() *cobra.Command {
 // run launches the peers (peer.RunLocal), with their progress on stderr,
 // and prints their results on stdout.
 func (a *averagingFlags) run(cmd *cobra.Command) error {
-	if a.small {
-		a.model = "mlp-small"
-	}
-	pc, err := a.launchPeer(cmd.Flags())
-	if err != nil {
+	r := a.local
+	var err error
+	if r.Peer, err = a.launchPeer(cmd.Flags()); err != nil {
 		return err
 	}
-	exe, err := os.Executable()
-	if err != nil {
+	if r.Exe, err = os.Executable(); err != nil {
 		return err
 	}
-	run := peer.LocalRun{Exe: exe, Peers: a.peers, SlowdownMin: a.slowLo, SlowdownMax: a.slowHi,
-		Peer: pc, Dir: a.dir, Log: cmd.ErrOrStderr()}
-	if err := run.Check(); err != nil {
+	r.Log = cmd.ErrOrStderr()
+	if err := r.Check(); err != nil {
 		return err
 	}
 	reg, stopMetrics, err := a.metrics.start(cmd.Context(), cmd.ErrOrStderr())
@@ -458,8 +370,8 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 		return err
 	}
 	defer stopMetrics()
-	run.Metrics = reg.Registerer()
-	res, err := peer.RunLocal(cmd.Context(), run)
+	r.Metrics = reg.Registerer()
+	res, err := peer.RunLocal(cmd.Context(), r)
 	if res.Dir == "" {
 		return err // the run did not start
 	}
@@ -476,27 +388,25 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 	return err
 }
 
-// launchPeer is the config of every peer the command launches: the
-// command's options with the peer's names. --steps alone sets the run's
-// length (Duration 0).
+// launchPeer is the config of every peer the command launches. --steps
+// alone sets the run's length (Duration 0).
 func (a *averagingFlags) launchPeer(fl *pflag.FlagSet) (launch.Peer, error) {
-	lm, dataset, seq, err := a.lm.resolve(fl, a.model)
+	c := a.cfg
+	if a.small {
+		c.Model = "mlp-small"
+	}
+	lm, dataset, seq, err := a.lm.resolve(fl, c.Model)
 	if err != nil {
 		return launch.Peer{}, err
 	}
-	c := launch.Peer{Algo: a.algo, Model: a.model, Duration: launch.Duration(a.duration),
-		LR: a.lr, Momentum: a.momentum, Batch: a.batch, Seed: a.seed, DataDir: a.data.dir, Limit: a.data.limit,
-		Codec: a.codec, RoundInterval: launch.Duration(a.interval), RunID: a.runID, GroupSize: a.group, Tau: a.tau,
-		Period: a.period, InnerSteps: a.innerSteps, WarmupInnerSteps: a.warmupInnerSteps, OuterLR: a.outerLR,
-		OuterMomentum: a.outerMomentum, Fragments: a.fragments, OverlapSteps: a.overlapSteps,
-		Steps: a.steps, Matchmaking: a.match}
-	if a.steps > 0 && !fl.Changed("duration") {
+	c.DataDir, c.Limit = a.data.dir, a.data.limit
+	if c.Steps > 0 && !fl.Changed("duration") {
 		c.Duration = 0
 	}
 	if lm {
 		c.Momentum, c.DataDir, c.Limit = 0, "", 0
 		a.lm.setConfig(&c, dataset, seq)
-		d := withModelDefaults(fl, a.model, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
+		d := withModelDefaults(fl, c.Model, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
 		c.Batch, c.LR = d.Batch, d.LR
 	}
 	return c, nil
@@ -509,7 +419,7 @@ func (a *averagingFlags) copyStats(dir string) error {
 		return err
 	}
 	defer closeStats()
-	if err := peer.CopyStats(w, dir, a.peers); err != nil {
+	if err := peer.CopyStats(w, dir, a.local.Peers); err != nil {
 		return fmt.Errorf("--stats: %w", err)
 	}
 	return nil
@@ -531,19 +441,13 @@ func newDemoAveragingCmd() *cobra.Command {
 	return cmd
 }
 
-// outerFlags are where registerOuterFlags stores DiLoCo's settings.
-type outerFlags struct {
-	innerSteps, warmupInnerSteps, fragments, overlapSteps *int
-	outerLR, outerMomentum                                *float64
-}
-
 // registerOuterFlags registers DiLoCo's outer optimization flags, the
 // same in skyhive peer and in the commands that launch peers.
-func registerOuterFlags(fl *pflag.FlagSet, o outerFlags) {
-	fl.IntVar(o.innerSteps, "inner-steps", optimizer.DefaultInnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
-	fl.IntVar(o.warmupInnerSteps, "warmup-inner-steps", 0, "diloco and wa-diloco: H of the first outer step, doubled at every outer step up to --inner-steps (0: no warm-up)")
-	fl.Float64Var(o.outerLR, "outer-lr", optimizer.DefaultOuterLR, "diloco and wa-diloco: outer learning rate")
-	fl.Float64Var(o.outerMomentum, "outer-momentum", optimizer.DefaultOuterMomentum, fmt.Sprintf("diloco and wa-diloco: outer Nesterov momentum in [0, 1) (0 or %d: none)", optimizer.NoMomentum))
-	fl.IntVar(o.fragments, "fragments", 0, "diloco: Streaming DiLoCo, the parameters in this many fragments that take their outer steps in turn, one every --inner-steps/N steps (0 or 1: the whole model at once)")
-	fl.IntVar(o.overlapSteps, "overlap-steps", 0, "diloco: inner steps an outer step's all-reduce runs behind before it is applied (0: wait for it)")
+func registerOuterFlags(fl *pflag.FlagSet, c *launch.Peer) {
+	fl.IntVar(&c.InnerSteps, "inner-steps", optimizer.DefaultInnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
+	fl.IntVar(&c.WarmupInnerSteps, "warmup-inner-steps", 0, "diloco and wa-diloco: H of the first outer step, doubled at every outer step up to --inner-steps (0: no warm-up)")
+	fl.Float64Var(&c.OuterLR, "outer-lr", optimizer.DefaultOuterLR, "diloco and wa-diloco: outer learning rate")
+	fl.Float64Var(&c.OuterMomentum, "outer-momentum", optimizer.DefaultOuterMomentum, fmt.Sprintf("diloco and wa-diloco: outer Nesterov momentum in [0, 1) (0 or %d: none)", optimizer.NoMomentum))
+	fl.IntVar(&c.Fragments, "fragments", 0, "diloco: Streaming DiLoCo, the parameters in this many fragments that take their outer steps in turn, one every --inner-steps/N steps (0 or 1: the whole model at once)")
+	fl.IntVar(&c.OverlapSteps, "overlap-steps", 0, "diloco: inner steps an outer step's all-reduce runs behind before it is applied (0: wait for it)")
 }

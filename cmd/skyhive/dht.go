@@ -15,6 +15,7 @@ import (
 
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/jsonl"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
@@ -178,6 +179,28 @@ func startNode(ctx context.Context, net connectFlags, mode string, timeout time.
 	return node.New(ctx, cfg)
 }
 
+// dhtDefaults is the config of `skyhive dht` without flags, which a config
+// file's fields replace.
+func dhtDefaults() launch.DHT {
+	var f dhtServeFlags
+	f.register(&cobra.Command{})
+	return launch.DHT{Net: f.net.launchNet(), Output: launch.Output{JSON: f.out.json, Stats: f.out.stats},
+		Process:    launch.Process{Region: f.status.region, StatusEvery: launchStatusEvery(f.status.every), Metrics: f.metrics.addr},
+		StatsEvery: launch.Duration(f.statsEvery)}
+}
+
+// runDHTRole runs the DHT node of a config file (runDHTServe with the
+// options d gives).
+func runDHTRole(ctx context.Context, stdout, stderr io.Writer, d launch.DHT) error {
+	cmd := &cobra.Command{}
+	cmd.SetContext(ctx)
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	return runDHTServe(cmd, dhtServeFlags{dhtFlags: dhtFlags{net: connectFlagsOf(d.Net)}, out: outputFlags{json: d.JSON, stats: d.Stats},
+		statsEvery: time.Duration(d.StatsEvery), status: statusFlags{region: d.Region, every: max(time.Duration(d.StatusEvery), 0)},
+		metrics: metricsFlags{addr: d.Metrics}})
+}
+
 func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 	ctx := cmd.Context()
 	if f.out.stats != "" && f.statsEvery <= 0 {
@@ -240,7 +263,7 @@ func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
 // joinHint names the flags behind a failure to join the DHT.
 func joinHint(err error) error {
 	if errors.Is(err, node.ErrJoin) {
-		return fmt.Errorf("join DHT: %w (check the --dht address and that its peer runs)", err)
+		return fmt.Errorf("join DHT: %w (flag --dht)", err)
 	}
 	return err
 }

@@ -14,40 +14,20 @@ import (
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/moe/server"
 	"github.com/skyhive/skyhive/moe/trainer"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/train"
 )
 
 // moeFlags are the options of train moe and demo moe: the trainers, the
-// DMoE layers and how they call experts.
+// DMoE layers and how they call experts, most of them straight into the
+// trainer's typed config.
 type moeFlags struct {
-	train            trainFlags
-	grids            string
-	hidden           int
-	kBest, kMin      int
-	forwardTimeout   time.Duration
-	afterKMin        time.Duration
-	backwardTimeout  time.Duration
-	trainers         int
-	evalLimit        int
-	cacheTTL         time.Duration
-	allowZeroOutputs bool
-	// maxFailed is --max-failed-steps: the fraction of steps that may
-	// fail before the run counts as failed.
-	maxFailed float64
-	link      linkFlags
-	rtt       time.Duration // retired --rtt and --emulated-rtt
-	// dataset is --data: Fashion-MNIST for a DMoE classifier, text for a
-	// DMoE transformer language model (moeLMFlags).
-	dataset string
-	lm      moeLMFlags
-}
-
-// moeLMFlags are the options of a DMoE language model (--data gcide).
-type moeLMFlags struct {
-	lmDataFlags
-	heads int
-	clip  float64
+	cfg   launch.MoETrainer
+	train trainFlags
+	link  linkFlags
+	rtt   time.Duration // retired --rtt and --emulated-rtt
+	lm    lmDataFlags   // a DMoE language model's data (--data gcide)
 }
 
 // register adds the flags of both MoE commands; latency is the default
@@ -56,25 +36,26 @@ func (m *moeFlags) register(fl *pflag.FlagSet, latency time.Duration) {
 	m.train.register(fl)
 	m.train.out.register(fl, "the result (accuracy, steps, failures)", "one per epoch")
 	fl.IntVar(&m.train.steps, "steps", 0, "stop after N steps in total (0: --epochs)")
-	fl.StringVar(&m.grids, "grids", "ffn.4.4", "one DMoE layer per grid, PREFIX.SIZE1.SIZE2… (comma-separated)")
-	fl.IntVar(&m.hidden, "hidden", server.DefaultHidden, "experts' hidden size (train moe without --hidden: what the swarm's experts declare on the DHT)")
-	fl.IntVar(&m.kBest, "k-best", 4, "experts per sample")
-	fl.IntVar(&m.kMin, "k-min", 1, "answers per sample before --timeout-after-k-min starts")
-	fl.DurationVar(&m.forwardTimeout, "forward-timeout", 10*time.Second, "bound on a layer's forward calls")
-	fl.DurationVar(&m.afterKMin, "timeout-after-k-min", time.Second, "extra wait once every sample has --k-min answers")
-	fl.DurationVar(&m.backwardTimeout, "backward-timeout", 10*time.Second, "bound on a layer's backward calls")
-	fl.IntVar(&m.trainers, "trainers", 1, "concurrent trainers in this process sharing the local layers")
-	fl.IntVar(&m.evalLimit, "eval-limit", 0, "evaluate on the first N test examples (0: all)")
-	fl.DurationVar(&m.cacheTTL, "dht-cache", 30*time.Second, "how long beam search caches prefix records")
-	fl.BoolVar(&m.allowZeroOutputs, "allow-zero-outputs", false, "samples no expert answered pass zeros instead of failing the step")
-	fl.Float64Var(&m.maxFailed, "max-failed-steps", trainer.DefaultMaxFailed, "fraction of steps that may fail (no expert answered): a run with more failed steps exits with an error")
+	c := &m.cfg
+	fl.StringVar(&c.Grids, "grids", "ffn.4.4", "one DMoE layer per grid, PREFIX.SIZE1.SIZE2… (comma-separated)")
+	fl.IntVar(&c.Hidden, "hidden", server.DefaultHidden, "experts' hidden size (train moe without --hidden: what the swarm's experts declare on the DHT)")
+	fl.IntVar(&c.KBest, "k-best", 4, "experts per sample")
+	fl.IntVar(&c.KMin, "k-min", 1, "answers per sample before --timeout-after-k-min starts")
+	fl.DurationVar(durationVar(&c.ForwardTimeout), "forward-timeout", 10*time.Second, "bound on a layer's forward calls")
+	fl.DurationVar(durationVar(&c.TimeoutAfterKMin), "timeout-after-k-min", time.Second, "extra wait once every sample has --k-min answers")
+	fl.DurationVar(durationVar(&c.BackwardTimeout), "backward-timeout", 10*time.Second, "bound on a layer's backward calls")
+	fl.IntVar(&c.Trainers, "trainers", 1, "concurrent trainers in this process sharing the local layers")
+	fl.IntVar(&c.EvalLimit, "eval-limit", 0, "evaluate on the first N test examples (0: all)")
+	fl.DurationVar(durationVar(&c.DHTCache), "dht-cache", 30*time.Second, "how long beam search caches prefix records")
+	fl.BoolVar(&c.AllowZeroOutputs, "allow-zero-outputs", false, "samples no expert answered pass zeros instead of failing the step")
+	fl.Float64Var(&c.MaxFailedSteps, "max-failed-steps", trainer.DefaultMaxFailed, "fraction of steps that may fail (no expert answered): a run with more failed steps exits with an error")
 	m.link.register(fl, "of every expert and DHT call of the trainers, each way", latency)
 	fl.DurationVar(&m.rtt, "rtt", 0, "retired: use --latency, the one-way latency (half the round trip)")
 	_ = fl.MarkDeprecated("rtt", "use --latency with the one-way latency (half of --rtt)")
-	fl.StringVar(&m.dataset, "data", "fashion-mnist", "fashion-mnist (a DMoE classifier) or text for a DMoE transformer language model: "+train.TextDataUsage)
-	m.lm.lmDataFlags.register(fl, 20000)
-	fl.IntVar(&m.lm.heads, "heads", 2, "language model: attention heads (dividing --hidden)")
-	fl.Float64Var(&m.lm.clip, "clip", 1, "language model: global norm clip of the local gradients (0 disables)")
+	fl.StringVar(&c.Data, "data", "fashion-mnist", "fashion-mnist (a DMoE classifier) or text for a DMoE transformer language model: "+train.TextDataUsage)
+	m.lm.register(fl, 20000)
+	fl.IntVar(&c.Heads, "heads", 2, "language model: attention heads (dividing --hidden)")
+	fl.Float64Var(&c.Clip, "clip", 1, "language model: global norm clip of the local gradients (0 disables)")
 	renameFlags(fl, map[string]string{"moe-grids": "grids", "moe-hidden": "hidden", "moe-steps": "steps", "moe-listen": "listen", "emulated-rtt": "rtt"})
 }
 
@@ -84,22 +65,16 @@ var moeNumbers = numberRules{Positive: []string{"epochs", "batch", "lr", "hidden
 // config turns the flags both MoE commands share into a trainer's typed
 // config; the network and process options are the caller's.
 func (m *moeFlags) config() launch.MoETrainer {
-	f := &m.train
+	f, c := &m.train, m.cfg
 	latency := m.link.latency
 	if m.rtt != 0 {
 		latency = m.rtt / 2 // the retired --rtt is the round trip
 	}
-	return launch.MoETrainer{
-		Output: launch.Output{JSON: f.out.json, Stats: f.out.stats},
-		Training: launch.Training{Epochs: f.cfg.Epochs, Batch: f.cfg.BatchSize, LR: f.cfg.LR, WeightDecay: f.cfg.WeightDecay,
-			Warmup: f.cfg.Warmup, Seed: f.cfg.Seed, Steps: f.steps, Clip: m.lm.clip, Data: m.dataset, DataDir: f.data.dir,
-			Limit: f.data.limit, CorpusBytes: m.lm.corpusBytes, Vocab: m.lm.vocab, Seq: m.lm.seq, TokenWidth: m.lm.tokenWidth,
-			EvalTokens: m.lm.evalTokens, Latency: launch.Duration(latency), Bandwidth: m.link.bandwidth},
-		Grids: m.grids, Hidden: m.hidden, Heads: m.lm.heads, KBest: m.kBest, KMin: m.kMin,
-		ForwardTimeout: launch.Duration(m.forwardTimeout), TimeoutAfterKMin: launch.Duration(m.afterKMin),
-		BackwardTimeout: launch.Duration(m.backwardTimeout), Trainers: m.trainers, EvalLimit: m.evalLimit,
-		DHTCache: launch.Duration(m.cacheTTL), AllowZeroOutputs: m.allowZeroOutputs, MaxFailedSteps: m.maxFailed,
-	}
+	c.Output = launch.Output{JSON: f.out.json, Stats: f.out.stats}
+	c.Epochs, c.Batch, c.LR, c.WeightDecay, c.Warmup, c.Seed = f.cfg.Epochs, f.cfg.BatchSize, f.cfg.LR, f.cfg.WeightDecay, f.cfg.Warmup, f.cfg.Seed
+	c.Steps, c.DataDir, c.Limit, c.Latency, c.Bandwidth = f.steps, f.data.dir, f.data.limit, launch.Duration(latency), m.link.bandwidth
+	c.CorpusBytes, c.Vocab, c.Seq, c.TokenWidth, c.EvalTokens = m.lm.corpusBytes, m.lm.vocab, m.lm.seq, m.lm.tokenWidth, m.lm.evalTokens
+	return c
 }
 
 // checkMoE checks what the trainers' library leaves to the command, before
@@ -173,19 +148,6 @@ func moeTrainerDefaults() launch.MoETrainer {
 	return m.config(fl)
 }
 
-// runMoETrainerFile runs a MoE trainer from a config file: the file's
-// fields over the defaults of `skyhive train moe`.
-func runMoETrainerFile(ctx context.Context, stdout, stderr io.Writer, f launch.File) error {
-	c := moeTrainerDefaults()
-	if err := f.Decode(&c); err != nil {
-		return err
-	}
-	if err := selectProcess(c.Process); err != nil {
-		return err
-	}
-	return runMoETrainerRole(ctx, stdout, stderr, c)
-}
-
 // runMoETrainerRole runs a MoE trainer (trainer.RunRole) with its typed
 // config, from the flags of `skyhive train moe` or from a config file: its
 // result on stdout, its progress and notices on stderr.
@@ -196,11 +158,11 @@ func runMoETrainerRole(ctx context.Context, stdout, stderr io.Writer, c launch.M
 	if err := checkMoE(c); err != nil {
 		return err
 	}
-	ncfg, err := roleNode(c.Net, c.Process, metrics.RoleTrainer, stderr)
+	host, err := roleHost(c.Net, c.Process)
 	if err != nil {
 		return err
 	}
-	return trainer.RunRole(ctx, trainer.RoleConfig{Node: ncfg, Trainer: c, Stdout: stdout, Stderr: stderr,
+	return trainer.RunRole(ctx, trainer.RoleConfig{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleTrainer), Trainer: c, Stdout: stdout, Stderr: stderr,
 		Announce: func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stderr, nil) }})
 }
 

@@ -15,16 +15,17 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/p2p"
 )
 
 // runRole runs a role from a config file for it.
 type runRole func(ctx context.Context, stdout, stderr io.Writer, f launch.File) error
 
 // roles are the roles a config file may name, by launch role name. The
-// averaging peer, the pipeline worker, the expert server and the MoE
-// trainer run from their typed configs, which their flags feed too; the
-// others run their command with the flags the config's fields name (see
-// runFlagRole).
+// averaging peer, the pipeline worker, the DHT node, the expert server
+// and the MoE trainer run from their typed configs, which their flags feed
+// too (fileRole); the pipeline coordinator runs its command with the flags
+// the config's fields name (see runFlagRole).
 func roles() map[string]runRole {
 	byFlags := func(newCmd func() *cobra.Command) runRole {
 		return func(ctx context.Context, stdout, stderr io.Writer, f launch.File) error {
@@ -32,13 +33,56 @@ func roles() map[string]runRole {
 		}
 	}
 	return map[string]runRole{
-		launch.RolePeer:       runPeerFile,
-		launch.RoleWorker:     runWorkerFile,
-		launch.RoleDHT:        byFlags(newDHTCmd),
-		launch.RoleServer:     runServerFile,
-		launch.RoleMoETrainer: runMoETrainerFile,
+		launch.RolePeer:       fileRole(peerDefaults, runPeerRole),
+		launch.RoleWorker:     fileRole(infallible(workerDefaults), runWorkerRole),
+		launch.RoleDHT:        fileRole(infallible(dhtDefaults), runDHTRole),
+		launch.RoleServer:     fileRole(infallible(serverDefaults), runServerRole),
+		launch.RoleMoETrainer: fileRole(infallible(moeTrainerDefaults), runMoETrainerRole),
 		launch.RolePipeline:   byFlags(newTrainPipelineCmd),
 	}
+}
+
+// fileRole runs a role from its config file: the file's fields over
+// defaults (those of the role's command without flags), the file's
+// process options applied, then run with the config.
+func fileRole[C any, P interface {
+	*C
+	launch.Config
+	ProcessOptions() launch.Process
+}](defaults func() (C, error), run func(ctx context.Context, stdout, stderr io.Writer, c C) error) runRole {
+	return func(ctx context.Context, stdout, stderr io.Writer, f launch.File) error {
+		c, err := defaults()
+		if err != nil {
+			return err
+		}
+		if err := f.Decode(P(&c)); err != nil { // refuses unknown fields and bad values
+			return err
+		}
+		if err := selectProcess(P(&c).ProcessOptions()); err != nil {
+			return err
+		}
+		return run(ctx, stdout, stderr, c)
+	}
+}
+
+// infallible is defaults that cannot fail, as fileRole takes them.
+func infallible[C any](defaults func() C) func() (C, error) {
+	return func() (C, error) { return defaults(), nil }
+}
+
+// roleHost checks a role's network and process options, naming their
+// flags, and returns its host's configuration (with a memory budget, it
+// sets the process's soft memory limit).
+func roleHost(n launch.Net, p launch.Process) (p2p.Config, error) {
+	status := statusFlags{region: p.Region, every: max(time.Duration(p.StatusEvery), 0)}
+	if err := status.check(); err != nil {
+		return p2p.Config{}, err
+	}
+	net := connectFlagsOf(n)
+	if _, err := net.seeds(); err != nil {
+		return p2p.Config{}, err
+	}
+	return net.config()
 }
 
 // runRoleFile runs `skyhive @FILE`: the role the config file at path
@@ -54,22 +98,6 @@ func runRoleFile(ctx context.Context, path string, stdout, stderr io.Writer) err
 		return fmt.Errorf("%s: unknown role %q (want %s)", path, f.Role, strings.Join(slices.Sorted(maps.Keys(all)), ", "))
 	}
 	return run(ctx, stdout, stderr, f)
-}
-
-// runPeerFile runs an averaging peer from a config file: the file's fields
-// over the defaults of `skyhive peer`.
-func runPeerFile(ctx context.Context, stdout, stderr io.Writer, f launch.File) error {
-	c, err := peerDefaults()
-	if err != nil {
-		return err
-	}
-	if err := f.Decode(&c); err != nil { // refuses unknown fields and bad values
-		return err
-	}
-	if err := selectProcess(c.Process); err != nil {
-		return err
-	}
-	return runPeerRole(ctx, stdout, stderr, c)
 }
 
 // runFlagRole runs a role's command with the config file's fields as its
@@ -107,24 +135,17 @@ func runFlagRole(ctx context.Context, stdout, stderr io.Writer, f launch.File, n
 			}
 		}
 	}
-	if err := selectProcess(processOf(cfg)); err != nil {
+	var proc launch.Process
+	if p, ok := cfg.(interface{ ProcessOptions() launch.Process }); ok {
+		proc = p.ProcessOptions()
+	}
+	if err := selectProcess(proc); err != nil {
 		return err
 	}
 	cmd.SetContext(ctx)
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
 	return cmd.RunE(cmd, nil)
-}
-
-// processOf returns the process options of a config that embeds them.
-func processOf(cfg launch.Config) launch.Process {
-	v := reflect.ValueOf(cfg).Elem()
-	if p := v.FieldByName("Process"); p.IsValid() {
-		if pr, ok := p.Interface().(launch.Process); ok {
-			return pr
-		}
-	}
-	return launch.Process{}
 }
 
 // configFields maps the JSON names of a config struct's fields, those of

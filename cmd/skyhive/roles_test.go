@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/skyhive/skyhive/averaging/peer"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/moe/trainer"
 )
@@ -42,6 +43,9 @@ func TestRoleFileErrors(t *testing.T) {
 		{`{"role": "server", "config": {"experts": "ffn.[0:x]", "listen": ["/ip4/127.0.0.1/tcp/0"]}}`, "ffn.[0:x]"},
 		{`{"role": "server", "config": {"status_every": "10ms"}}`, "--status-every"},
 		{`{"role": "train-moe", "config": {"grids": "ffn.4.4"}}`, "--dht is required"},
+		{`{"role": "dht", "config": {"status_every": "10ms"}}`, "--status-every"},
+		{`{"role": "dht", "config": {"stats": "s.jsonl", "stats_every": "-1s"}}`, "--stats-every must be positive"},
+		{`{"role": "dht", "config": {"k_best": 4}}`, `unknown field "k_best"`},
 		{`{"role": "train-moe", "config": {"dht": ["` + dht + `"], "max_failed_steps": 2}}`, "--max-failed-steps 2"},
 	}
 	for i, c := range cases {
@@ -82,14 +86,18 @@ func TestPeerFlagsAndFileAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := peerConfig(fromFile)
-	if err != nil {
-		t.Fatal(err)
+	peerConfig := func(l launch.Peer) peer.Config {
+		host, err := roleHost(l.Net, l.Process)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := peer.FromLaunch(l, host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
-	b, err := peerConfig(fromFlags)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := peerConfig(fromFile), peerConfig(fromFlags)
 	if a.Data == "" {
 		a.Data = "gcide" // the flags resolve it; the peer does the same for the file
 	}
@@ -171,6 +179,33 @@ func TestFlagRoleFromFile(t *testing.T) {
 	}
 	if err := runRoleFile(context.Background(), path, &out, &out); err == nil || !strings.Contains(err.Error(), "--join") {
 		t.Errorf("worker with a bad --join: got %v", err)
+	}
+}
+
+// A DHT node runs from its config file as `skyhive dht` does with the
+// same options: it prints its address as JSON and stops with ctx.
+func TestDHTRoleFromFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dht.json")
+	if err := launch.Write(path, launch.DHT{Net: launch.Net{Listen: []string{"/ip4/127.0.0.1/tcp/0"}},
+		Output: launch.Output{JSON: true}, Process: launch.Process{StatusEvery: -1}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- runRoleFile(ctx, path, &stdout, &stderr) }()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(stdout.String(), `"addrs"`); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the DHT node printed no address:\n%s\n%s", stdout.String(), stderr.String())
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stdout.String(), "/ip4/127.0.0.1/tcp/") || !strings.Contains(stderr.String(), "stopping") {
+		t.Fatalf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 	}
 }
 

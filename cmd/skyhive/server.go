@@ -110,53 +110,19 @@ func serverDefaults() launch.Server {
 	return f.config(fl)
 }
 
-// runServerFile runs an expert server from a config file: the file's
-// fields over the defaults of `skyhive server`.
-func runServerFile(ctx context.Context, stdout, stderr io.Writer, f launch.File) error {
-	c := serverDefaults()
-	if err := f.Decode(&c); err != nil {
-		return err
-	}
-	if err := selectProcess(c.Process); err != nil {
-		return err
-	}
-	return runServerRole(ctx, stdout, stderr, c)
-}
-
 // runServerRole runs an expert server (server.RunRole) with its typed
 // config, from the flags of `skyhive server` or from a config file: its
 // statistics on stdout, its notices on stderr.
 func runServerRole(ctx context.Context, stdout, stderr io.Writer, c launch.Server) error {
-	ncfg, err := roleNode(c.Net, c.Process, metrics.RoleServer, stderr)
+	host, err := roleHost(c.Net, c.Process)
 	if err != nil {
 		return err
 	}
-	net := connectFlagsOf(c.Net)
-	ncfg.DHT.MaxBytes = net.dhtMaxBytes()
 	var jsonOut io.Writer
 	if c.JSON {
 		jsonOut = stdout
 	}
-	return server.RunRole(ctx, server.RoleConfig{Node: ncfg, Server: c, Stdout: stdout, Stderr: stderr,
+	return server.RunRole(ctx, server.RoleConfig{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleServer),
+		Server: c, Stdout: stdout, Stderr: stderr,
 		Announce: func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stdout, jsonOut) }})
-}
-
-// roleNode is the node a role's network and process options describe:
-// its host, the DHT peers it joins, its status record (of role) and its
-// metrics endpoint, with notices on log; the errors name the flags.
-func roleNode(n launch.Net, p launch.Process, role string, log io.Writer) (node.Config, error) {
-	net := connectFlagsOf(n)
-	status := statusFlags{region: p.Region, every: max(time.Duration(p.StatusEvery), 0)}
-	if err := status.check(); err != nil {
-		return node.Config{}, err
-	}
-	if _, err := net.seeds(); err != nil {
-		return node.Config{}, err
-	}
-	hcfg, err := net.config()
-	if err != nil {
-		return node.Config{}, err
-	}
-	return node.Config{Host: &hcfg, MetricsAddr: p.Metrics, Log: log, Status: status.config(role),
-		DHT: node.DHTConfig{Bootstrap: net.dht}}, nil
 }

@@ -55,14 +55,6 @@ func (s *statusFlags) config(role string) node.StatusConfig {
 	return node.StatusConfig{Role: role, Region: s.region, Every: s.every}
 }
 
-// start publishes the status record of the peer on h through node, with
-// the role's numbers from sample (nil: none), until the returned stop is
-// called (see node.PublishStatus), for the roles that assemble their own
-// host and DHT node.
-func (s *statusFlags) start(ctx context.Context, log io.Writer, h *p2p.Host, d *dht.Node, role string, sample func(*metrics.Status)) (stop func()) {
-	return node.PublishStatus(ctx, log, h, d, s.config(role), sample)
-}
-
 // statusReport is what `skyhive status --json` prints.
 type statusReport struct {
 	Time    time.Time        `json:"time"`

@@ -32,7 +32,7 @@ func newWorkerCmd() *cobra.Command {
 			"  skyhive worker --join $COORD --slowdown 2.5 --mem-cap 2000000000",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runWorkerRole(cmd.Context(), cmd.ErrOrStderr(), f.config())
+			return runWorkerRole(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f.config())
 		},
 	}
 	f.register(cmd.Flags())
@@ -75,28 +75,17 @@ func workerDefaults() launch.Worker {
 	return f.config()
 }
 
-// runWorkerFile runs a worker from a config file: the file's fields over
-// the defaults of `skyhive worker`.
-func runWorkerFile(ctx context.Context, _, stderr io.Writer, f launch.File) error {
-	w := workerDefaults()
-	if err := f.Decode(&w); err != nil { // refuses unknown fields and bad values
-		return err
-	}
+// runWorkerRole runs the worker w describes on a node of its own until
+// the coordinator shuts it down, it loses the coordinator, or ctx ends. A
+// worker has no DHT and no status record, which only a config file could
+// give it.
+func runWorkerRole(ctx context.Context, _, stderr io.Writer, w launch.Worker) error {
 	switch {
 	case len(w.DHT) > 0:
-		return fmt.Errorf("%s config: %q is not an option of this role", f.Role, "dht")
+		return fmt.Errorf("%s config: %q is not an option of this role", launch.RoleWorker, "dht")
 	case w.StatusEvery != 0:
-		return fmt.Errorf("%s config: %q is not an option of this role", f.Role, "status_every")
+		return fmt.Errorf("%s config: %q is not an option of this role", launch.RoleWorker, "status_every")
 	}
-	if err := selectProcess(w.Process); err != nil {
-		return err
-	}
-	return runWorkerRole(ctx, stderr, w)
-}
-
-// runWorkerRole runs the worker w describes on a node of its own until
-// the coordinator shuts it down, it loses the coordinator, or ctx ends.
-func runWorkerRole(ctx context.Context, stderr io.Writer, w launch.Worker) error {
 	level := slog.LevelWarn
 	if w.Verbose {
 		level = slog.LevelInfo

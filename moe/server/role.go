@@ -105,8 +105,7 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 	return serveStats(ctx, cfg, srv, logs)
 }
 
-// startNode starts the server's node, naming what to check when it cannot
-// join the DHT; ctx ending is returned as is.
+// startNode starts the server's node; ctx ending is returned as is.
 func startNode(ctx context.Context, cfg RoleConfig) (*node.Node, error) {
 	ncfg := cfg.Node
 	if ncfg.Host != nil {
@@ -121,15 +120,10 @@ func startNode(ctx context.Context, cfg RoleConfig) (*node.Node, error) {
 		ncfg.Log = cfg.Stderr
 	}
 	n, err := node.New(ctx, ncfg)
-	switch {
-	case err == nil:
-		return n, nil
-	case ctx.Err() != nil:
+	if err != nil && ctx.Err() != nil {
 		return nil, ctx.Err()
-	case errors.Is(err, node.ErrJoin):
-		return nil, fmt.Errorf("join DHT: %w (check the --dht address, which must end in /p2p/PEER_ID, and that its peer runs)", err)
 	}
-	return nil, err
+	return n, err
 }
 
 // queueMemory is the MiB of request tensors the server queues: the

@@ -2,7 +2,6 @@ package trainer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -104,15 +103,10 @@ func (j *Job) startNode(ctx context.Context, cfg RoleConfig) (*node.Node, p2p.Tr
 		return tr, err
 	}
 	n, err := node.New(ctx, ncfg)
-	switch {
-	case err == nil:
-		return n, tr, nil
-	case ctx.Err() != nil:
+	if err != nil && ctx.Err() != nil {
 		return nil, nil, ctx.Err()
-	case errors.Is(err, node.ErrJoin):
-		return nil, nil, fmt.Errorf("join DHT: %w (check the --dht address, which must end in /p2p/PEER_ID, and that its peer runs)", err)
 	}
-	return nil, nil, err
+	return n, tr, err
 }
 
 // expertsWait bounds how long MatchExperts waits for the grids' experts

@@ -37,7 +37,7 @@ func roles() map[string]runRole {
 		launch.RoleDHT:        byFlags(newDHTCmd),
 		launch.RoleServer:     runServerFile,
 		launch.RoleMoETrainer: runMoETrainerFile,
-		launch.RolePipeline:   byFlags(newTrainPipelineCmd),
+		launch.RolePipeline:   runPipelineFile,
 	}
 }
 

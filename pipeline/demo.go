@@ -78,8 +78,8 @@ type DemoStrategy struct {
 	SpeedupOnEven  float64    `json:"speedup_over_even"`
 }
 
-// Demo runs the main job: it starts the workers, profiles them and the
-// model, compares the plans of every strategy (demoCompare) and trains
+// Demo runs the main job: it starts the coordinator on a node of its own
+// (StartCoordinatorNode) and the workers, profiles them and the model, compares the plans of every strategy (demoCompare) and trains
 // with the skyhive plan. Its steps and tables go to out, the sessions'
 // notices and the progress bar to log.
 func Demo(ctx context.Context, cfg DemoConfig, out, log io.Writer) (DemoResult, error) {
@@ -96,7 +96,15 @@ func Demo(ctx context.Context, cfg DemoConfig, out, log io.Writer) (DemoResult, 
 	for i, f := range slow {
 		emulated[i] = demoBaseSlowdown * f
 	}
-	sc, err := NewScenario(ctx, ScenarioConfig{Binary: cfg.Binary, Slowdowns: emulated, Env: []string{"OPENBLAS_NUM_THREADS=1"}})
+	// The coordinator runs on a node of its own, as train pipeline's does.
+	coord := CoordinatorConfig{}
+	n, err := StartCoordinatorNode(ctx, coord, CoordinatorNode{Log: log})
+	if err != nil {
+		return res, err
+	}
+	defer n.Close()
+	coord.Transport = n.Host()
+	sc, err := NewScenario(ctx, ScenarioConfig{Coordinator: coord, Binary: cfg.Binary, Slowdowns: emulated, Env: []string{"OPENBLAS_NUM_THREADS=1"}})
 	if err != nil {
 		return res, err
 	}

@@ -81,9 +81,15 @@ type DemoStrategy struct {
 // Demo runs the main job: it starts the coordinator on a node of its own
 // (StartCoordinatorNode) and the workers, profiles them and the model, compares the plans of every strategy (demoCompare) and trains
 // with the skyhive plan. Its steps and tables go to out, the sessions'
-// notices and the progress bar to log.
+// notices and the progress bar to log (nil: discarded).
 func Demo(ctx context.Context, cfg DemoConfig, out, log io.Writer) (DemoResult, error) {
 	var res DemoResult
+	if out == nil {
+		out = io.Discard
+	}
+	if log == nil {
+		log = io.Discard
+	}
 	trainSet, testSet, err := loadFashionMNIST(cfg.DataDir, cfg.Limit)
 	if err != nil {
 		return res, err

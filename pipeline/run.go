@@ -86,7 +86,7 @@ type TrainConfig struct {
 	// JoinWait is the number of workers from elsewhere to wait for.
 	JoinWait int
 	// Node is the node the coordinator runs on: the DHT it publishes its
-	// status record through, and its log.
+	// status record through, its metrics and its log (nil: Train's log).
 	Node CoordinatorNode
 	// Announce, if set, tells where workers reach the coordinator when it
 	// waits for JoinWait of them.
@@ -156,8 +156,14 @@ type LMRunResult struct {
 // ones, then trains an image classifier (after measuring the plans of
 // cfg.Compare) and evaluates it on the test set, or trains a language
 // model and reports its validation loss and perplexity. The result goes
-// to stdout, the progress and notices to log.
+// to stdout, the progress and notices to log (nil: discarded).
 func Train(ctx context.Context, cfg TrainConfig, stdout, log io.Writer) error {
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if log == nil {
+		log = io.Discard
+	}
 	var trainSet, testSet *data.Dataset
 	var corpus *lmText
 	var err error
@@ -197,7 +203,11 @@ func (r *coordRun) start(ctx context.Context) (*Scenario, *node.Node, error) {
 	if len(cfg.Coordinator.Host.ListenAddrs) == 0 && r.cfg.JoinWait == 0 {
 		cfg.Coordinator.Host.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"} // local workers only
 	}
-	n, err := StartCoordinatorNode(ctx, cfg.Coordinator, r.cfg.Node)
+	cn := r.cfg.Node
+	if cn.Log == nil {
+		cn.Log = r.log
+	}
+	n, err := StartCoordinatorNode(ctx, cfg.Coordinator, cn)
 	if err != nil {
 		return nil, nil, err
 	}

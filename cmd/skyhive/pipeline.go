@@ -158,7 +158,7 @@ func runPipelineRole(ctx context.Context, stdout, stderr io.Writer, c launch.Pip
 		return err
 	}
 	defer stopMetrics()
-	cfg.Stats, cfg.Node.Log, cfg.Scenario.WorkerOutput = stats, stderr, os.Stderr
+	cfg.Stats, cfg.Scenario.WorkerOutput = stats, os.Stderr
 	cfg.Node.Metrics, cfg.Scenario.Coordinator.Metrics, cfg.Scenario.Coordinator.Host.Metrics = reg.Registerer(), reg.Registerer(), reg.Registerer()
 	cfg.Announce = func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stderr, nil) }
 	return pipeline.Train(ctx, cfg, stdout, stderr)

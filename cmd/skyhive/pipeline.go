@@ -16,6 +16,7 @@ import (
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/netem"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/pipeline"
 	"github.com/skyhive/skyhive/train"
@@ -191,10 +192,11 @@ func pipelineConfig(c launch.Pipeline, given func(string) bool) (pipeline.TrainC
 	if err := status.check(); err != nil {
 		return cfg, err
 	}
-	if _, err := net.seeds(); err != nil {
+	seeds, err := net.seeds()
+	if err != nil {
 		return cfg, err
 	}
-	cfg.Node = pipeline.CoordinatorNode{DHT: net.dht, StatusEvery: status.every}
+	cfg.Node = pipeline.CoordinatorNode{DHT: node.BootstrapAddrs(seeds), StatusEvery: status.every}
 	return cfg, nil
 }
 

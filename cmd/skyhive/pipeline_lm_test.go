@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/skyhive/skyhive/pipeline"
 )
 
 // train pipeline --model gpt-mini --data text:PATH trains a language model
@@ -23,7 +25,7 @@ func TestTrainPipelineLM(t *testing.T) {
 	if err := p.wait(t, 3*time.Minute); err != nil {
 		t.Fatalf("%v\n%s", err, tail(p.stderr.String()))
 	}
-	var res lmPipelineResult
+	var res pipeline.LMRunResult
 	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil {
 		t.Fatalf("stdout is not the JSON result: %v\n%s\n%s", err, stdout.String(), tail(p.stderr.String()))
 	}

@@ -2,17 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
-	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
-
-	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/p2p"
@@ -24,21 +19,16 @@ type runRole func(ctx context.Context, stdout, stderr io.Writer, f launch.File) 
 // roles are the roles a config file may name, by launch role name. The
 // averaging peer, the pipeline worker, the DHT node, the expert server
 // and the MoE trainer run from their typed configs, which their flags feed
-// too (fileRole); the pipeline coordinator runs its command with the flags
-// the config's fields name (see runFlagRole).
+// too (fileRole); the pipeline coordinator's file also says which options
+// were given, for the model defaults (runPipelineFile).
 func roles() map[string]runRole {
-	byFlags := func(newCmd func() *cobra.Command) runRole {
-		return func(ctx context.Context, stdout, stderr io.Writer, f launch.File) error {
-			return runFlagRole(ctx, stdout, stderr, f, newCmd)
-		}
-	}
 	return map[string]runRole{
 		launch.RolePeer:       fileRole(peerDefaults, runPeerRole),
 		launch.RoleWorker:     fileRole(infallible(workerDefaults), runWorkerRole),
 		launch.RoleDHT:        fileRole(infallible(dhtDefaults), runDHTRole),
 		launch.RoleServer:     fileRole(infallible(serverDefaults), runServerRole),
 		launch.RoleMoETrainer: fileRole(infallible(moeTrainerDefaults), runMoETrainerRole),
-		launch.RolePipeline:   byFlags(newTrainPipelineCmd),
+		launch.RolePipeline:   runPipelineFile,
 	}
 }
 
@@ -98,98 +88,6 @@ func runRoleFile(ctx context.Context, path string, stdout, stderr io.Writer) err
 		return fmt.Errorf("%s: unknown role %q (want %s)", path, f.Role, strings.Join(slices.Sorted(maps.Keys(all)), ", "))
 	}
 	return run(ctx, stdout, stderr, f)
-}
-
-// runFlagRole runs a role's command with the config file's fields as its
-// flags: each field the file gives sets the flag of its name ("_" for "-"),
-// the others keep their defaults, and the command runs as if given those
-// flags. A negative status_every is 0 (never); gemm selects the backend as
-// the root command's --gemm does.
-func runFlagRole(ctx context.Context, stdout, stderr io.Writer, f launch.File, newCmd func() *cobra.Command) error {
-	cfg, _ := launch.New(f.Role)
-	if err := f.Decode(cfg); err != nil {
-		return err
-	}
-	var given map[string]json.RawMessage
-	if err := json.Unmarshal(f.Config, &given); err != nil {
-		return fmt.Errorf("launch: %s config: %w", f.Role, err)
-	}
-	fields := configFields(reflect.ValueOf(cfg).Elem())
-	cmd := newCmd()
-	fl := cmd.Flags()
-	for _, name := range slices.Sorted(maps.Keys(given)) {
-		if name == "gemm" {
-			continue
-		}
-		flag := strings.ReplaceAll(name, "_", "-")
-		if fl.Lookup(flag) == nil {
-			return fmt.Errorf("%s config: %q is not an option of this role", f.Role, name)
-		}
-		vals := flagValues(fields[name])
-		if name == "status_every" && fields[name].Int() < 0 {
-			vals = []string{"0s"}
-		}
-		for _, v := range vals {
-			if err := fl.Set(flag, v); err != nil {
-				return fmt.Errorf("%s config: %s: %w", f.Role, name, err)
-			}
-		}
-	}
-	var proc launch.Process
-	if p, ok := cfg.(interface{ ProcessOptions() launch.Process }); ok {
-		proc = p.ProcessOptions()
-	}
-	if err := selectProcess(proc); err != nil {
-		return err
-	}
-	cmd.SetContext(ctx)
-	cmd.SetOut(stdout)
-	cmd.SetErr(stderr)
-	return cmd.RunE(cmd, nil)
-}
-
-// configFields maps the JSON names of a config struct's fields, those of
-// embedded structs included, to the fields.
-func configFields(v reflect.Value) map[string]reflect.Value {
-	out := map[string]reflect.Value{}
-	t := v.Type()
-	for i := range t.NumField() {
-		sf := t.Field(i)
-		if sf.Anonymous && sf.Type.Kind() == reflect.Struct {
-			maps.Copy(out, configFields(v.Field(i)))
-			continue
-		}
-		name, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
-		if name != "" && name != "-" {
-			out[name] = v.Field(i)
-		}
-	}
-	return out
-}
-
-// flagValues are a config field's value as flag values: one per element of
-// a list.
-func flagValues(v reflect.Value) []string {
-	if d, ok := v.Interface().(launch.Duration); ok {
-		return []string{time.Duration(d).String()}
-	}
-	switch v.Kind() {
-	case reflect.Slice:
-		var out []string
-		for i := range v.Len() {
-			out = append(out, flagValues(v.Index(i))...)
-		}
-		return out
-	case reflect.Bool:
-		return []string{strconv.FormatBool(v.Bool())}
-	case reflect.Int, reflect.Int64:
-		return []string{strconv.FormatInt(v.Int(), 10)}
-	case reflect.Uint64:
-		return []string{strconv.FormatUint(v.Uint(), 10)}
-	case reflect.Float64:
-		return []string{strconv.FormatFloat(v.Float(), 'g', -1, 64)}
-	}
-	return []string{v.String()}
 }
 
 // selectProcess applies a config's process options that the root command's

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -271,4 +272,23 @@ func TestMoETrainerRoleFromFile(t *testing.T) {
 	if !strings.Contains(stderr.String(), "hidden size 16") {
 		t.Fatalf("the model did not take the experts' hidden size:\n%s", stderr.String())
 	}
+}
+
+// configFields maps the JSON names of a config struct's fields, those of
+// embedded structs included, to the fields.
+func configFields(v reflect.Value) map[string]reflect.Value {
+	out := map[string]reflect.Value{}
+	t := v.Type()
+	for i := range t.NumField() {
+		sf := t.Field(i)
+		if sf.Anonymous && sf.Type.Kind() == reflect.Struct {
+			maps.Copy(out, configFields(v.Field(i)))
+			continue
+		}
+		name, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			out[name] = v.Field(i)
+		}
+	}
+	return out
 }

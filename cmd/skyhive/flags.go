@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
-	ma "github.com/multiformats/go-multiaddr"
-	manet "github.com/multiformats/go-multiaddr/net"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -327,58 +325,13 @@ func (c *connectFlags) seeds() ([]peer.AddrInfo, error) {
 	return s, nil
 }
 
-// printReach prints where others reach a peer and whether they can. The
-// advice on reaching it from other networks is left out for a peer that
-// listens only on loopback, which is meant for this machine (a local
-// pipeline's workers, a demo).
-func printReach(w io.Writer, r p2p.Reach) {
-	fmt.Fprintln(w, "reachable at:")
-	for _, a := range r.Addrs {
-		fmt.Fprintf(w, "  %s\n", a)
-	}
-	if loopbackOnly(r) {
-		fmt.Fprintln(w, "reachability: this machine only (loopback)")
-		return
-	}
-	fmt.Fprintln(w, r)
-}
+// printReach is p2p.WriteReach, for the commands that print a peer's
+// reachability.
+func printReach(w io.Writer, r p2p.Reach) { p2p.WriteReach(w, r) }
 
-// loopbackOnly reports whether every address of r is a loopback one.
-func loopbackOnly(r p2p.Reach) bool {
-	if len(r.Addrs) == 0 || len(r.Relayed) > 0 {
-		return false
-	}
-	for _, s := range r.Addrs {
-		a, err := ma.NewMultiaddr(s)
-		if err != nil || !manet.IsIPLoopback(a) {
-			return false
-		}
-	}
-	return true
-}
-
-// reportReach prints h's addresses and reachability now (to w, or as one
-// JSON line to jsonOut if it is set) and, on w, whenever AutoNAT's
-// verdict changes until ctx ends or h closes.
+// reportReach is p2p.ReportReach.
 func reportReach(ctx context.Context, h *p2p.Host, w, jsonOut io.Writer) {
-	r := h.Reach()
-	if jsonOut != nil {
-		_ = json.NewEncoder(jsonOut).Encode(map[string]any{"peer": h.ID().String(), "addrs": r.Addrs, "reach": r})
-	} else {
-		fmt.Fprintf(w, "peer %s\n", h.ID())
-		printReach(w, r)
-	}
-	if loopbackOnly(r) {
-		return // AutoNAT has nothing to say about loopback
-	}
-	go func() {
-		_ = h.WatchReach(ctx, func(n p2p.Reach) {
-			if n.Status != r.Status {
-				r = n
-				fmt.Fprintln(w, n)
-			}
-		})
-	}()
+	p2p.ReportReach(ctx, h, w, jsonOut)
 }
 
 // metricsFlags is --metrics ADDR, which every long-running command has:

@@ -32,13 +32,13 @@ func TestStatusCommand(t *testing.T) {
 		}
 	}()
 
-	var rep statusReport
+	var rep metrics.StatusReport
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		var out syncBuffer
 		if err := runCLI(ctx, &out, "status", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--json", "--timeout", "10s"); err != nil {
 			t.Fatalf("status: %v\n%s", err, out.String())
 		}
-		rep = statusReport{}
+		rep = metrics.StatusReport{}
 		if err := json.Unmarshal([]byte(out.String()), &rep); err != nil {
 			t.Fatalf("status --json printed %q: %v", out.String(), err)
 		}

@@ -34,7 +34,7 @@ func roles() map[string]runRole {
 	return map[string]runRole{
 		launch.RolePeer:       runPeerFile,
 		launch.RoleWorker:     runWorkerFile,
-		launch.RoleDHT:        byFlags(newDHTCmd),
+		launch.RoleDHT:        runDHTFile,
 		launch.RoleServer:     runServerFile,
 		launch.RoleMoETrainer: runMoETrainerFile,
 		launch.RolePipeline:   byFlags(newTrainPipelineCmd),

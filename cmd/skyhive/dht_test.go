@@ -14,6 +14,7 @@ import (
 
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/dialback"
 )
 
 // syncBuffer is a bytes.Buffer safe for one writer and one reader.
@@ -112,7 +113,7 @@ func TestDHTCommands(t *testing.T) {
 	if err := runCLI(ctx, &doc, "doctor", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--json"); err != nil {
 		t.Fatalf("doctor: %v\n%s", err, doc.String())
 	}
-	var rep doctorReport
+	var rep dialback.Report
 	if err := json.Unmarshal([]byte(doc.String()), &rep); err != nil || !rep.Reachable || len(rep.Seen) != 1 {
 		t.Fatalf("doctor reported %+v (%v):\n%s", rep, err, doc.String())
 	}

@@ -41,6 +41,11 @@ func newDoctorCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			rep.Verdict = "verdict: reachable directly; others can dial this host at the addresses that connected"
+			if !rep.Reachable {
+				rep.Verdict = "verdict: not reachable directly: forward a port to this machine and pass --listen /ip4/0.0.0.0/tcp/PORT " +
+					"--announce /ip4/PUBLIC_IP/tcp/PORT, or join through a relay with --relay ADDR (a public peer started with --relay-service)"
+			}
 			if out.json {
 				return printJSON(cmd.OutOrStdout(), rep)
 			}

@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -18,10 +19,10 @@ import (
 
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/jsonl"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
-	"github.com/skyhive/skyhive/p2p/admission"
 )
 
 // Flag groups shared by the commands, so that one name means one thing,
@@ -243,86 +244,38 @@ func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
 	fl.Int64Var(&c.memoryMiB, "memory-budget", 0, "MiB of memory this process should stay within: Go's soft memory limit; a quarter of it bounds libp2p's connections and streams, an eighth the DHT records this peer stores (0: no limit; libp2p gets an eighth of the machine's memory, the DHT 128 MiB)")
 }
 
-// minMemoryBudget is the smallest --memory-budget: below it the Go runtime
-// and libp2p alone would exceed it.
-const minMemoryBudget = 64
-
 // dhtMaxBytes bounds the records a DHT node stores: an eighth of
 // --memory-budget, or dht's default (0) without one.
-func (c *connectFlags) dhtMaxBytes() int { return int(c.memoryMiB << 20 / 8) }
+func (c *connectFlags) dhtMaxBytes() int { return c.launchNet().DHTMaxBytes() }
 
 // config is the host configuration the flags describe. With
 // --memory-budget it also sets the process's soft memory limit.
 func (c *connectFlags) config() (p2p.Config, error) {
-	cfg := p2p.Config{ListenAddrs: c.listen, AnnounceAddrs: c.announce, IdentityFile: c.identity,
-		RelayService: c.relayService, HolePunching: c.holePunching, AutoNAT: c.autoNAT, RelayClient: true}
-	switch {
-	case c.memoryMiB < 0 || (c.memoryMiB > 0 && c.memoryMiB < minMemoryBudget):
-		return cfg, fmt.Errorf("--memory-budget: %d MiB; give at least %d MiB, or 0 for no limit", c.memoryMiB, minMemoryBudget)
-	case c.memoryMiB > 0:
-		cfg.MemoryBudget = c.memoryMiB << 20 / 4
+	cfg, err := c.launchNet().HostConfig()
+	if err != nil {
+		return cfg, flagError(err)
+	}
+	if c.memoryMiB > 0 {
 		debug.SetMemoryLimit(c.memoryMiB << 20)
-	}
-	var err error
-	if cfg.StaticRelays, err = p2p.ParseAddrInfos(c.relays); err != nil {
-		return cfg, fmt.Errorf("--relay: %w", err)
-	}
-	if cfg.Admission, err = c.admission(); err != nil {
-		return cfg, err
-	}
-	switch c.reachability {
-	case "auto":
-	case "public":
-		cfg.Reachability = p2p.ReachabilityPublic
-	case "private":
-		cfg.Reachability = p2p.ReachabilityPrivate
-	default:
-		return cfg, fmt.Errorf("--reachability: want auto, public or private, got %q", c.reachability)
 	}
 	return cfg, nil
 }
 
-// admission reads --swarm-secret or --swarm-key and --member-token; nil is
-// an open swarm.
-func (c *connectFlags) admission() (*admission.Config, error) {
-	switch {
-	case c.swarmSecret != "" && c.swarmKey != "":
-		return nil, errors.New("--swarm-secret and --swarm-key: choose one way to close the swarm")
-	case c.swarmSecret != "":
-		if c.memberToken != "" {
-			return nil, errors.New("--member-token goes with --swarm-key, not --swarm-secret")
-		}
-		s, err := admission.ReadSwarmSecret(c.swarmSecret)
-		if err != nil {
-			return nil, fmt.Errorf("--swarm-secret: %w", err)
-		}
-		return &admission.Config{Secret: s}, nil
-	case c.swarmKey != "":
-		if c.memberToken == "" {
-			return nil, errors.New("--swarm-key needs --member-token: this peer's token, made with skyhive keygen token --peer ID")
-		}
-		k, err := admission.ReadSwarmPublicKey(c.swarmKey)
-		if err != nil {
-			return nil, fmt.Errorf("--swarm-key: %w", err)
-		}
-		t, err := admission.ReadMemberToken(c.memberToken)
-		if err != nil {
-			return nil, fmt.Errorf("--member-token: %w", err)
-		}
-		return &admission.Config{SwarmKey: k, Token: t}, nil
-	case c.memberToken != "":
-		return nil, errors.New("--member-token needs --swarm-key")
-	}
-	return nil, nil
-}
-
 // seeds parses --dht.
 func (c *connectFlags) seeds() ([]peer.AddrInfo, error) {
-	s, err := p2p.ParseAddrInfos(c.dht)
-	if err != nil {
-		return nil, fmt.Errorf("--dht: %w", err)
+	s, err := c.launchNet().Seeds()
+	return s, flagError(err)
+}
+
+// flagError names the flags behind a launch.FieldError (a config field
+// f is the flag --f, with "-" for "_"); other errors come back as they
+// are.
+func flagError(err error) error {
+	var fe *launch.FieldError
+	if !errors.As(err, &fe) {
+		return err
 	}
-	return s, nil
+	return fe.Renamed(func(f string) string { return "--" + strings.ReplaceAll(f, "_", "-") })
 }
 
 // printReach is p2p.WriteReach, for the commands that print a peer's

@@ -297,23 +297,11 @@ func (m *metricsFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&m.addr, "metrics", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9100 (port 0: a free one; see docs/observability.md)")
 }
 
-// start serves a new registry on --metrics until ctx ends or stop is
-// called, and says where on log. Without --metrics the registry is nil
-// (its Registerer too: no component counts anything) and stop does
-// nothing.
+// start serves a new registry on --metrics (metrics.Start): without
+// --metrics the registry is nil and stop does nothing.
 func (m *metricsFlags) start(ctx context.Context, log io.Writer) (reg *metrics.Registry, stop func(), err error) {
-	if m.addr == "" {
-		return nil, func() {}, nil
-	}
-	reg = metrics.NewRegistry()
-	srv, err := metrics.Serve(ctx, m.addr, reg)
-	if err != nil {
+	if reg, stop, err = metrics.Start(ctx, m.addr, log); err != nil {
 		return nil, nil, fmt.Errorf("--metrics: %w", err)
 	}
-	fmt.Fprintf(log, "metrics on %s\n", srv.URL())
-	return reg, func() {
-		if err := srv.Close(); err != nil {
-			fmt.Fprintf(log, "metrics: %v\n", err)
-		}
-	}, nil
+	return reg, stop, nil
 }

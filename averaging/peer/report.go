@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+
+	"github.com/skyhive/skyhive/p2p"
 )
 
 // Report writes each peer's result and the mean over the peers as
@@ -14,7 +16,7 @@ func (l Launched) Report(w io.Writer) {
 	if l.LM {
 		for i, r := range l.Peers {
 			fmt.Fprintf(w, "  peer %d (%s): validation perplexity %.2f (unigram %.2f), %d steps, %d rounds, %.1f MB sent\n",
-				i, ShortID(r.Peer), r.ValPerplexity, r.UnigramPerplexity, r.Steps, r.Rounds, float64(r.BytesSent)/1e6)
+				i, p2p.ShortID(r.Peer), r.ValPerplexity, r.UnigramPerplexity, r.Steps, r.Rounds, float64(r.BytesSent)/1e6)
 		}
 		fmt.Fprintf(w, "%s: mean validation perplexity of %d peers %.2f (logs: %s)\n",
 			l.Algo, len(l.Peers), l.MeanValPerplexity, filepath.Clean(l.Dir))
@@ -22,18 +24,10 @@ func (l Launched) Report(w io.Writer) {
 	}
 	for i, r := range l.Peers {
 		fmt.Fprintf(w, "  peer %d (%s): test accuracy %.2f%%, %d steps, %d rounds, %.1f MB sent\n",
-			i, ShortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, float64(r.BytesSent)/1e6)
+			i, p2p.ShortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, float64(r.BytesSent)/1e6)
 	}
 	fmt.Fprintf(w, "%s: mean test accuracy of %d peers %.2f%% (logs: %s)\n",
 		l.Algo, len(l.Peers), 100*l.MeanAccuracy, filepath.Clean(l.Dir))
-}
-
-// ShortID shortens a peer ID for display: its last 8 characters.
-func ShortID(id string) string {
-	if len(id) > 12 {
-		return id[len(id)-8:]
-	}
-	return id
 }
 
 // Report writes the peer's result: one JSON line in the benchmark
@@ -44,7 +38,7 @@ func (r Result) Report(w io.Writer, asJSON bool) error {
 	}
 	if !asJSON {
 		fmt.Fprintf(w, "peer %s: test accuracy %.2f%% after %d steps, %d rounds, %.0fs; %.1f MB sent\n",
-			ShortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
+			p2p.ShortID(r.Peer), 100*r.TestAccuracy, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
 		return nil
 	}
 	line := map[string]any{
@@ -61,7 +55,7 @@ func (r Result) Report(w io.Writer, asJSON bool) error {
 func (r Result) reportLM(w io.Writer, asJSON bool) error {
 	if !asJSON {
 		fmt.Fprintf(w, "peer %s: validation perplexity %.2f (unigram %.2f) of %s after %d steps, %d rounds, %.0fs; %.1f MB sent\n",
-			ShortID(r.Peer), r.ValPerplexity, r.UnigramPerplexity, r.Model, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
+			p2p.ShortID(r.Peer), r.ValPerplexity, r.UnigramPerplexity, r.Model, r.Steps, r.Rounds, r.Seconds, float64(r.BytesSent)/1e6)
 		return nil
 	}
 	line := map[string]any{

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/skyhive/skyhive/p2p"
 )
 
 // A peer's result is one JSON line in the benchmark protocol, test
@@ -34,7 +36,7 @@ func TestResultReport(t *testing.T) {
 		if err := c.r.Report(&b, false); err != nil {
 			t.Fatal(err)
 		}
-		if s := b.String(); !strings.Contains(s, c.phrase) || !strings.Contains(s, ShortID(id)) || strings.Contains(s, id) {
+		if s := b.String(); !strings.Contains(s, c.phrase) || !strings.Contains(s, p2p.ShortID(id)) || strings.Contains(s, id) {
 			t.Errorf("sentence %q, want %q and the short ID", s, c.phrase)
 		}
 	}

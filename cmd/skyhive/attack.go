@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -65,22 +62,18 @@ error. Attack only peers you run: the flood is meant to hurt.`,
 			if slowRate == 0 {
 				slowRate = -1 // hostile.RunConfig: none
 			}
-			w := cmd.OutOrStdout()
-			progress := w
+			w, progress := cmd.OutOrStdout(), cmd.OutOrStdout()
 			if jsonOut {
 				progress = cmd.ErrOrStderr()
 			}
-			fmt.Fprintf(progress, "attacking %d peers from %d identities for %s (%.0f requests/s", len(peers), identities, duration, rate)
-			if slowRate > 0 {
-				fmt.Fprintf(progress, ", %.1f slow senders/s; their verdicts take about 31 s more", slowRate)
-			}
-			fmt.Fprintln(progress, ")")
-			r, err := hostile.Run(cmd.Context(), hostile.RunConfig{
+			c := hostile.RunConfig{
 				Targets: peers, Identities: identities, Rate: rate, SlowRate: slowRate, Duration: duration,
 				NewHost: func(ctx context.Context) (*p2p.Host, error) {
 					return p2p.New(ctx, p2p.Config{ListenAddrs: listen})
 				},
-			})
+			}
+			c.WriteStart(progress)
+			r, err := hostile.Run(cmd.Context(), c)
 			if err != nil {
 				return err
 			}
@@ -89,12 +82,9 @@ error. Attack only peers you run: the flood is meant to hurt.`,
 					return err
 				}
 			} else {
-				printAttackReport(w, r)
+				r.WriteText(w)
 			}
-			if len(r.Breaches) > 0 {
-				return fmt.Errorf("the victims accepted or held hostile requests: %s", strings.Join(r.Breaches, ", "))
-			}
-			return nil
+			return r.Err()
 		},
 	}
 	fl := cmd.Flags()
@@ -106,37 +96,4 @@ error. Attack only peers you run: the flood is meant to hurt.`,
 	fl.DurationVar(&duration, "duration", 30*time.Second, "how long to send quick requests")
 	fl.BoolVar(&jsonOut, "json", false, "print the report (targets, tallies per attack, breaches) as JSON on stdout")
 	return cmd
-}
-
-// printAttackReport prints the targets' roles and one line per attack.
-func printAttackReport(w io.Writer, r hostile.Report) {
-	for _, t := range r.Targets {
-		fmt.Fprintf(w, "target %s: %s", t.ID, strings.Join(t.Roles, ", "))
-		if t.Note != "" {
-			fmt.Fprintf(w, " (%s)", t.Note)
-		}
-		fmt.Fprintln(w)
-	}
-	fmt.Fprintf(w, "%-44s %8s %8s %6s %5s %8s\n", "attack", "sent", "refused", "held", "n/a", "accepted")
-	for _, ft := range []hostile.FloodTally{r.Fast, r.Slow} {
-		names := make([]string, 0, len(ft.ByAttack))
-		for n := range ft.ByAttack {
-			names = append(names, n)
-		}
-		slices.Sort(names)
-		for _, n := range names {
-			a := ft.ByAttack[n]
-			acc := fmt.Sprint(a.Accepted)
-			if a.Absorbed && a.Accepted > 0 {
-				acc += " (absorbed)"
-			}
-			fmt.Fprintf(w, "%-44s %8d %8d %6d %5d %8s\n", n, a.Sent, a.Refused, a.Unanswered, a.Inapplicable, acc)
-		}
-	}
-	fmt.Fprintf(w, "%d requests in %.0f s (%.0f/s)", r.Fast.Sent+r.Slow.Sent, r.Fast.Seconds, r.Fast.Rate)
-	if len(r.Breaches) == 0 {
-		fmt.Fprintln(w, "; every defence held")
-	} else {
-		fmt.Fprintf(w, "; BREACHES: %s\n", strings.Join(r.Breaches, ", "))
-	}
 }

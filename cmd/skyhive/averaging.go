@@ -277,7 +277,6 @@ func peerFlagHint(err error) error {
 }
 
 // shortID shortens a peer ID for display.
-func shortID(s string) string { return peer.ShortID(s) }
 
 // averagingFlags are the options of train averaging and demo averaging,
 // which launch `skyhive peer` processes on this machine: every peer's

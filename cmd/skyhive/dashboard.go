@@ -5,15 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/dashboard"
-	"github.com/skyhive/skyhive/dht"
-	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/node"
 )
 
@@ -78,41 +74,10 @@ func runDashboard(cmd *cobra.Command, f dashboardFlags) error {
 		return joinHint(err)
 	}
 	defer n.Close()
-	d, err := dashboard.New(dashboard.Config{Every: f.every, Source: dashboardSource(n.DHT(), n.Seeds())})
+	d, err := dashboard.New(dashboard.Config{Every: f.every, Source: dashboard.DHTSource(n.DHT(), n.Seeds())})
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: d, ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	polled := make(chan struct{})
-	go func() { defer close(polled); _ = d.Run(ctx) }()
 	fmt.Fprintf(cmd.OutOrStdout(), "dashboard: http://%s/ (Ctrl-C to stop)\n", ln.Addr())
-	select {
-	case <-ctx.Done():
-	case err = <-served:
-	}
-	d.Close()
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	_ = srv.Shutdown(sctx)
-	scancel()
-	<-polled
-	if err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("dashboard: %w", err)
-	}
-	return nil
-}
-
-// dashboardSource reads the records through n, joining the DHT again
-// through seeds when n has lost all its peers.
-func dashboardSource(n *dht.Node, seeds []peer.AddrInfo) dashboard.Source {
-	return func(ctx context.Context, now time.Time) ([]metrics.Status, int, error) {
-		ss, dropped, err := metrics.ReadStatus(ctx, n, now)
-		if err != nil && len(n.Peers()) == 0 {
-			if berr := n.Bootstrap(ctx, seeds); berr == nil {
-				ss, dropped, err = metrics.ReadStatus(ctx, n, now)
-			}
-		}
-		return ss, dropped, err
-	}
+	return dashboard.Serve(ctx, ln, d)
 }

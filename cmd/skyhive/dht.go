@@ -5,16 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
-	"strconv"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/dht"
-	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/node"
@@ -56,14 +51,18 @@ func newDHTCmd() *cobra.Command {
 		Long: "Run a standalone Kademlia DHT node that stores and serves records for the swarm.\n" +
 			"It prints its multiaddrs, which other peers pass as --dht, and runs until Ctrl-C.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDHTServe(cmd, f) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDHTRole(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f.config())
+		},
 	}
 	f.register(cmd)
 	serve := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a DHT node until interrupted (same as plain `skyhive dht`)",
 		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return runDHTServe(cmd, f) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDHTRole(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f.config())
+		},
 	}
 	f.register(serve)
 	cmd.AddCommand(serve, newDHTPutCmd(), newDHTGetCmd())
@@ -117,7 +116,7 @@ func newDHTGetCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				printItems(cmd.OutOrStdout(), items)
+				dht.WriteItems(cmd.OutOrStdout(), items)
 				return nil
 			})
 		},
@@ -125,39 +124,6 @@ func newDHTGetCmd() *cobra.Command {
 	f.register(cmd, "DHT nodes to read through: multiaddrs ending in /p2p/PEER_ID (required)")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 30*time.Second, "give up after this long")
 	return cmd
-}
-
-// printItems prints "VALUE<TAB>expires in D" for a plain value, or
-// "SUBKEY<TAB>VALUE<TAB>expires in D" per subkey, sorted.
-func printItems(w io.Writer, items map[string]dht.Item) {
-	keys := make([]string, 0, len(items))
-	for k := range items {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		it := items[k]
-		left := time.Until(it.Expiration).Round(time.Second)
-		if k == "" {
-			fmt.Fprintf(w, "%s\texpires in %v\n", printable(it.Value), left)
-		} else {
-			fmt.Fprintf(w, "%s\t%s\texpires in %v\n", printable([]byte(k)), printable(it.Value), left)
-		}
-	}
-}
-
-// printable returns b as is if it is plain text, else Go-quoted.
-func printable(b []byte) string {
-	s := string(b)
-	if !utf8.ValidString(s) || len(s) == 0 {
-		return strconv.Quote(s)
-	}
-	for _, r := range s {
-		if !unicode.IsPrint(r) || r == '\t' {
-			return strconv.Quote(s)
-		}
-	}
-	return s
 }
 
 // startNode starts the node of a dht command: its host as net
@@ -179,85 +145,67 @@ func startNode(ctx context.Context, net connectFlags, mode string, timeout time.
 	return node.New(ctx, cfg)
 }
 
+// config is the flags as the DHT role's typed config.
+func (f *dhtServeFlags) config() launch.DHT {
+	return launch.DHT{Net: f.net.launchNet(),
+		Process:    launch.Process{Region: f.status.region, StatusEvery: launchStatusEvery(f.status.every), Metrics: f.metrics.addr},
+		Output:     launch.Output{JSON: f.out.json, Stats: f.out.stats},
+		StatsEvery: launch.Duration(f.statsEvery)}
+}
+
 // dhtDefaults is the config of `skyhive dht` without flags, which a config
 // file's fields replace.
 func dhtDefaults() launch.DHT {
 	var f dhtServeFlags
 	f.register(&cobra.Command{})
-	return launch.DHT{Net: f.net.launchNet(), Output: launch.Output{JSON: f.out.json, Stats: f.out.stats},
-		Process:    launch.Process{Region: f.status.region, StatusEvery: launchStatusEvery(f.status.every), Metrics: f.metrics.addr},
-		StatsEvery: launch.Duration(f.statsEvery)}
+	return f.config()
 }
 
-// runDHTRole runs the DHT node of a config file (runDHTServe with the
-// options d gives).
-func runDHTRole(ctx context.Context, stdout, stderr io.Writer, d launch.DHT) error {
-	cmd := &cobra.Command{}
-	cmd.SetContext(ctx)
-	cmd.SetOut(stdout)
-	cmd.SetErr(stderr)
-	return runDHTServe(cmd, dhtServeFlags{dhtFlags: dhtFlags{net: connectFlagsOf(d.Net)}, out: outputFlags{json: d.JSON, stats: d.Stats},
-		statsEvery: time.Duration(d.StatsEvery), status: statusFlags{region: d.Region, every: max(time.Duration(d.StatusEvery), 0)},
-		metrics: metricsFlags{addr: d.Metrics}})
-}
-
-func runDHTServe(cmd *cobra.Command, f dhtServeFlags) error {
-	ctx := cmd.Context()
-	if f.out.stats != "" && f.statsEvery <= 0 {
-		return fmt.Errorf("--stats-every must be positive, got %v", f.statsEvery)
+// runDHTRole runs a DHT node with its typed config, from the flags of
+// `skyhive dht` or from a config file, until ctx ends: its addresses (or
+// a JSON line) on stdout, notices on stderr and statistics on c.Stats.
+func runDHTRole(ctx context.Context, stdout, stderr io.Writer, c launch.DHT) error {
+	status := statusFlags{region: c.Region, every: max(time.Duration(c.StatusEvery), 0)}
+	if c.Stats != "" && c.StatsEvery <= 0 {
+		return fmt.Errorf("--stats-every must be positive, got %v", time.Duration(c.StatsEvery))
 	}
-	if err := f.status.check(); err != nil {
+	if err := status.check(); err != nil {
 		return err
 	}
-	stats, closeStats, err := f.out.openStats()
+	stats, closeStats, err := (&outputFlags{stats: c.Stats}).openStats()
 	if err != nil {
 		return err
 	}
 	defer closeStats()
 	// Joining is optional: others may bootstrap from this node, and the
 	// periodic refresh retries through whoever contacts it.
-	n, err := startNode(ctx, f.net, node.DHTServer, 0, node.Config{
-		MetricsAddr: f.metrics.addr, ServeDialback: true, Log: cmd.ErrOrStderr(),
+	n, err := startNode(ctx, connectFlagsOf(c.Net), node.DHTServer, 0, node.Config{
+		MetricsAddr: c.Metrics, ServeDialback: true, Log: stderr,
 		DHT:    node.DHTConfig{Optional: true},
-		Status: f.status.config(metrics.RoleDHT),
+		Status: status.config(metrics.RoleDHT),
 	})
 	if err != nil {
 		return err
 	}
 	defer n.Close()
 	var jsonOut io.Writer
-	if f.out.json {
-		jsonOut = cmd.OutOrStdout()
+	if c.JSON {
+		jsonOut = stdout
 	}
-	fmt.Fprintln(cmd.ErrOrStderr(), "dht node: others join with --dht and one of the addresses below")
-	reportReach(ctx, n.Host(), cmd.OutOrStdout(), jsonOut)
+	fmt.Fprintln(stderr, "dht node: others join with --dht and one of the addresses below")
+	reportReach(ctx, n.Host(), stdout, jsonOut)
 	d := n.DHT()
 	if err := n.StartStatus(func(s *metrics.Status) {
 		s.DHT = &metrics.DHTStatus{Peers: len(d.Peers()), Records: d.Records()}
 	}); err != nil {
 		return err
 	}
-	var tick <-chan time.Time
-	if stats != nil {
-		t := time.NewTicker(f.statsEvery)
-		defer t.Stop()
-		tick = t.C
+	err = d.WriteStats(ctx, stats, time.Duration(c.StatsEvery))
+	fmt.Fprintln(stderr, "stopping")
+	if err != nil {
+		return fmt.Errorf("--stats: %w", err)
 	}
-	lines := jsonl.Writer{W: stats}
-	start := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			fmt.Fprintln(cmd.ErrOrStderr(), "stopping")
-			if lines.Err != nil {
-				return fmt.Errorf("--stats: %w", lines.Err)
-			}
-			return nil
-		case now := <-tick:
-			lines.Write(map[string]any{"time": now.UTC().Format(time.RFC3339), "uptime_seconds": now.Sub(start).Seconds(),
-				"peers": len(d.Peers()), "records": d.Records()})
-		}
-	}
+	return nil
 }
 
 // joinHint names the flags behind a failure to join the DHT.

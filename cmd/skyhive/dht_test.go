@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/p2p/dialback"
 )
 
 // syncBuffer is a bytes.Buffer safe for one writer and one reader.
@@ -111,7 +113,7 @@ func TestDHTCommands(t *testing.T) {
 	if err := runCLI(ctx, &doc, "doctor", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--json"); err != nil {
 		t.Fatalf("doctor: %v\n%s", err, doc.String())
 	}
-	var rep doctorReport
+	var rep dialback.Report
 	if err := json.Unmarshal([]byte(doc.String()), &rep); err != nil || !rep.Reachable || len(rep.Seen) != 1 {
 		t.Fatalf("doctor reported %+v (%v):\n%s", rep, err, doc.String())
 	}
@@ -127,5 +129,48 @@ func TestDHTCommands(t *testing.T) {
 	// A record beyond the DHT's maximum lifetime is refused up front.
 	if err := runCLI(ctx, &out, "dht", "put", "--dht", addr, "--ttl", "700h", "ffn.", "x"); err == nil || !strings.Contains(err.Error(), "at most 6h") {
 		t.Fatalf("put --ttl 700h: %v", err)
+	}
+}
+
+// A DHT node runs from its config file as `skyhive dht` does with the same
+// options: it prints its peer ID as JSON, appends statistics to its stats
+// file and stops when asked; a bad option is refused with its flag's name.
+func TestDHTRoleFromFile(t *testing.T) {
+	dir := t.TempDir()
+	path, stats := filepath.Join(dir, "dht.json"), filepath.Join(dir, "stats.jsonl")
+	if err := launch.Write(path, launch.DHT{Net: launch.Net{Listen: []string{"/ip4/127.0.0.1/tcp/0"}},
+		Process: launch.Process{StatusEvery: -1}, Output: launch.Output{JSON: true, Stats: stats},
+		StatsEvery: launch.Duration(50 * time.Millisecond)}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- runRoleFile(ctx, path, &stdout, &stderr) }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if b, _ := os.ReadFile(stats); bytes.Contains(b, []byte(`"records"`)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no statistics:\n%s\n%s", stdout.String(), stderr.String())
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("dht: %v\n%s", err, stderr.String())
+	}
+	var id struct{ Peer string }
+	if err := json.Unmarshal([]byte(stdout.String()), &id); err != nil || id.Peer == "" {
+		t.Errorf("stdout %q: %v", stdout.String(), err)
+	}
+	if !strings.Contains(stderr.String(), "stopping") {
+		t.Errorf("stderr lacks stopping:\n%s", stderr.String())
+	}
+	if err := launch.Write(path, launch.DHT{Output: launch.Output{Stats: stats}, StatsEvery: -1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := runRoleFile(context.Background(), path, &stdout, &stderr); err == nil || !strings.Contains(err.Error(), "--stats-every") {
+		t.Errorf("negative stats_every: got %v", err)
 	}
 }

@@ -10,20 +10,19 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
-	ma "github.com/multiformats/go-multiaddr"
-	manet "github.com/multiformats/go-multiaddr/net"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/jsonl"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/p2p"
-	"github.com/skyhive/skyhive/p2p/admission"
 )
 
 // Flag groups shared by the commands, so that one name means one thing,
@@ -245,140 +244,47 @@ func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
 	fl.Int64Var(&c.memoryMiB, "memory-budget", 0, "MiB of memory this process should stay within: Go's soft memory limit; a quarter of it bounds libp2p's connections and streams, an eighth the DHT records this peer stores (0: no limit; libp2p gets an eighth of the machine's memory, the DHT 128 MiB)")
 }
 
-// minMemoryBudget is the smallest --memory-budget: below it the Go runtime
-// and libp2p alone would exceed it.
-const minMemoryBudget = 64
-
 // dhtMaxBytes bounds the records a DHT node stores: an eighth of
 // --memory-budget, or dht's default (0) without one.
-func (c *connectFlags) dhtMaxBytes() int { return int(c.memoryMiB << 20 / 8) }
+func (c *connectFlags) dhtMaxBytes() int { return c.launchNet().DHTMaxBytes() }
 
 // config is the host configuration the flags describe. With
 // --memory-budget it also sets the process's soft memory limit.
 func (c *connectFlags) config() (p2p.Config, error) {
-	cfg := p2p.Config{ListenAddrs: c.listen, AnnounceAddrs: c.announce, IdentityFile: c.identity,
-		RelayService: c.relayService, HolePunching: c.holePunching, AutoNAT: c.autoNAT, RelayClient: true}
-	switch {
-	case c.memoryMiB < 0 || (c.memoryMiB > 0 && c.memoryMiB < minMemoryBudget):
-		return cfg, fmt.Errorf("--memory-budget: %d MiB; give at least %d MiB, or 0 for no limit", c.memoryMiB, minMemoryBudget)
-	case c.memoryMiB > 0:
-		cfg.MemoryBudget = c.memoryMiB << 20 / 4
+	cfg, err := c.launchNet().HostConfig()
+	if err != nil {
+		return cfg, flagError(err)
+	}
+	if c.memoryMiB > 0 {
 		debug.SetMemoryLimit(c.memoryMiB << 20)
-	}
-	var err error
-	if cfg.StaticRelays, err = p2p.ParseAddrInfos(c.relays); err != nil {
-		return cfg, fmt.Errorf("--relay: %w", err)
-	}
-	if cfg.Admission, err = c.admission(); err != nil {
-		return cfg, err
-	}
-	switch c.reachability {
-	case "auto":
-	case "public":
-		cfg.Reachability = p2p.ReachabilityPublic
-	case "private":
-		cfg.Reachability = p2p.ReachabilityPrivate
-	default:
-		return cfg, fmt.Errorf("--reachability: want auto, public or private, got %q", c.reachability)
 	}
 	return cfg, nil
 }
 
-// admission reads --swarm-secret or --swarm-key and --member-token; nil is
-// an open swarm.
-func (c *connectFlags) admission() (*admission.Config, error) {
-	switch {
-	case c.swarmSecret != "" && c.swarmKey != "":
-		return nil, errors.New("--swarm-secret and --swarm-key: choose one way to close the swarm")
-	case c.swarmSecret != "":
-		if c.memberToken != "" {
-			return nil, errors.New("--member-token goes with --swarm-key, not --swarm-secret")
-		}
-		s, err := admission.ReadSwarmSecret(c.swarmSecret)
-		if err != nil {
-			return nil, fmt.Errorf("--swarm-secret: %w", err)
-		}
-		return &admission.Config{Secret: s}, nil
-	case c.swarmKey != "":
-		if c.memberToken == "" {
-			return nil, errors.New("--swarm-key needs --member-token: this peer's token, made with skyhive keygen token --peer ID")
-		}
-		k, err := admission.ReadSwarmPublicKey(c.swarmKey)
-		if err != nil {
-			return nil, fmt.Errorf("--swarm-key: %w", err)
-		}
-		t, err := admission.ReadMemberToken(c.memberToken)
-		if err != nil {
-			return nil, fmt.Errorf("--member-token: %w", err)
-		}
-		return &admission.Config{SwarmKey: k, Token: t}, nil
-	case c.memberToken != "":
-		return nil, errors.New("--member-token needs --swarm-key")
-	}
-	return nil, nil
-}
-
 // seeds parses --dht.
 func (c *connectFlags) seeds() ([]peer.AddrInfo, error) {
-	s, err := p2p.ParseAddrInfos(c.dht)
-	if err != nil {
-		return nil, fmt.Errorf("--dht: %w", err)
-	}
-	return s, nil
+	s, err := c.launchNet().Seeds()
+	return s, flagError(err)
 }
 
-// printReach prints where others reach a peer and whether they can. The
-// advice on reaching it from other networks is left out for a peer that
-// listens only on loopback, which is meant for this machine (a local
-// pipeline's workers, a demo).
-func printReach(w io.Writer, r p2p.Reach) {
-	fmt.Fprintln(w, "reachable at:")
-	for _, a := range r.Addrs {
-		fmt.Fprintf(w, "  %s\n", a)
+// flagError names the flags behind a launch.FieldError (a config field
+// f is the flag --f, with "-" for "_"); other errors come back as they
+// are.
+func flagError(err error) error {
+	var fe *launch.FieldError
+	if !errors.As(err, &fe) {
+		return err
 	}
-	if loopbackOnly(r) {
-		fmt.Fprintln(w, "reachability: this machine only (loopback)")
-		return
-	}
-	fmt.Fprintln(w, r)
+	return fe.Renamed(func(f string) string { return "--" + strings.ReplaceAll(f, "_", "-") })
 }
 
-// loopbackOnly reports whether every address of r is a loopback one.
-func loopbackOnly(r p2p.Reach) bool {
-	if len(r.Addrs) == 0 || len(r.Relayed) > 0 {
-		return false
-	}
-	for _, s := range r.Addrs {
-		a, err := ma.NewMultiaddr(s)
-		if err != nil || !manet.IsIPLoopback(a) {
-			return false
-		}
-	}
-	return true
-}
+// printReach is p2p.WriteReach, for the commands that print a peer's
+// reachability.
+func printReach(w io.Writer, r p2p.Reach) { p2p.WriteReach(w, r) }
 
-// reportReach prints h's addresses and reachability now (to w, or as one
-// JSON line to jsonOut if it is set) and, on w, whenever AutoNAT's
-// verdict changes until ctx ends or h closes.
+// reportReach is p2p.ReportReach.
 func reportReach(ctx context.Context, h *p2p.Host, w, jsonOut io.Writer) {
-	r := h.Reach()
-	if jsonOut != nil {
-		_ = json.NewEncoder(jsonOut).Encode(map[string]any{"peer": h.ID().String(), "addrs": r.Addrs, "reach": r})
-	} else {
-		fmt.Fprintf(w, "peer %s\n", h.ID())
-		printReach(w, r)
-	}
-	if loopbackOnly(r) {
-		return // AutoNAT has nothing to say about loopback
-	}
-	go func() {
-		_ = h.WatchReach(ctx, func(n p2p.Reach) {
-			if n.Status != r.Status {
-				r = n
-				fmt.Fprintln(w, n)
-			}
-		})
-	}()
+	p2p.ReportReach(ctx, h, w, jsonOut)
 }
 
 // metricsFlags is --metrics ADDR, which every long-running command has:
@@ -391,23 +297,11 @@ func (m *metricsFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&m.addr, "metrics", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9100 (port 0: a free one; see docs/observability.md)")
 }
 
-// start serves a new registry on --metrics until ctx ends or stop is
-// called, and says where on log. Without --metrics the registry is nil
-// (its Registerer too: no component counts anything) and stop does
-// nothing.
+// start serves a new registry on --metrics (metrics.Start): without
+// --metrics the registry is nil and stop does nothing.
 func (m *metricsFlags) start(ctx context.Context, log io.Writer) (reg *metrics.Registry, stop func(), err error) {
-	if m.addr == "" {
-		return nil, func() {}, nil
-	}
-	reg = metrics.NewRegistry()
-	srv, err := metrics.Serve(ctx, m.addr, reg)
-	if err != nil {
+	if reg, stop, err = metrics.Start(ctx, m.addr, log); err != nil {
 		return nil, nil, fmt.Errorf("--metrics: %w", err)
 	}
-	fmt.Fprintf(log, "metrics on %s\n", srv.URL())
-	return reg, func() {
-		if err := srv.Close(); err != nil {
-			fmt.Fprintf(log, "metrics: %v\n", err)
-		}
-	}, nil
+	return reg, stop, nil
 }

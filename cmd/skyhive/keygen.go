@@ -84,19 +84,12 @@ Two ways to close a swarm:
 			if valid <= 0 {
 				return fmt.Errorf("--valid must be positive, got %v", valid)
 			}
-			k, err := admission.ReadSwarmPrivateKey(swarmKey)
-			if err != nil {
-				return err
-			}
 			id, err := peer.Decode(peerID)
 			if err != nil {
 				return fmt.Errorf("--peer %q: %w", peerID, err)
 			}
-			t, err := admission.NewMemberToken(k, id, time.Now().Add(valid))
+			t, err := admission.IssueMemberToken(swarmKey, id, time.Now().Add(valid), args[0])
 			if err != nil {
-				return err
-			}
-			if err := admission.WriteMemberToken(args[0], t); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "member token for %s, valid until %s, written to %s\n", id, t.Expires.UTC().Format(time.RFC3339), args[0])

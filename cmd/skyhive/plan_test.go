@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/profile"
 )
 
@@ -43,7 +44,7 @@ func TestPlanJSON(t *testing.T) {
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
-	var got planJSON
+	var got alloc.PlanJSON
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("bad JSON: %v\n%s", err, out)
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -143,24 +142,10 @@ regions; measured links can be added to the "links" list (docs/profile.md).`,
 			if cmd.Flags().Changed("inter-gbit") {
 				inter[1] = interGbit * 1e3
 			}
-			for _, v := range append(intra[:], inter[:]...) {
-				if v < 0 {
-					return errors.New("link latencies and bandwidths must not be negative")
-				}
-			}
-			cp := &profile.ClusterProfile{
-				Format: profile.ClusterFormat,
-				Intra:  profile.LinkSpec{Latency: intra[0] / 1e3, Bandwidth: intra[1] * 1e6 / 8},
-				Inter:  profile.LinkSpec{Latency: inter[0] / 1e3, Bandwidth: inter[1] * 1e6 / 8},
-			}
-			for _, a := range args {
-				d, err := profile.LoadDevice(a)
-				if err != nil {
-					return err
-				}
-				cp.Devices = append(cp.Devices, d)
-			}
-			if _, err := cp.Alloc(); err != nil {
+			cp, err := profile.JoinDevices(args,
+				profile.LinkSpec{Latency: intra[0] / 1e3, Bandwidth: intra[1] * 1e6 / 8},
+				profile.LinkSpec{Latency: inter[0] / 1e3, Bandwidth: inter[1] * 1e6 / 8})
+			if err != nil {
 				return err
 			}
 			if out != "" {

@@ -183,33 +183,6 @@ func TestFlagRoleFromFile(t *testing.T) {
 	}
 }
 
-// A DHT node runs from its config file as `skyhive dht` does with the
-// same options: it prints its address as JSON and stops with ctx.
-func TestDHTRoleFromFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "dht.json")
-	if err := launch.Write(path, launch.DHT{Net: launch.Net{Listen: []string{"/ip4/127.0.0.1/tcp/0"}},
-		Output: launch.Output{JSON: true}, Process: launch.Process{StatusEvery: -1}}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	done := make(chan error, 1)
-	go func() { done <- runRoleFile(ctx, path, &stdout, &stderr) }()
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(stdout.String(), `"addrs"`); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the DHT node printed no address:\n%s\n%s", stdout.String(), stderr.String())
-		}
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(stdout.String(), "/ip4/127.0.0.1/tcp/") || !strings.Contains(stderr.String(), "stopping") {
-		t.Fatalf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
-	}
-}
-
 // An expert server runs from its config file as `skyhive server` does with
 // the same options: it serves, prints its address and, when stopped, its
 // statistics and the checkpoint it writes.

@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -55,13 +52,6 @@ func (s *statusFlags) config(role string) node.StatusConfig {
 	return node.StatusConfig{Role: role, Region: s.region, Every: s.every}
 }
 
-// statusReport is what `skyhive status --json` prints.
-type statusReport struct {
-	Time    time.Time        `json:"time"`
-	Peers   []metrics.Status `json:"peers"`
-	Dropped int              `json:"dropped"`
-}
-
 func newStatusCmd() *cobra.Command {
 	var (
 		f      dhtFlags
@@ -85,13 +75,14 @@ func newStatusCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				rep := metrics.StatusReport{Time: now.UTC(), Peers: peers, Dropped: dropped}
 				if asJSON {
-					if peers == nil {
-						peers = []metrics.Status{}
+					if rep.Peers == nil {
+						rep.Peers = []metrics.Status{}
 					}
-					return printJSON(cmd.OutOrStdout(), statusReport{Time: now.UTC(), Peers: peers, Dropped: dropped})
+					return printJSON(cmd.OutOrStdout(), rep)
 				}
-				printStatus(cmd.OutOrStdout(), peers, dropped, now)
+				rep.WriteTable(cmd.OutOrStdout())
 				return nil
 			})
 		},
@@ -100,48 +91,4 @@ func newStatusCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 20*time.Second, "give up after this long")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the records as JSON (with the number dropped)")
 	return cmd
-}
-
-// printStatus prints the records as a table.
-func printStatus(w io.Writer, peers []metrics.Status, dropped int, now time.Time) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PEER\tROLE\tREGION\tVERSION\tSTEP\tSAMPLES/S\tLOSS\tREACH\tLAST SEEN")
-	for _, s := range peers {
-		loss := "-"
-		if s.Loss != nil {
-			loss = strconv.FormatFloat(*s.Loss, 'f', 4, 64)
-		}
-		seen := ago(now.Sub(s.Time)) + " ago"
-		if !s.Alive(now) {
-			seen += " (gone?)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%s\t%s\n", shortID(s.Peer), s.Role, orDash(s.Region), orDash(s.Version),
-			s.Step, s.SamplesPerSecond, loss, orDash(s.Reach), seen)
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "%d peers", len(peers))
-	if dropped > 0 {
-		fmt.Fprintf(w, "; %d invalid, forged or expired records left out", dropped)
-	}
-	fmt.Fprintln(w)
-}
-
-// ago rounds a duration for people: 850ms, 12s, 3m4s, 2h5m.
-func ago(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "0s"
-	case d < time.Second:
-		return d.Round(10 * time.Millisecond).String()
-	case d < time.Hour:
-		return d.Round(time.Second).String()
-	}
-	return d.Round(time.Minute).String()
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }

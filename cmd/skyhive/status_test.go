@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/metrics"
+	"github.com/skyhive/skyhive/p2p"
 )
 
 // TestStatusCommand runs a DHT node and an expert server in this process,
@@ -32,13 +33,13 @@ func TestStatusCommand(t *testing.T) {
 		}
 	}()
 
-	var rep statusReport
+	var rep metrics.StatusReport
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		var out syncBuffer
 		if err := runCLI(ctx, &out, "status", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr, "--json", "--timeout", "10s"); err != nil {
 			t.Fatalf("status: %v\n%s", err, out.String())
 		}
-		rep = statusReport{}
+		rep = metrics.StatusReport{}
 		if err := json.Unmarshal([]byte(out.String()), &rep); err != nil {
 			t.Fatalf("status --json printed %q: %v", out.String(), err)
 		}
@@ -70,7 +71,7 @@ func TestStatusCommand(t *testing.T) {
 	if err := runCLI(ctx, &table, "status", "--listen", "/ip4/127.0.0.1/tcp/0", "--dht", addr); err != nil {
 		t.Fatalf("status: %v", err)
 	}
-	for _, want := range []string{"PEER", "LAST SEEN", "dht", "eu-west", "server", "us-east", shortID(s.Peer), "2 peers"} {
+	for _, want := range []string{"PEER", "LAST SEEN", "dht", "eu-west", "server", "us-east", p2p.ShortID(s.Peer), "2 peers"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -104,40 +103,15 @@ func (f *swarmRunFlags) run(cmd *cobra.Command, path string) error {
 	return runErr
 }
 
-// printSwarmSummary prints a table of the peers and the run's numbers.
+// printSwarmSummary prints the run as text with its benchmark numbers.
 func printSwarmSummary(w io.Writer, r *swarm.RunResult) {
-	fmt.Fprintf(w, "swarm %s: %.1f s, isolation %s\n", r.Name, r.Seconds, r.Isolation)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "peer\trole\tregion\tstate\tstarts\taccuracy\tMB sent\tMB received")
-	for _, p := range r.Peers {
-		acc := "-"
-		if p.TestAccuracy != nil {
-			acc = fmt.Sprintf("%.2f%%", 100**p.TestAccuracy)
-		}
-		region := p.Region
-		if p.NAT {
-			region += " (NAT)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%.1f\t%.1f\n", p.Name, p.Role, region, p.State, p.Starts, acc, float64(p.Sent)/1e6, float64(p.Received)/1e6)
-	}
-	tw.Flush()
-	for _, e := range r.Events {
-		line := fmt.Sprintf("  at %v: %s %s", e.Fired.Round(time.Millisecond), e.Action, e.Peer)
-		if e.Error != "" {
-			line += ": " + e.Error
-		}
-		fmt.Fprintln(w, line)
-	}
+	var numbers []string
 	for _, b := range bench.SwarmResults(r)[1:] {
-		line := fmt.Sprintf("  %s: %.4g %s", b.Metric, b.Value, b.Unit)
+		line := fmt.Sprintf("%s: %.4g %s", b.Metric, b.Value, b.Unit)
 		if b.Baseline != "" {
 			line += fmt.Sprintf(" (%s %.4g, ratio %.2f)", b.Baseline, b.BaselineValue, b.Ratio)
 		}
-		fmt.Fprintln(w, line)
+		numbers = append(numbers, line)
 	}
-	if r.Network != nil {
-		n := r.Network
-		fmt.Fprintf(w, "  router: %d packets forwarded, %d lost, %d tail-dropped, %d unreachable, %d refused by NATs\n",
-			n.Forwarded, n.Lost, n.QueueDrops, n.Unreachable, n.NATDrops)
-	}
+	r.WriteText(w, numbers)
 }

@@ -1,8 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
-	"slices"
+	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -102,21 +103,31 @@ func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 		cfg.Model, trainSet.Len(), testSet.Len(), tensor.Backend())
 	res, err := train.Run(cmd.Context(), cfg, trainSet, testSet, out)
 	if err != nil {
-		if cfg.Checkpoint != "" && cmd.Context().Err() != nil && !strings.Contains(err.Error(), "resume") {
-			return fmt.Errorf("%w (continue with --resume)", err)
-		}
-		return err
+		return resumeHint(cmd.Context(), cfg.Checkpoint, err)
 	}
-	if f.out.json {
-		return printJSON(cmd.OutOrStdout(), res)
-	}
-	if res.Resumed && len(res.Epochs) == 0 {
+	if res.Resumed && len(res.Epochs) == 0 && !f.out.json {
 		fmt.Fprintf(cmd.OutOrStdout(), "%s has finished all %d epochs: nothing left to do (test accuracy %.2f%%; raise --epochs to train further)\n",
 			cfg.Checkpoint, cfg.Epochs, 100*res.TestAccuracy)
 		return nil
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "test accuracy %.2f%% after %d epochs in %.1fs (%d parameters)\n",
-		100*res.TestAccuracy, len(res.Epochs), res.Seconds, res.Params)
+	return writeResult(cmd.OutOrStdout(), res, f.out.json)
+}
+
+// resumeHint adds how to continue to the error of a run with a checkpoint
+// that was interrupted.
+func resumeHint(ctx context.Context, checkpoint string, err error) error {
+	if checkpoint != "" && ctx.Err() != nil && !strings.Contains(err.Error(), "resume") {
+		return fmt.Errorf("%w (continue with --resume)", err)
+	}
+	return err
+}
+
+// writeResult prints a training result as JSON, or as text.
+func writeResult(w io.Writer, r train.TextWriter, asJSON bool) error {
+	if asJSON {
+		return printJSON(w, r)
+	}
+	r.WriteText(w)
 	return nil
 }
 
@@ -124,20 +135,9 @@ func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 // suggesting the closest name when one is a likely typo, and listing the
 // names (their parameters are checked when the model is built).
 func knownModel(spec string) error {
-	name, _, _ := strings.Cut(spec, ":")
-	var names []string
-	best, dist := "", 3 // suggest only names within two edits
-	for _, m := range models.List() {
-		if m.Name == name {
-			return nil
-		}
-		if slices.Contains(names, m.Name) {
-			continue
-		}
-		names = append(names, m.Name)
-		if d := editDistance(name, m.Name); d < dist {
-			best, dist = m.Name, d
-		}
+	known, best, names := train.ClosestModel(spec)
+	if known {
+		return nil
 	}
 	hint := ""
 	if best != "" {
@@ -145,27 +145,6 @@ func knownModel(spec string) error {
 	}
 	return fmt.Errorf("--model %s: unknown model%s; the models are %s (skyhive train --help describes them)",
 		spec, hint, strings.Join(names, ", "))
-}
-
-// editDistance is the Levenshtein distance between a and b, in bytes.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // newTrainCmd is `skyhive train`: local training itself, and a subcommand

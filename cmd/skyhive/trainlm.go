@@ -147,39 +147,9 @@ func (f *trainFlags) runLM(cmd *cobra.Command, dataset string) error {
 	defer closeStats()
 	cfg.Stats = stats
 	fmt.Fprintf(out, "training %s on %s, GEMM backend %s\n", cfg.Model, dataset, tensor.Backend())
-	failed := func(err error) error {
-		if cfg.Checkpoint != "" && cmd.Context().Err() != nil && !strings.Contains(err.Error(), "resume") {
-			return fmt.Errorf("%w (continue with --resume)", err)
-		}
-		return err
-	}
-	w := cmd.OutOrStdout()
-	if masked {
-		res, err := train.RunMLM(cmd.Context(), cfg, corpus, out)
-		if err != nil {
-			return failed(err)
-		}
-		if f.out.json {
-			return printJSON(w, res)
-		}
-		fmt.Fprintf(w, "validation masked-token perplexity %.2f, unigram %.2f: ratio %.3f, accuracy %.1f%% after %d steps in %.1fs (%s, %d parameters)\n",
-			res.ValPerplexity, res.UnigramPerplexity, res.Ratio, 100*res.ValAccuracy, res.Steps, res.Seconds, res.Model, res.Params)
-		for _, m := range res.FillMask {
-			fmt.Fprintf(w, "fill-mask: %s → %q (was %q)\n", m.Text, m.Prediction, m.Answer)
-		}
-		return nil
-	}
-	res, err := train.RunLM(cmd.Context(), cfg, corpus, out)
+	res, err := train.RunLanguageModel(cmd.Context(), cfg, corpus, out)
 	if err != nil {
-		return failed(err)
+		return resumeHint(cmd.Context(), cfg.Checkpoint, err)
 	}
-	if f.out.json {
-		return printJSON(w, res)
-	}
-	fmt.Fprintf(w, "validation perplexity %.2f, bigram %.2f: ratio %.3f (target ≤ 0.6) after %d steps in %.1fs (%s, %d parameters)\n",
-		res.ValPerplexity, res.BigramPerplexity, res.Ratio, res.Steps, res.Seconds, res.Model, res.Params)
-	if res.Sample != "" {
-		fmt.Fprintf(w, "sample: %s%s\n", res.Prompt, res.Sample)
-	}
-	return nil
+	return writeResult(cmd.OutOrStdout(), res, f.out.json)
 }

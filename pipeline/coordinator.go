@@ -259,7 +259,7 @@ func (c *Coordinator) onRegister(_ context.Context, from peer.ID, b []byte) ([]b
 		ai.Addrs = append(ai.Addrs, a)
 	}
 	if req.Name == "" {
-		req.Name = from.ShortString()
+		req.Name = p2p.ShortID(from.String())
 	}
 	// Names label plans and tables, so they must be unique: several workers
 	// on one host (srun --ntasks-per-node>1) all send its host name.

@@ -159,7 +159,7 @@ func NewWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 		}
 	}
 	if w.cfg.Name == "" {
-		w.cfg.Name = w.tr.ID().ShortString()
+		w.cfg.Name = p2p.ShortID(w.tr.ID().String())
 	}
 	w.handle(ProtoPing, func(context.Context, peer.ID, []byte) ([]byte, error) { return nil, nil })
 	w.control(ProtoProfile, w.onProfile)

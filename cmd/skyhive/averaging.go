@@ -276,8 +276,6 @@ func peerFlagHint(err error) error {
 	return err
 }
 
-// shortID shortens a peer ID for display.
-
 // averagingFlags are the options of train averaging and demo averaging,
 // which launch `skyhive peer` processes on this machine: every peer's
 // config, with the peer's flag names, and the local run's.

@@ -11,6 +11,7 @@ import (
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/moe/server"
 	"github.com/skyhive/skyhive/node"
+	"github.com/skyhive/skyhive/p2p"
 )
 
 // RunDemo runs a whole DMoE swarm on loopback and trains against it: a DHT
@@ -105,7 +106,7 @@ func (j *Job) startServers(ctx context.Context, n int, seeds []string, newNode f
 		if _, err := srv.Declare(ctx); err != nil {
 			return srvs, err
 		}
-		fmt.Fprintf(log, "expert server %d: %s, %d experts\n", i, nd.ID().ShortString(), len(mine))
+		fmt.Fprintf(log, "expert server %d: %s, %d experts\n", i, p2p.ShortID(nd.ID().String()), len(mine))
 	}
 	return srvs, nil
 }

@@ -133,7 +133,7 @@ func (j *Job) MatchExperts(ctx context.Context, log io.Writer, getter client.Get
 	for _, e := range infos {
 		if e.Type != "" && e.Type != server.TypeFFN {
 			return fmt.Errorf("expert %s on %s is a %s expert, but a DMoE trainer calls %s experts: start its server with --expert-type %s, or choose other --grids",
-				e.UID, e.Peer.ID.ShortString(), e.Type, server.TypeFFN, server.TypeFFN)
+				e.UID, p2p.ShortID(e.Peer.ID.String()), e.Type, server.TypeFFN, server.TypeFFN)
 		}
 		if e.Hidden > 0 {
 			sized[e.Hidden] = e
@@ -152,7 +152,7 @@ func (j *Job) MatchExperts(ctx context.Context, log io.Writer, getter client.Get
 		case h == j.hidden:
 		case hiddenSet:
 			return fmt.Errorf("the model's --hidden %d, but expert %s on %s has hidden %d: pass --hidden %d (or leave it out), or start the servers with --hidden %d",
-				j.hidden, e.UID, e.Peer.ID.ShortString(), h, h, j.hidden)
+				j.hidden, e.UID, p2p.ShortID(e.Peer.ID.String()), h, h, j.hidden)
 		default:
 			fmt.Fprintf(log, "the swarm's experts have hidden size %d: the model uses it (--hidden)\n", h)
 			j.hidden = h

@@ -220,12 +220,13 @@ func TestSwarmPipeline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A failure names the worker, or its peer ID as libp2p abbreviates it.
+	// A failure names the worker, or its peer ID as skyhive or libp2p
+	// abbreviates it.
 	var marks []string
 	for _, name := range []string{"fast-0", "fast-2"} {
 		marks = append(marks, name)
-		if addr := peerResult(t, r, name).Addr; len(addr) > 6 {
-			marks = append(marks, "12*"+addr[len(addr)-6:])
+		if addr := peerResult(t, r, name).Addr; len(addr) > 8 {
+			marks = append(marks, addr[len(addr)-8:], "12*"+addr[len(addr)-6:])
 		}
 	}
 	recovered := false

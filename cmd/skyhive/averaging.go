@@ -204,7 +204,7 @@ func (f *peerFlags) register(fl *pflag.FlagSet) {
 func (f *peerFlags) config(fl *pflag.FlagSet) (launch.Peer, error) {
 	c := f.cfg
 	c.Net = f.net.launchNet()
-	c.Process = launch.Process{Region: f.status.region, StatusEvery: launchStatusEvery(f.status.every), Metrics: f.metrics.addr}
+	c.Process = f.status.process(f.metrics.addr)
 	lm, dataset, seq, err := f.lm.resolve(fl, c.Model)
 	if err != nil {
 		return c, err

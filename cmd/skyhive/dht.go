@@ -148,7 +148,7 @@ func startNode(ctx context.Context, net connectFlags, mode string, timeout time.
 // config is the flags as the DHT role's typed config.
 func (f *dhtServeFlags) config() launch.DHT {
 	return launch.DHT{Net: f.net.launchNet(),
-		Process:    launch.Process{Region: f.status.region, StatusEvery: launchStatusEvery(f.status.every), Metrics: f.metrics.addr},
+		Process:    f.status.process(f.metrics.addr),
 		Output:     launch.Output{JSON: f.out.json, Stats: f.out.stats},
 		StatsEvery: launch.Duration(f.statsEvery)}
 }

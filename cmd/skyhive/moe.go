@@ -132,7 +132,7 @@ func (m *moeTrainFlags) register(fl *pflag.FlagSet) {
 func (m *moeTrainFlags) config(fl *pflag.FlagSet) launch.MoETrainer {
 	c := m.moeFlags.config()
 	c.Net = m.net.launchNet()
-	c.Process = launch.Process{Region: m.status.region, StatusEvery: launchStatusEvery(m.status.every), Metrics: m.train.metrics.addr}
+	c.Process = m.status.process(m.train.metrics.addr)
 	if !fl.Changed("hidden") {
 		c.Hidden = 0
 	}

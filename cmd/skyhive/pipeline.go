@@ -101,7 +101,7 @@ func (p *pipelineFlags) register(fl *pflag.FlagSet) {
 func (p *pipelineFlags) config() launch.Pipeline {
 	c, f, l := p.c, &p.train, p.train.lm
 	c.Net = p.net.launchNet()
-	c.Process = launch.Process{StatusEvery: launchStatusEvery(p.status.every), Metrics: f.metrics.addr}
+	c.Process = p.status.process(f.metrics.addr) // no --region: the coordinator has none
 	c.Output = launch.Output{JSON: f.out.json, Stats: f.out.stats}
 	c.Training = launch.Training{Epochs: f.cfg.Epochs, Batch: f.cfg.BatchSize, LR: f.cfg.LR, WeightDecay: f.cfg.WeightDecay,
 		Warmup: f.cfg.Warmup, Seed: f.cfg.Seed, Steps: f.steps, Clip: f.cfg.ClipNorm, Data: f.dataset, DataDir: f.data.dir,

@@ -102,15 +102,6 @@ func selectProcess(p launch.Process) error {
 // durationVar lets a flag set a launch.Duration.
 func durationVar(d *launch.Duration) *time.Duration { return (*time.Duration)(d) }
 
-// launchStatusEvery is --status-every as a config field: 0 (never) is
-// negative there, where 0 is the default.
-func launchStatusEvery(every time.Duration) launch.Duration {
-	if every == 0 {
-		return -1
-	}
-	return launch.Duration(every)
-}
-
 // launchNet is the connection flags as a config's network options.
 func (c *connectFlags) launchNet() launch.Net {
 	return launch.Net{Listen: c.listen, Announce: c.announce, Identity: c.identity, DHT: c.dht,

@@ -89,7 +89,7 @@ func (f *serverFlags) register(fl *pflag.FlagSet) {
 func (f *serverFlags) config(fl *pflag.FlagSet) launch.Server {
 	c := f.cfg
 	c.Net = f.net.launchNet()
-	c.Process = launch.Process{Region: f.status.region, StatusEvery: launchStatusEvery(f.status.every), Metrics: f.metrics.addr}
+	c.Process = f.status.process(f.metrics.addr)
 	c.Output = launch.Output{JSON: f.out.json, Stats: f.out.stats}
 	if fl.Changed("lazy") {
 		lazy := f.lazy

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
@@ -50,6 +51,17 @@ func (s *statusFlags) check() error {
 // node of role.
 func (s *statusFlags) config(role string) node.StatusConfig {
 	return node.StatusConfig{Role: role, Region: s.region, Every: s.every}
+}
+
+// process is the status flags, and the --metrics address, as a config's
+// process options. --status-every 0 (never) is negative there, where 0 is
+// the default.
+func (s *statusFlags) process(metrics string) launch.Process {
+	every := launch.Duration(s.every)
+	if s.every == 0 {
+		every = -1
+	}
+	return launch.Process{Region: s.region, StatusEvery: every, Metrics: metrics}
 }
 
 func newStatusCmd() *cobra.Command {

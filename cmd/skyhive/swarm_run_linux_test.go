@@ -139,18 +139,22 @@ func TestSwarmRunPeerFailsToStart(t *testing.T) {
 	requireNothingRunning(t, peers)
 }
 
-// Killing `swarm run` itself (SIGKILL: it cannot clean up) still leaves no
-// peer running: each child dies with its parent.
-func TestSwarmRunKilledLeavesNothing(t *testing.T) {
-	dir := t.TempDir()
-	spec := writeSpec(t, dir, `{
+// longSwarmSpec is a swarm of a DHT and two local-SGD peers that train for
+// five minutes: longer than any test waits for it.
+const longSwarmSpec = `{
   "name": "long",
   "isolation": "processes",
   "devices": [
     {"name": "dht", "count": 1, "role": "dht"},
     {"name": "peer", "count": 2, "role": "peer", "config": {"algo": "local", "duration": "5m", "batch": 32}}
   ]
-}`)
+}`
+
+// Killing `swarm run` itself (SIGKILL: it cannot clean up) still leaves no
+// peer running: each child dies with its parent.
+func TestSwarmRunKilledLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	spec := writeSpec(t, dir, longSwarmSpec)
 	peers := filepath.Join(dir, "peers")
 	p := startCLI(t, nil, "swarm", "run", spec, "--dir", peers)
 	deadline := time.Now().Add(time.Minute)
@@ -180,14 +184,7 @@ func TestSwarmRunKilledLeavesNothing(t *testing.T) {
 // train: it stops them and exits within stopBound, leaving nothing running.
 func TestSwarmRunStopsOnSignal(t *testing.T) {
 	dir := t.TempDir()
-	spec := writeSpec(t, dir, `{
-  "name": "long",
-  "isolation": "processes",
-  "devices": [
-    {"name": "dht", "count": 1, "role": "dht"},
-    {"name": "peer", "count": 2, "role": "peer", "config": {"algo": "local", "duration": "5m", "batch": 32}}
-  ]
-}`)
+	spec := writeSpec(t, dir, longSwarmSpec)
 	peers := filepath.Join(dir, "peers")
 	signalled(t, "2 of 2 training peers running", 5*time.Second, "swarm", "run", spec, "--dir", peers)
 	requireNothingRunning(t, peers)

@@ -12,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/admission"
@@ -101,7 +102,7 @@ type NetConfig struct {
 	// reachable (multiaddrs ending in /p2p/ID); RelayClient dials and
 	// accepts relayed connections; RelayService relays for others when
 	// publicly reachable.
-	Relays       []string `json:"relays,omitempty"`
+	Relays       []string `json:"relay,omitempty"`
 	RelayClient  bool     `json:"relay_client,omitempty"`
 	RelayService bool     `json:"relay_service,omitempty"`
 	// HolePunching upgrades relayed connections to direct ones (DCUtR);
@@ -214,28 +215,26 @@ func (c *NetConfig) zero() bool {
 }
 
 func (c *NetConfig) validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
-	}
 	if _, err := c.reachability(); err != nil {
 		return err
 	}
 	if _, err := p2p.ParseAddrInfos(c.Relays); err != nil {
-		return bad("relays: %v", err)
+		return configErr(err, "%s", "relay")
 	}
-	switch {
-	case c.SwarmSecret != "" && c.SwarmKey != "":
-		return bad("a swarm secret and a swarm key: choose one way to close the swarm")
-	case c.SwarmSecret != "" && c.MemberToken != "":
-		return bad("a member token goes with a swarm key, not a swarm secret")
-	case c.SwarmKey != "" && c.MemberToken == "":
-		return bad("a swarm key needs this node's member token (skyhive keygen token --peer ID)")
-	case c.SwarmKey == "" && c.MemberToken != "":
-		return bad("a member token needs the swarm key")
-	case c.MemoryBudget < 0 || c.MaxMessageBytes < 0 || c.MaxStreamBytes < 0:
-		return bad("negative memory budget or message bounds")
+	if _, err := c.admission(false); err != nil {
+		return err
+	}
+	if c.MemoryBudget < 0 || c.MaxMessageBytes < 0 || c.MaxStreamBytes < 0 {
+		return configErr(nil, "%s, %s or %s: negative", "memory_budget", "max_message_bytes", "max_stream_bytes")
 	}
 	return nil
+}
+
+// configErr is a configuration error about the options fields (by the JSON
+// names of launch.Net, which a command renames to its flags): text with a
+// %s for each field, and its cause err (nil: none). It wraps ErrConfig.
+func configErr(err error, text string, fields ...string) error {
+	return fmt.Errorf("%w: %w", ErrConfig, &launch.FieldError{Fields: fields, Text: text, Err: err})
 }
 
 func (c *NetConfig) reachability() (p2p.Reachability, error) {
@@ -247,11 +246,47 @@ func (c *NetConfig) reachability() (p2p.Reachability, error) {
 	case "private":
 		return p2p.ReachabilityPrivate, nil
 	}
-	return 0, fmt.Errorf("%w: reachability %q: want auto, public or private", ErrConfig, c.Reachability)
+	return 0, configErr(nil, fmt.Sprintf("%s: want auto, public or private, got %q", "%s", c.Reachability), "reachability")
+}
+
+// admission checks the files that close the swarm (SwarmSecret, or
+// SwarmKey and MemberToken) and, if read, reads them; nil is an open
+// swarm.
+func (c *NetConfig) admission(read bool) (*admission.Config, error) {
+	switch {
+	case c.SwarmSecret != "" && c.SwarmKey != "":
+		return nil, configErr(nil, "%s and %s: choose one way to close the swarm", "swarm_secret", "swarm_key")
+	case c.SwarmSecret != "" && c.MemberToken != "":
+		return nil, configErr(nil, "%s goes with %s, not %s", "member_token", "swarm_key", "swarm_secret")
+	case c.SwarmKey != "" && c.MemberToken == "":
+		return nil, configErr(nil, "%s needs %s: this peer's token, made with skyhive keygen token --peer ID", "swarm_key", "member_token")
+	case c.SwarmKey == "" && c.MemberToken != "":
+		return nil, configErr(nil, "%s needs %s", "member_token", "swarm_key")
+	case !read:
+		return nil, nil
+	case c.SwarmSecret != "":
+		s, err := admission.ReadSwarmSecret(c.SwarmSecret)
+		if err != nil {
+			return nil, configErr(err, "%s", "swarm_secret")
+		}
+		return &admission.Config{Secret: s}, nil
+	case c.SwarmKey != "":
+		k, err := admission.ReadSwarmPublicKey(c.SwarmKey)
+		if err != nil {
+			return nil, configErr(err, "%s", "swarm_key")
+		}
+		t, err := admission.ReadMemberToken(c.MemberToken)
+		if err != nil {
+			return nil, configErr(err, "%s", "member_token")
+		}
+		return &admission.Config{SwarmKey: k, Token: t}, nil
+	}
+	return nil, nil
 }
 
 // HostConfig is the p2p.Config c describes; it reads the swarm's
-// admission files.
+// admission files. An error wraps ErrConfig and a *launch.FieldError that
+// names the option at fault by launch.Net's JSON name.
 func (c *NetConfig) HostConfig() (p2p.Config, error) {
 	if err := c.validate(); err != nil {
 		return p2p.Config{}, err
@@ -263,25 +298,9 @@ func (c *NetConfig) HostConfig() (p2p.Config, error) {
 	}
 	cfg.Reachability, _ = c.reachability()
 	cfg.StaticRelays, _ = p2p.ParseAddrInfos(c.Relays)
-	switch {
-	case c.SwarmSecret != "":
-		s, err := admission.ReadSwarmSecret(c.SwarmSecret)
-		if err != nil {
-			return cfg, fmt.Errorf("swarm secret: %w", err)
-		}
-		cfg.Admission = &admission.Config{Secret: s}
-	case c.SwarmKey != "":
-		k, err := admission.ReadSwarmPublicKey(c.SwarmKey)
-		if err != nil {
-			return cfg, fmt.Errorf("swarm key: %w", err)
-		}
-		t, err := admission.ReadMemberToken(c.MemberToken)
-		if err != nil {
-			return cfg, fmt.Errorf("member token: %w", err)
-		}
-		cfg.Admission = &admission.Config{SwarmKey: k, Token: t}
-	}
-	return cfg, nil
+	var err error
+	cfg.Admission, err = c.admission(true)
+	return cfg, err
 }
 
 // seeds parses the bootstrap peers.

@@ -239,10 +239,10 @@ func TestBadConfigRefused(t *testing.T) {
 		{"region not text", Config{Status: StatusConfig{Role: metrics.RolePeer, Region: "eu\n", Every: time.Second}}, "region"},
 		{"status without a DHT", Config{DHT: DHTConfig{Mode: DHTOff}, Status: StatusConfig{Role: metrics.RolePeer, Every: time.Second}}, "DHT, which is off"},
 		{"reachability", Config{Net: NetConfig{Reachability: "sometimes"}}, "reachability"},
-		{"relay without /p2p", Config{Net: NetConfig{Relays: []string{"/ip4/127.0.0.1/tcp/1"}}}, "relays"},
+		{"relay without /p2p", Config{Net: NetConfig{Relays: []string{"/ip4/127.0.0.1/tcp/1"}}}, "relay"},
 		{"secret and key", Config{Net: NetConfig{SwarmSecret: file, SwarmKey: file, MemberToken: file}}, "choose one"},
-		{"key without token", Config{Net: NetConfig{SwarmKey: file}}, "member token"},
-		{"token without key", Config{Net: NetConfig{MemberToken: file}}, "needs the swarm key"},
+		{"key without token", Config{Net: NetConfig{SwarmKey: file}}, "swarm_key needs member_token"},
+		{"token without key", Config{Net: NetConfig{MemberToken: file}}, "member_token needs swarm_key"},
 		{"Net and Host", Config{Net: loopback, Host: &p2p.Config{}}, "not both"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -254,7 +254,7 @@ func TestBadConfigRefused(t *testing.T) {
 	}
 	// Files are read by New: a swarm secret that is no secret.
 	_, err := New(context.Background(), Config{Net: NetConfig{Listen: loopback.Listen, SwarmSecret: file}})
-	if err == nil || !strings.Contains(err.Error(), "swarm secret") {
+	if err == nil || !strings.Contains(err.Error(), "swarm_secret") {
 		t.Fatalf("empty swarm secret file: %v", err)
 	}
 	// A checkpoint directory that cannot be made.

@@ -22,6 +22,7 @@ import (
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/netem"
+	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
 )
 
@@ -251,7 +252,7 @@ func (c *connectFlags) dhtMaxBytes() int { return c.launchNet().DHTMaxBytes() }
 // config is the host configuration the flags describe. With
 // --memory-budget it also sets the process's soft memory limit.
 func (c *connectFlags) config() (p2p.Config, error) {
-	cfg, err := c.launchNet().HostConfig()
+	cfg, err := node.HostConfig(c.launchNet())
 	if err != nil {
 		return cfg, flagError(err)
 	}

@@ -1,16 +1,12 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"net"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/dashboard"
-	"github.com/skyhive/skyhive/node"
+	"github.com/skyhive/skyhive/launch"
 )
 
 // dashboardFlags are the options of `skyhive dashboard`. --listen is the
@@ -54,30 +50,12 @@ func newDashboardCmd() *cobra.Command {
 	return cmd
 }
 
+// runDashboard serves the dashboard (dashboard.Run) until ctx ends.
 func runDashboard(cmd *cobra.Command, f dashboardFlags) error {
-	ctx := cmd.Context()
-	if len(f.net.dht) == 0 {
-		return errors.New("--dht is required: the multiaddr of a DHT node of the swarm, ending in /p2p/PEER_ID")
-	}
-	if f.every < 100*time.Millisecond {
-		return fmt.Errorf("--every %v: want at least 100ms", f.every)
-	}
-	ln, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
-	defer ln.Close()
-	jctx, cancel := context.WithTimeout(ctx, f.timeout)
-	n, err := startNode(jctx, f.net, node.DHTClient, f.timeout, node.Config{})
-	cancel()
-	if err != nil {
-		return joinHint(err)
-	}
-	defer n.Close()
-	d, err := dashboard.New(dashboard.Config{Every: f.every, Source: dashboard.DHTSource(n.DHT(), n.Seeds())})
+	host, err := roleHost(f.net.launchNet(), launch.Process{})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "dashboard: http://%s/ (Ctrl-C to stop)\n", ln.Addr())
-	return dashboard.Serve(ctx, ln, d)
+	c := dashboard.RunConfig{Host: host, DHT: f.net.dht, Listen: f.listen, Every: f.every, Timeout: f.timeout}
+	return joinHint(flagError(dashboard.Run(cmd.Context(), c, cmd.OutOrStdout())))
 }

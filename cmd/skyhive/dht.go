@@ -61,9 +61,7 @@ func newDHTCmd() *cobra.Command {
 		Use:   "serve",
 		Short: "Run a DHT node until interrupted (same as plain `skyhive dht`)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDHTRole(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f.config())
-		},
+		RunE:  cmd.RunE, // with the same flags
 	}
 	f.register(serve)
 	cmd.AddCommand(serve, newDHTPutCmd(), newDHTGetCmd())
@@ -84,17 +82,11 @@ func newDHTPutCmd() *cobra.Command {
 			"need --identity of that peer. --ttl is at most 6h; a plain value never replaces a key's subkeys.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if ttl <= 0 || ttl > dht.DefaultMaxTTL {
-				return fmt.Errorf("--ttl must be positive and at most %v (DHT nodes refuse records that expire later), got %v", dht.DefaultMaxTTL, ttl)
+			if err := dhtrole.CheckTTL(ttl); err != nil {
+				return flagError(err)
 			}
 			return withClientNode(cmd.Context(), f, func(ctx context.Context, _ *p2p.Host, n *dht.Node) error {
-				exp := time.Now().Add(ttl)
-				k, err := n.Store(ctx, args[0], subkey, []byte(args[1]), exp)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "stored on %d peers, expires %s\n", k, exp.UTC().Format(time.RFC3339))
-				return nil
+				return flagError(dhtrole.Put(ctx, n, args[0], subkey, []byte(args[1]), ttl, cmd.OutOrStdout()))
 			})
 		},
 	}

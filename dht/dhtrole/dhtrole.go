@@ -110,3 +110,29 @@ func WithClient(ctx context.Context, host p2p.Config, seeds []string, timeout ti
 	defer n.Close()
 	return op(ctx, n.Host(), n.DHT())
 }
+
+// CheckTTL reports a record lifetime DHT nodes refuse: not positive, or
+// beyond dht.DefaultMaxTTL. The error is a *launch.FieldError about ttl.
+func CheckTTL(ttl time.Duration) error {
+	if ttl <= 0 || ttl > dht.DefaultMaxTTL {
+		return &launch.FieldError{Fields: []string{"ttl"},
+			Text: fmt.Sprintf("%%s must be positive and at most %v (DHT nodes refuse records that expire later), got %v", dht.DefaultMaxTTL, ttl)}
+	}
+	return nil
+}
+
+// Put stores value under key (and subkey, "" for none) on the DHT peers
+// nearest to it through n, expiring ttl from now (CheckTTL), and prints on
+// w how many peers accepted it and when it expires.
+func Put(ctx context.Context, n *dht.Node, key, subkey string, value []byte, ttl time.Duration, w io.Writer) error {
+	if err := CheckTTL(ttl); err != nil {
+		return err
+	}
+	exp := time.Now().Add(ttl)
+	k, err := n.Store(ctx, key, subkey, value, exp)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "stored on %d peers, expires %s\n", k, exp.UTC().Format(time.RFC3339))
+	return nil
+}

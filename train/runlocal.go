@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/tensor"
 )
@@ -42,6 +44,10 @@ type Local struct {
 	// appended to while the run runs ("": none).
 	JSON  bool
 	Stats string
+	// MetricsAddr, if set, serves the run's Prometheus metrics on
+	// http://MetricsAddr/metrics (metrics.Start; Config.Metrics is then
+	// its registry).
+	MetricsAddr string
 	// Given reports whether an option was given, by its snake_case name;
 	// nil: none was.
 	Given func(option string) bool
@@ -66,10 +72,19 @@ const lmModels = "gpt-mini, gpt-small, gpt-medium or gpt:LAYERSxHIDDEN:VOCAB; ma
 // with RunLanguageModel, an image model on Fashion-MNIST with Run. It
 // refuses an unknown model, data that does not fit the model and options
 // of the other kind of model before it reads anything; then it prints the
-// progress on stderr and the result on stdout, as text or JSON.
+// progress on stderr and the result on stdout, as text or JSON, serving
+// the run's metrics while it runs.
 func RunLocal(ctx context.Context, c Local, stdout, stderr io.Writer) error {
 	if c.Given == nil {
 		c.Given = func(string) bool { return false }
+	}
+	reg, stopMetrics, err := metrics.Start(ctx, c.MetricsAddr, stderr)
+	if err != nil {
+		return &launch.FieldError{Fields: []string{"metrics"}, Text: "%s", Err: err}
+	}
+	defer stopMetrics()
+	if reg != nil {
+		c.Metrics = reg.Registerer()
 	}
 	if err := KnownModel(c.Model); err != nil {
 		return err
@@ -252,3 +267,17 @@ func writeResult(w io.Writer, r TextWriter, asJSON bool) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(r)
 }
+
+// Defaults of language-model training, chosen for the target of
+// docs/text.md (gpt-mini at ≤ 0.6 × the bigram's validation perplexity in
+// DefaultLMDuration on 2 cores) from 100-step runs; 3 minutes reached
+// 0.683 and 5 minutes 0.528 (docs/text.md, "Measured"). The optimizer's
+// options take the model's registry defaults (models.DefaultsOf) unless
+// they are given.
+const (
+	DefaultLMDuration  = 5 * time.Minute
+	DefaultCorpusBytes = 2 << 20
+	DefaultVocab       = 1024
+	DefaultSeq         = 64
+	DefaultPrompt      = "The act of"
+)

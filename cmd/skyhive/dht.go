@@ -105,12 +105,7 @@ func newDHTGetCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClientNode(cmd.Context(), f, func(ctx context.Context, _ *p2p.Host, n *dht.Node) error {
-				items, err := n.Get(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				dht.WriteItems(cmd.OutOrStdout(), items)
-				return nil
+				return dhtrole.Get(ctx, n, args[0], cmd.OutOrStdout())
 			})
 		},
 	}
@@ -169,12 +164,9 @@ func joinHint(err error) error {
 // withClientNode starts a client-mode node, joins through --dht and
 // runs op within --timeout (dhtrole.WithClient).
 func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *p2p.Host, *dht.Node) error) error {
-	if len(f.net.dht) == 0 {
-		return errors.New("--dht is required: the multiaddr of a DHT node, ending in /p2p/PEER_ID")
-	}
 	host, err := roleHost(f.net.launchNet(), launch.Process{})
 	if err != nil {
 		return err
 	}
-	return joinHint(dhtrole.WithClient(ctx, host, f.net.dht, f.timeout, op))
+	return joinHint(flagError(dhtrole.WithClient(ctx, host, f.net.dht, f.timeout, op)))
 }

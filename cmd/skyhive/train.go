@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"strings"
 
@@ -48,27 +47,16 @@ func (f *trainFlags) registerModel(fl *pflag.FlagSet, datasets string) {
 
 // runLocal trains in this process (train.RunLocal): a language model
 // (--model gpt-mini) on text (--data gcide by default), an image model on
-// Fashion-MNIST.
+// Fashion-MNIST. An interrupted run with a checkpoint says how to resume.
 func (f *trainFlags) runLocal(cmd *cobra.Command) error {
 	ctx, fl := cmd.Context(), cmd.Flags()
-	reg, stopMetrics, err := f.metrics.start(ctx, cmd.ErrOrStderr())
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
 	c := train.Local{Config: f.cfg, Data: f.dataset, DataDir: f.data.dir, Limit: f.data.limit, LM: f.lm.cfg,
-		CorpusBytes: f.lm.corpusBytes, TokenWidth: f.lm.tokenWidth, JSON: f.out.json, Stats: f.out.stats,
+		CorpusBytes: f.lm.corpusBytes, TokenWidth: f.lm.tokenWidth, JSON: f.out.json, Stats: f.out.stats, MetricsAddr: f.metrics.addr,
 		Given: func(option string) bool { return fl.Changed(strings.ReplaceAll(option, "_", "-")) }}
-	c.Metrics = reg.Registerer()
 	c.LM.Vocab, c.LM.Seq, c.LM.EvalTokens = f.lm.vocab, f.lm.seq, f.lm.evalTokens
-	return resumeHint(ctx, c.Checkpoint, flagError(train.RunLocal(ctx, c, cmd.OutOrStdout(), cmd.ErrOrStderr())))
-}
-
-// resumeHint adds how to continue to the error of a run with a checkpoint
-// that was interrupted.
-func resumeHint(ctx context.Context, checkpoint string, err error) error {
-	if err != nil && checkpoint != "" && ctx.Err() != nil && !strings.Contains(err.Error(), "resume") {
-		return fmt.Errorf("%w (continue with --resume)", err)
+	err := flagError(train.RunLocal(ctx, c, cmd.OutOrStdout(), cmd.ErrOrStderr()))
+	if err != nil && c.Checkpoint != "" && ctx.Err() != nil && !strings.Contains(err.Error(), "resume") {
+		return fmt.Errorf("%w (continue with --resume)", err) // interrupted: how to go on
 	}
 	return err
 }

@@ -1,31 +1,15 @@
 package main
 
 import (
-	"time"
-
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/train"
 )
 
-// Defaults of language-model training, chosen for the target of
-// docs/text.md (gpt-mini at ≤ 0.6 × the bigram's validation perplexity in
-// lmDuration on 2 cores) from 100-step runs; 3 minutes reached 0.683 and
-// 5 minutes 0.528 (docs/text.md, "Measured"). The shared flags (--batch,
-// --lr, --warmup, --clip) take the model's registry defaults
-// (models.DefaultsOf, lmDefaults for a GPT) unless they are given
-// (withModelDefaults).
-const (
-	lmDuration    = 5 * time.Minute
-	lmCorpusBytes = 2 << 20
-	lmVocab       = 1024
-	lmSeq         = 64
-	lmPrompt      = "The act of"
-)
-
-// lmDefaults are a GPT's training defaults, for help texts and the flags
-// of the commands that train only GPTs.
+// lmDefaults are a GPT's training defaults (models.DefaultsOf), for help
+// texts and the flags of the commands that train only GPTs; the other
+// defaults of language-model training are package train's.
 var lmDefaults = models.DefaultsOf("gpt-mini")
 
 // lmDataFlags are the language-model data flags of every command that
@@ -44,9 +28,9 @@ var lmDataOnly = []string{"corpus-bytes", "vocab", "seq", "token-width", "eval-t
 
 // register adds the flags; evalTokens is --eval-tokens' default.
 func (l *lmDataFlags) register(fl *pflag.FlagSet, evalTokens int) {
-	fl.Int64Var(&l.corpusBytes, "corpus-bytes", lmCorpusBytes, "language models: bytes of the data to read (of GCIDE, decompressed)")
-	fl.IntVar(&l.vocab, "vocab", lmVocab, "language models: BPE vocabulary trained on text (the same on every peer of a swarm); with tokens:PATH, the file's vocabulary (required)")
-	fl.IntVar(&l.seq, "seq", lmSeq, "language models: context length in tokens")
+	fl.Int64Var(&l.corpusBytes, "corpus-bytes", train.DefaultCorpusBytes, "language models: bytes of the data to read (of GCIDE, decompressed)")
+	fl.IntVar(&l.vocab, "vocab", train.DefaultVocab, "language models: BPE vocabulary trained on text (the same on every peer of a swarm); with tokens:PATH, the file's vocabulary (required)")
+	fl.IntVar(&l.seq, "seq", train.DefaultSeq, "language models: context length in tokens")
 	fl.IntVar(&l.tokenWidth, "token-width", 2, "language models: bytes per id of a tokens:PATH file (2: uint16, 4: uint32)")
 	fl.IntVar(&l.evalTokens, "eval-tokens", evalTokens, "language models: validation tokens to evaluate (0: all)")
 }
@@ -60,10 +44,10 @@ type lmFlags struct {
 }
 
 func (l *lmFlags) register(fl *pflag.FlagSet) {
-	fl.DurationVar(&l.cfg.Duration, "duration", lmDuration, "language models: training time (0: --steps); --time is the same flag")
+	fl.DurationVar(&l.cfg.Duration, "duration", train.DefaultLMDuration, "language models: training time (0: --steps); --time is the same flag")
 	fl.Int64Var(&l.cfg.Steps, "steps", 0, "language models: stop after N steps (0: --duration)")
 	l.lmDataFlags.register(fl, 0)
-	fl.StringVar(&l.cfg.Prompt, "prompt", lmPrompt, "language models: text the generated sample starts from")
+	fl.StringVar(&l.cfg.Prompt, "prompt", train.DefaultPrompt, "language models: text the generated sample starts from")
 	fl.IntVar(&l.cfg.SampleTokens, "sample-tokens", 60, "language models: tokens to generate after training (0: no sample)")
 	fl.Float64Var(&l.cfg.Temperature, "temperature", 0.8, "language models: sampling temperature (0: greedy)")
 	renameFlags(fl, map[string]string{"time": "duration"})

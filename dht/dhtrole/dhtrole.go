@@ -98,9 +98,13 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // WithClient starts a client-mode node on host, joins the DHT through
-// seeds and runs op, all within timeout; the node is closed when op
+// seeds (required: without any the error is a *launch.FieldError about
+// dht) and runs op, all within timeout; the node is closed when op
 // returns. A failure to join wraps node.ErrJoin.
 func WithClient(ctx context.Context, host p2p.Config, seeds []string, timeout time.Duration, op func(context.Context, *p2p.Host, *dht.Node) error) error {
+	if len(seeds) == 0 {
+		return &launch.FieldError{Fields: []string{"dht"}, Text: "%s is required: the multiaddr of a DHT node, ending in /p2p/PEER_ID"}
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	n, err := node.New(ctx, node.Config{Host: &host, DHT: node.DHTConfig{Mode: node.DHTClient, Bootstrap: seeds, JoinTimeout: timeout}})
@@ -134,5 +138,16 @@ func Put(ctx context.Context, n *dht.Node, key, subkey string, value []byte, ttl
 		return err
 	}
 	fmt.Fprintf(w, "stored on %d peers, expires %s\n", k, exp.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// Get prints on w the freshest value under key read through n, one line
+// per subkey (dht.WriteItems).
+func Get(ctx context.Context, n *dht.Node, key string, w io.Writer) error {
+	items, err := n.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	dht.WriteItems(w, items)
 	return nil
 }

@@ -1,26 +1,21 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"net"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/dashboard"
-	"github.com/skyhive/skyhive/node"
+	"github.com/skyhive/skyhive/launch"
 )
 
-// dashboardFlags are the options of `skyhive dashboard`. --listen is the
-// web page's address here, so of the connectivity flags it takes only
-// those a light client needs.
+// dashboardFlags are the options of `skyhive dashboard`: the page's (run;
+// its Host and DHT come from net). --listen is the web page's address
+// here, so of the connectivity flags it takes only those a light client
+// needs.
 type dashboardFlags struct {
-	net     connectFlags
-	listen  string
-	every   time.Duration
-	timeout time.Duration
+	net connectFlags
+	run dashboard.RunConfig
 }
 
 func newDashboardCmd() *cobra.Command {
@@ -39,45 +34,25 @@ func newDashboardCmd() *cobra.Command {
 		Example: "  skyhive dashboard --dht /ip4/10.0.0.1/tcp/4001/p2p/12D3KooW...   # then open http://127.0.0.1:8080\n" +
 			"  skyhive dashboard --dht ADDR --listen 127.0.0.1:9000 --every 5s",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDashboard(cmd, f) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			host, err := roleHost(f.net.launchNet(), launch.Process{})
+			if err != nil {
+				return err
+			}
+			c := f.run
+			c.Host, c.DHT = host, f.net.dht
+			return joinHint(flagError(dashboard.Run(cmd.Context(), c, cmd.OutOrStdout())))
+		},
 	}
 	fl := cmd.Flags()
 	fl.StringSliceVar(&f.net.dht, "dht", nil, "DHT nodes of the swarm to read through: multiaddrs ending in /p2p/PEER_ID (required)")
-	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address of the web page (host:port; port 0 picks a free one)")
-	fl.DurationVar(&f.every, "every", 3*time.Second, "how often to read the status records")
-	fl.DurationVar(&f.timeout, "timeout", 30*time.Second, "give up joining the DHT after this long")
+	fl.StringVar(&f.run.Listen, "listen", "127.0.0.1:8080", "address of the web page (host:port; port 0 picks a free one)")
+	fl.DurationVar(&f.run.Every, "every", 3*time.Second, "how often to read the status records")
+	fl.DurationVar(&f.run.Timeout, "timeout", 30*time.Second, "give up joining the DHT after this long")
 	fl.StringVar(&f.net.identity, "identity", "", "private key file (created if missing), for a stable peer ID")
 	fl.StringVar(&f.net.swarmSecret, "swarm-secret", "", "the swarm's secret file, to read a swarm closed with --swarm-secret")
 	fl.StringVar(&f.net.swarmKey, "swarm-key", "", "the swarm key's .pub file, to read a swarm closed with --swarm-key (needs --member-token)")
 	fl.StringVar(&f.net.memberToken, "member-token", "", "this dashboard's member token for --swarm-key")
 	f.net.holePunching, f.net.autoNAT, f.net.reachability = true, false, "auto"
 	return cmd
-}
-
-func runDashboard(cmd *cobra.Command, f dashboardFlags) error {
-	ctx := cmd.Context()
-	if len(f.net.dht) == 0 {
-		return errors.New("--dht is required: the multiaddr of a DHT node of the swarm, ending in /p2p/PEER_ID")
-	}
-	if f.every < 100*time.Millisecond {
-		return fmt.Errorf("--every %v: want at least 100ms", f.every)
-	}
-	ln, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
-	defer ln.Close()
-	jctx, cancel := context.WithTimeout(ctx, f.timeout)
-	n, err := startNode(jctx, f.net, node.DHTClient, f.timeout, node.Config{})
-	cancel()
-	if err != nil {
-		return joinHint(err)
-	}
-	defer n.Close()
-	d, err := dashboard.New(dashboard.Config{Every: f.every, Source: dashboard.DHTSource(n.DHT(), n.Seeds())})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(cmd.OutOrStdout(), "dashboard: http://%s/ (Ctrl-C to stop)\n", ln.Addr())
-	return dashboard.Serve(ctx, ln, d)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/dht/dhtrole"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/node"
@@ -38,7 +39,7 @@ type dhtServeFlags struct {
 func (f *dhtServeFlags) register(cmd *cobra.Command) {
 	f.dhtFlags.register(cmd, "other DHT nodes to join: multiaddrs ending in /p2p/PEER_ID (none: this node starts a DHT)")
 	f.out.register(cmd.Flags(), "the node's peer ID and addresses", "routing-table peers and stored records, every --stats-every")
-	cmd.Flags().DurationVar(&f.statsEvery, "stats-every", 10*time.Second, "interval of --stats lines")
+	cmd.Flags().DurationVar(&f.statsEvery, "stats-every", dhtrole.DefaultStatsEvery, "interval of --stats lines")
 	f.status.register(cmd.Flags())
 	f.metrics.register(cmd.Flags())
 }
@@ -60,9 +61,7 @@ func newDHTCmd() *cobra.Command {
 		Use:   "serve",
 		Short: "Run a DHT node until interrupted (same as plain `skyhive dht`)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDHTRole(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f.config())
-		},
+		RunE:  cmd.RunE, // with the same flags
 	}
 	f.register(serve)
 	cmd.AddCommand(serve, newDHTPutCmd(), newDHTGetCmd())
@@ -83,17 +82,11 @@ func newDHTPutCmd() *cobra.Command {
 			"need --identity of that peer. --ttl is at most 6h; a plain value never replaces a key's subkeys.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if ttl <= 0 || ttl > dht.DefaultMaxTTL {
-				return fmt.Errorf("--ttl must be positive and at most %v (DHT nodes refuse records that expire later), got %v", dht.DefaultMaxTTL, ttl)
+			if err := dhtrole.CheckTTL(ttl); err != nil {
+				return flagError(err)
 			}
 			return withClientNode(cmd.Context(), f, func(ctx context.Context, _ *p2p.Host, n *dht.Node) error {
-				exp := time.Now().Add(ttl)
-				k, err := n.Store(ctx, args[0], subkey, []byte(args[1]), exp)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "stored on %d peers, expires %s\n", k, exp.UTC().Format(time.RFC3339))
-				return nil
+				return flagError(dhtrole.Put(ctx, n, args[0], subkey, []byte(args[1]), ttl, cmd.OutOrStdout()))
 			})
 		},
 	}
@@ -112,37 +105,13 @@ func newDHTGetCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClientNode(cmd.Context(), f, func(ctx context.Context, _ *p2p.Host, n *dht.Node) error {
-				items, err := n.Get(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				dht.WriteItems(cmd.OutOrStdout(), items)
-				return nil
+				return dhtrole.Get(ctx, n, args[0], cmd.OutOrStdout())
 			})
 		},
 	}
 	f.register(cmd, "DHT nodes to read through: multiaddrs ending in /p2p/PEER_ID (required)")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 30*time.Second, "give up after this long")
 	return cmd
-}
-
-// startNode starts the node of a dht command: its host as net
-// describes it, its DHT node in mode joined through --dht within timeout
-// (0: node's default), and what cfg adds (metrics, status, logs).
-func startNode(ctx context.Context, net connectFlags, mode string, timeout time.Duration, cfg node.Config) (*node.Node, error) {
-	if _, err := net.seeds(); err != nil {
-		return nil, err
-	}
-	hcfg, err := net.config()
-	if err != nil {
-		return nil, err
-	}
-	cfg.Host = &hcfg
-	cfg.DHT.Mode, cfg.DHT.Bootstrap, cfg.DHT.JoinTimeout = mode, net.dht, timeout
-	if mode == node.DHTServer {
-		cfg.DHT.MaxBytes = net.dhtMaxBytes()
-	}
-	return node.New(ctx, cfg)
 }
 
 // config is the flags as the DHT role's typed config.
@@ -161,51 +130,27 @@ func dhtDefaults() launch.DHT {
 	return f.config()
 }
 
-// runDHTRole runs a DHT node with its typed config, from the flags of
-// `skyhive dht` or from a config file, until ctx ends: its addresses (or
-// a JSON line) on stdout, notices on stderr and statistics on c.Stats.
+// runDHTRole runs a DHT node (dhtrole.Run) with its typed config, from
+// the flags of `skyhive dht` or from a config file, until ctx ends: its
+// addresses (or a JSON line) on stdout, notices on stderr and statistics
+// on c.Stats.
 func runDHTRole(ctx context.Context, stdout, stderr io.Writer, c launch.DHT) error {
-	status := statusFlags{region: c.Region, every: max(time.Duration(c.StatusEvery), 0)}
-	if c.Stats != "" && c.StatsEvery <= 0 {
-		return fmt.Errorf("--stats-every must be positive, got %v", time.Duration(c.StatsEvery))
+	if err := dhtrole.Check(c); err != nil {
+		return flagError(err)
 	}
-	if err := status.check(); err != nil {
-		return err
-	}
-	stats, closeStats, err := (&outputFlags{stats: c.Stats}).openStats()
+	host, err := roleHost(c.Net, c.Process)
 	if err != nil {
 		return err
 	}
-	defer closeStats()
-	// Joining is optional: others may bootstrap from this node, and the
-	// periodic refresh retries through whoever contacts it.
-	n, err := startNode(ctx, connectFlagsOf(c.Net), node.DHTServer, 0, node.Config{
-		MetricsAddr: c.Metrics, ServeDialback: true, Log: stderr,
-		DHT:    node.DHTConfig{Optional: true},
-		Status: status.config(metrics.RoleDHT),
-	})
-	if err != nil {
-		return err
-	}
-	defer n.Close()
 	var jsonOut io.Writer
 	if c.JSON {
 		jsonOut = stdout
 	}
-	fmt.Fprintln(stderr, "dht node: others join with --dht and one of the addresses below")
-	reportReach(ctx, n.Host(), stdout, jsonOut)
-	d := n.DHT()
-	if err := n.StartStatus(func(s *metrics.Status) {
-		s.DHT = &metrics.DHTStatus{Peers: len(d.Peers()), Records: d.Records()}
-	}); err != nil {
-		return err
-	}
-	err = d.WriteStats(ctx, stats, time.Duration(c.StatsEvery))
-	fmt.Fprintln(stderr, "stopping")
-	if err != nil {
-		return fmt.Errorf("--stats: %w", err)
-	}
-	return nil
+	return flagError(dhtrole.Run(ctx, dhtrole.Config{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleDHT), DHT: c, Stdout: stdout, Stderr: stderr,
+		Announce: func(ctx context.Context, h *p2p.Host) {
+			fmt.Fprintln(stderr, "dht node: others join with --dht and one of the addresses below")
+			reportReach(ctx, h, stdout, jsonOut)
+		}}))
 }
 
 // joinHint names the flags behind a failure to join the DHT.
@@ -217,17 +162,11 @@ func joinHint(err error) error {
 }
 
 // withClientNode starts a client-mode node, joins through --dht and
-// runs op within --timeout.
+// runs op within --timeout (dhtrole.WithClient).
 func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *p2p.Host, *dht.Node) error) error {
-	if len(f.net.dht) == 0 {
-		return errors.New("--dht is required: the multiaddr of a DHT node, ending in /p2p/PEER_ID")
-	}
-	ctx, cancel := context.WithTimeout(ctx, f.timeout)
-	defer cancel()
-	n, err := startNode(ctx, f.net, node.DHTClient, f.timeout, node.Config{})
+	host, err := roleHost(f.net.launchNet(), launch.Process{})
 	if err != nil {
-		return joinHint(err)
+		return err
 	}
-	defer n.Close()
-	return op(ctx, n.Host(), n.DHT())
+	return joinHint(flagError(dhtrole.WithClient(ctx, host, f.net.dht, f.timeout, op)))
 }

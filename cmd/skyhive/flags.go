@@ -161,18 +161,6 @@ func (d *dataFlags) register(fl *pflag.FlagSet) {
 	fl.IntVar(&d.limit, "limit", 0, "use only the first N training examples (0 = all)")
 }
 
-// load reads the training set (--limit applied) and the test set.
-func (d dataFlags) load() (trainSet, testSet *data.Dataset, err error) {
-	if d.limit < 0 {
-		return nil, nil, fmt.Errorf("--limit must not be negative, got %d", d.limit)
-	}
-	if trainSet, err = data.LoadFashionMNIST(d.dir, data.Train, data.LoadOptions{Standardize: true, Limit: d.limit}); err != nil {
-		return nil, nil, err
-	}
-	testSet, err = data.LoadFashionMNIST(d.dir, data.Test, data.LoadOptions{Standardize: true})
-	return trainSet, testSet, err
-}
-
 // legacyTrainArgs rewrites the retired `skyhive train --mode MODE …` into
 // `skyhive train MODE …` and says so on warn; other argument lists come
 // back unchanged.
@@ -244,10 +232,6 @@ func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
 	fl.StringVar(&c.memberToken, "member-token", "", "this peer's member token for --swarm-key (skyhive keygen token)")
 	fl.Int64Var(&c.memoryMiB, "memory-budget", 0, "MiB of memory this process should stay within: Go's soft memory limit; a quarter of it bounds libp2p's connections and streams, an eighth the DHT records this peer stores (0: no limit; libp2p gets an eighth of the machine's memory, the DHT 128 MiB)")
 }
-
-// dhtMaxBytes bounds the records a DHT node stores: an eighth of
-// --memory-budget, or dht's default (0) without one.
-func (c *connectFlags) dhtMaxBytes() int { return c.launchNet().DHTMaxBytes() }
 
 // config is the host configuration the flags describe. With
 // --memory-budget it also sets the process's soft memory limit.

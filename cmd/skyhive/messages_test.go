@@ -12,6 +12,7 @@ import (
 
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/p2p"
+	"github.com/skyhive/skyhive/train"
 )
 
 // TestPeerDialFailureSaysElapsed checks that a peer whose DHT address
@@ -74,10 +75,10 @@ func TestUnknownModelSuggestsClosest(t *testing.T) {
 			t.Errorf("--data %s: %q", data, msg)
 		}
 	}
-	if err := knownModel("gpt-mini:512x64"); err != nil {
+	if err := train.KnownModel("gpt-mini:512x64"); err != nil {
 		t.Errorf("a known model with parameters: %v", err)
 	}
-	if err := knownModel("resnet"); err == nil || strings.Contains(err.Error(), "did you mean") {
+	if err := train.KnownModel("resnet"); err == nil || strings.Contains(err.Error(), "did you mean") {
 		t.Errorf("nothing is close to resnet: %v", err)
 	}
 }

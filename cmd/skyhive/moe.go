@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"time"
 
@@ -77,15 +75,6 @@ func (m *moeFlags) config() launch.MoETrainer {
 	return c
 }
 
-// checkMoE checks what the trainers' library leaves to the command, before
-// anything starts.
-func checkMoE(c launch.MoETrainer) error {
-	if c.MaxFailedSteps > 1 {
-		return fmt.Errorf("--max-failed-steps %g: a fraction of the steps, at most 1", c.MaxFailedSteps)
-	}
-	return nil
-}
-
 // moeTrainFlags are the options of `skyhive train moe`.
 type moeTrainFlags struct {
 	moeFlags
@@ -152,18 +141,12 @@ func moeTrainerDefaults() launch.MoETrainer {
 // config, from the flags of `skyhive train moe` or from a config file: its
 // result on stdout, its progress and notices on stderr.
 func runMoETrainerRole(ctx context.Context, stdout, stderr io.Writer, c launch.MoETrainer) error {
-	if len(c.DHT) == 0 {
-		return errors.New("--dht is required: the address of the swarm's DHT, e.g. printed by `skyhive server` or `skyhive dht`")
-	}
-	if err := checkMoE(c); err != nil {
-		return err
-	}
 	host, err := roleHost(c.Net, c.Process)
 	if err != nil {
 		return err
 	}
-	return trainer.RunRole(ctx, trainer.RoleConfig{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleTrainer), Trainer: c, Stdout: stdout, Stderr: stderr,
-		Announce: func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stderr, nil) }})
+	return flagError(trainer.RunRole(ctx, trainer.RoleConfig{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleTrainer), Trainer: c, Stdout: stdout, Stderr: stderr,
+		Announce: func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stderr, nil) }}))
 }
 
 // newDemoMoECmd is `skyhive demo moe`: a whole DMoE swarm on loopback.
@@ -181,7 +164,9 @@ func newDemoMoECmd() *cobra.Command {
 			"local layers and train on Fashion-MNIST with a progress bar. With --data gcide one trainer\n" +
 			"trains a DMoE transformer language model and reports its validation perplexity.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDemoMoE(cmd, &m, servers) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return flagError(trainer.RunDemo(cmd.Context(), m.config(), servers, cmd.OutOrStdout(), cmd.ErrOrStderr()))
+		},
 	}
 	cmd.PreRunE = checkedNumbers(moeNumbers)
 	fl := cmd.Flags()
@@ -194,16 +179,4 @@ func newDemoMoECmd() *cobra.Command {
 		f.DefValue = v
 	}
 	return cmd
-}
-
-// runDemoMoE runs `skyhive demo moe` (trainer.RunDemo).
-func runDemoMoE(cmd *cobra.Command, m *moeFlags, servers int) error {
-	if servers < 1 {
-		return errors.New("--servers must be at least 1")
-	}
-	c := m.config()
-	if err := checkMoE(c); err != nil {
-		return err
-	}
-	return trainer.RunDemo(cmd.Context(), c, servers, cmd.OutOrStdout(), cmd.ErrOrStderr())
 }

@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/moe/server"
 )
 
 // TestServerAndMoETraining runs `skyhive server` over libp2p on loopback,
@@ -146,5 +149,15 @@ func TestMoEHiddenFromDHT(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "hidden size 32") || !strings.Contains(out.String(), "(0 failed)") {
 		t.Fatalf("the model did not take the experts' hidden size, or steps failed:\n%s", out.String())
+	}
+}
+
+// The options of `skyhive server` default to the library's
+// (server.Defaults), so that a config file and the flags agree.
+func TestServerFlagsDefaultToLibrary(t *testing.T) {
+	got, want := serverDefaults(), server.Defaults()
+	got.Net, got.Process, got.Output = launch.Net{}, launch.Process{}, launch.Output{}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("flags give %+v, server.Defaults %+v", got, want)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/skyhive/skyhive/averaging/peer"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/moe/trainer"
+	"github.com/skyhive/skyhive/train"
 )
 
 // A config file for a role runs that role with the file's fields over the
@@ -103,7 +104,7 @@ func TestPeerFlagsAndFileAgree(t *testing.T) {
 		a.Data = "gcide" // the flags resolve it; the peer does the same for the file
 	}
 	a.Host.IdentityFile, b.Host.IdentityFile = "", ""
-	if !reflect.DeepEqual(a, b) || a.ClipNorm != 0 || a.Seq != lmSeq || a.Warmup != int(lmDefaults.Warmup) {
+	if !reflect.DeepEqual(a, b) || a.ClipNorm != 0 || a.Seq != train.DefaultSeq || a.Warmup != int(lmDefaults.Warmup) {
 		t.Errorf("from the file:\n%+v\nfrom the flags:\n%+v", a, b)
 	}
 }

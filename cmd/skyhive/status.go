@@ -14,7 +14,6 @@ import (
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
-	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
 )
 
@@ -45,12 +44,6 @@ func (s *statusFlags) check() error {
 		return fmt.Errorf("--region %q: want at most 64 bytes of printable text", s.region)
 	}
 	return nil
-}
-
-// config is the node's status configuration the flags describe, for a
-// node of role.
-func (s *statusFlags) config(role string) node.StatusConfig {
-	return node.StatusConfig{Role: role, Region: s.region, Every: s.every}
 }
 
 // process is the status flags, and the --metrics address, as a config's

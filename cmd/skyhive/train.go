@@ -1,17 +1,13 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/models"
-	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/train"
 )
 
@@ -49,102 +45,20 @@ func (f *trainFlags) registerModel(fl *pflag.FlagSet, datasets string) {
 	fl.BoolVar(&f.cfg.Resume, "resume", false, "continue from --checkpoint if it exists")
 }
 
-// runLocal trains in this process.
-// A language model (--model gpt-mini) trains on text (--data gcide by
-// default); an image model on Fashion-MNIST.
+// runLocal trains in this process (train.RunLocal): a language model
+// (--model gpt-mini) on text (--data gcide by default), an image model on
+// Fashion-MNIST. An interrupted run with a checkpoint says how to resume.
 func (f *trainFlags) runLocal(cmd *cobra.Command) error {
-	reg, stopMetrics, err := f.metrics.start(cmd.Context(), cmd.ErrOrStderr())
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	f.cfg.Metrics = reg.Registerer()
-	if err := knownModel(f.cfg.Model); err != nil {
-		return err
-	}
-	lm, dataset := train.IsLanguageModel(f.cfg.Model), f.dataset
-	if lm && !cmd.Flags().Changed("data") {
-		dataset = "gcide"
-	}
-	textData := train.IsTextData(dataset)
-	switch {
-	case lm && dataset == "fashion-mnist":
-		return fmt.Errorf("%s is a language model and fashion-mnist is images: train it on text (--data %s), or train an image model (--model %s) on fashion-mnist",
-			f.cfg.Model, train.TextDataUsage, models.Usage())
-	case lm && textData:
-		return f.runLM(cmd, dataset)
-	case textData:
-		return fmt.Errorf("%s is an image classifier and %s is text: train a language model on it (--model gpt-mini), or train %s on fashion-mnist",
-			f.cfg.Model, dataset, f.cfg.Model)
-	case dataset != "fashion-mnist":
-		return fmt.Errorf("unknown data set %q (supported: fashion-mnist for image models; %s for language models)", dataset, train.TextDataUsage)
-	}
-	if err := checkImageFlags(cmd.Flags(), f.cfg.Model); err != nil {
-		return err
-	}
-	if err := f.cfg.Validate(); err != nil {
-		return err
-	}
-	out := cmd.ErrOrStderr()
-	trainSet, testSet, err := f.data.load()
-	if err != nil {
-		return err
-	}
-	stats, closeStats, err := f.out.openStats()
-	if err != nil {
-		return err
-	}
-	defer closeStats()
-	cfg := f.cfg
-	cfg.Stats = stats
-	input := data.FashionMNISTPreprocessing(true) // dataFlags.load standardizes
-	cfg.Input = &input
-	fmt.Fprintf(out, "training %s on Fashion-MNIST: %d train / %d test examples, GEMM backend %s\n",
-		cfg.Model, trainSet.Len(), testSet.Len(), tensor.Backend())
-	res, err := train.Run(cmd.Context(), cfg, trainSet, testSet, out)
-	if err != nil {
-		return resumeHint(cmd.Context(), cfg.Checkpoint, err)
-	}
-	if res.Resumed && len(res.Epochs) == 0 && !f.out.json {
-		fmt.Fprintf(cmd.OutOrStdout(), "%s has finished all %d epochs: nothing left to do (test accuracy %.2f%%; raise --epochs to train further)\n",
-			cfg.Checkpoint, cfg.Epochs, 100*res.TestAccuracy)
-		return nil
-	}
-	return writeResult(cmd.OutOrStdout(), res, f.out.json)
-}
-
-// resumeHint adds how to continue to the error of a run with a checkpoint
-// that was interrupted.
-func resumeHint(ctx context.Context, checkpoint string, err error) error {
-	if checkpoint != "" && ctx.Err() != nil && !strings.Contains(err.Error(), "resume") {
-		return fmt.Errorf("%w (continue with --resume)", err)
+	ctx, fl := cmd.Context(), cmd.Flags()
+	c := train.Local{Config: f.cfg, Data: f.dataset, DataDir: f.data.dir, Limit: f.data.limit, LM: f.lm.cfg,
+		CorpusBytes: f.lm.corpusBytes, TokenWidth: f.lm.tokenWidth, JSON: f.out.json, Stats: f.out.stats, MetricsAddr: f.metrics.addr,
+		Given: func(option string) bool { return fl.Changed(strings.ReplaceAll(option, "_", "-")) }}
+	c.LM.Vocab, c.LM.Seq, c.LM.EvalTokens = f.lm.vocab, f.lm.seq, f.lm.evalTokens
+	err := flagError(train.RunLocal(ctx, c, cmd.OutOrStdout(), cmd.ErrOrStderr()))
+	if err != nil && c.Checkpoint != "" && ctx.Err() != nil && !strings.Contains(err.Error(), "resume") {
+		return fmt.Errorf("%w (continue with --resume)", err) // interrupted: how to go on
 	}
 	return err
-}
-
-// writeResult prints a training result as JSON, or as text.
-func writeResult(w io.Writer, r train.TextWriter, asJSON bool) error {
-	if asJSON {
-		return printJSON(w, r)
-	}
-	r.WriteText(w)
-	return nil
-}
-
-// knownModel reports a --model whose name the registry does not know,
-// suggesting the closest name when one is a likely typo, and listing the
-// names (their parameters are checked when the model is built).
-func knownModel(spec string) error {
-	known, best, names := train.ClosestModel(spec)
-	if known {
-		return nil
-	}
-	hint := ""
-	if best != "" {
-		hint = fmt.Sprintf(" (did you mean %s?)", best)
-	}
-	return fmt.Errorf("--model %s: unknown model%s; the models are %s (skyhive train --help describes them)",
-		spec, hint, strings.Join(names, ", "))
 }
 
 // newTrainCmd is `skyhive train`: local training itself, and a subcommand

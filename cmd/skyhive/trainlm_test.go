@@ -43,7 +43,7 @@ func TestTrainLMJSON(t *testing.T) {
 		t.Fatalf("stdout is not the JSON result: %v\n%s", err, stdout.String())
 	}
 	if res.Steps != 15 || res.Model != "gpt-mini:280x16" || res.ValPerplexity <= 1 || res.BigramPerplexity <= 1 ||
-		res.Ratio != res.ValPerplexity/res.BigramPerplexity || res.Sample == "" || res.Prompt != lmPrompt {
+		res.Ratio != res.ValPerplexity/res.BigramPerplexity || res.Sample == "" || res.Prompt != train.DefaultPrompt {
 		t.Fatalf("result %+v", res)
 	}
 	if !strings.Contains(stderr.String(), "step 15 (100%)") {

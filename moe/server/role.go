@@ -23,6 +23,22 @@ import (
 // 256 experts of a 16×16 one, start in a second on a laptop.
 const DefaultHidden = 64
 
+// Defaults returns the options of an expert server without any given,
+// as `skyhive server` has them without flags, but for the network and
+// process options: a 4×4 grid of small FFN experts, batches of up to 4096
+// rows, checkpoints every 5 minutes, declarations and statistics every 30
+// seconds. Lazy nil and QueueMemory 0 leave them to RunRole, which
+// decides by the experts' memory and the memory budget.
+func Defaults() launch.Server {
+	return launch.Server{
+		Experts: "ffn.[0:4].[0:4]", ExpertType: TypeFFN, Hidden: DefaultHidden,
+		MinBatch: 1, MaxBatch: 4096, BatchTimeout: launch.Duration(2 * time.Millisecond), ParallelBatches: 1,
+		LR: 1e-3, Clip: DefaultClipNorm, MaxSeqLen: DefaultMaxSeqLen, StepRows: 1, Seed: 1,
+		CheckpointEvery: launch.Duration(5 * time.Minute), DeclareEvery: launch.Duration(30 * time.Second),
+		StatsEvery: launch.Duration(30 * time.Second), MaxExperts: 1 << 16,
+	}
+}
+
 // roleMessageBytes bounds a call's request and response on an expert
 // server's host and a trainer's.
 const roleMessageBytes = 256 << 20

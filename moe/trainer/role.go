@@ -38,7 +38,8 @@ type RoleConfig struct {
 }
 
 // RunRole trains the local layers of a DMoE model against a live swarm:
-// it reads the data, joins the swarm's DHT, makes the model fit the
+// it checks the options (Check; the DHT's peers are required: errors
+// about options are *launch.FieldError), reads the data, joins the swarm's DHT, makes the model fit the
 // experts the grids' servers declare (MatchExperts), publishes its status
 // record while it trains, then prints the result and fails if more than
 // MaxFailedSteps of the steps failed.
@@ -48,6 +49,9 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 	}
 	if cfg.Stderr == nil {
 		cfg.Stderr = io.Discard
+	}
+	if len(cfg.Trainer.DHT) == 0 {
+		return &launch.FieldError{Fields: []string{"dht"}, Text: "%s is required: the address of the swarm's DHT, e.g. printed by `skyhive server` or `skyhive dht`"}
 	}
 	log := cfg.Stderr
 	j, err := NewJob(cfg.Trainer, log)

@@ -88,6 +88,9 @@ type Job struct {
 // tokenized, with notices on log). Hidden 0 is server.DefaultHidden until
 // MatchExperts takes the experts'.
 func NewJob(c launch.MoETrainer, log io.Writer) (*Job, error) {
+	if err := Check(c); err != nil {
+		return nil, err
+	}
 	j := &Job{cfg: c, hidden: c.Hidden}
 	if j.hidden == 0 {
 		j.hidden = server.DefaultHidden
@@ -96,14 +99,23 @@ func NewJob(c launch.MoETrainer, log io.Writer) (*Job, error) {
 	if j.grids, err = ParseGrids(c.Grids); err != nil {
 		return nil, fmt.Errorf("grids: %w", err)
 	}
-	if c.Latency < 0 || c.Bandwidth < 0 {
-		return nil, errors.New("the emulated --latency and --bandwidth must not be negative")
-	}
 	j.link = netem.LinkParams{Latency: time.Duration(c.Latency), Bandwidth: c.Bandwidth * 1e6}
 	if j.data, err = j.loadData(log); err != nil {
 		return nil, err
 	}
 	return j, nil
+}
+
+// Check reports the first option of c that a job refuses before it reads
+// anything; the error is a *launch.FieldError.
+func Check(c launch.MoETrainer) error {
+	switch {
+	case c.Latency < 0 || c.Bandwidth < 0:
+		return &launch.FieldError{Fields: []string{"latency", "bandwidth"}, Text: "the emulated %s and %s must not be negative"}
+	case c.MaxFailedSteps > 1:
+		return &launch.FieldError{Fields: []string{"max_failed_steps"}, Text: fmt.Sprintf("%%s %g: a fraction of the steps, at most 1", c.MaxFailedSteps)}
+	}
+	return nil
 }
 
 // Grids are the run's DMoE grids, one per layer or block.

@@ -171,14 +171,11 @@ func TestPipelineFlagsAndFileAgree(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := pipelineDefaults()
-	if err := f.Decode(&c); err != nil {
+	given, err := pipeline.DecodeLaunch(f, &c)
+	if err != nil {
 		t.Fatal(err)
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(f.Config, &fields); err != nil {
-		t.Fatal(err)
-	}
-	fromFile, err := pipelineConfig(c, func(name string) bool { _, ok := fields[strings.ReplaceAll(name, "-", "_")]; return ok })
+	fromFile, err := pipelineConfig(c, given)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +185,7 @@ func TestPipelineFlagsAndFileAgree(t *testing.T) {
 	if err := fl.Parse([]string{"--model", "gpt-mini", "--workers", "2", "--strategy", "even", "--data", "text:x.txt", "--steps", "5", "--seq", "16"}); err != nil {
 		t.Fatal(err)
 	}
-	fromFlags, err := pipelineConfig(p.config(), fl.Changed)
+	fromFlags, err := pipelineConfig(p.config(), func(f string) bool { return fl.Changed(strings.ReplaceAll(f, "_", "-")) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,3 +51,30 @@ func RunRole(ctx context.Context, cfg TrainConfig, stats, metricsAddr string, st
 	cfg.Announce = func(ctx context.Context, h *p2p.Host) { p2p.ReportReach(ctx, h, log, nil) }
 	return Train(ctx, cfg, stdout, log)
 }
+
+// RunDemo runs the demo as a command does: Demo with cfg (checked first),
+// its statistics appended to the file stats ("": none), its steps on
+// stdout, or with asJSON on log and the result as JSON on stdout. Errors
+// about cfg's options and stats are *launch.FieldError.
+func RunDemo(ctx context.Context, cfg DemoConfig, stats string, asJSON bool, stdout, log io.Writer) error {
+	if err := cfg.Check(); err != nil {
+		return err
+	}
+	w, closeStats, err := jsonl.Open(stats)
+	if err != nil {
+		return fieldErr(err, "%s", "stats")
+	}
+	defer closeStats()
+	cfg.Stats = w
+	out := stdout
+	if asJSON {
+		out = log
+	}
+	res, err := Demo(ctx, cfg, out, log)
+	if err != nil || !asJSON {
+		return err
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(res)
+}

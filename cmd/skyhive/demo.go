@@ -44,30 +44,14 @@ func newDemoCmd() *cobra.Command {
 	return cmd
 }
 
-// run runs the demo (pipeline.Demo): its steps on stdout, or on stderr
+// run runs the demo (pipeline.RunDemo): its steps on stdout, or on stderr
 // with --json, which prints the result on stdout.
 func (d *demoFlags) run(cmd *cobra.Command) error {
 	cfg := d.cfg
 	cfg.DataDir, cfg.Limit = d.data.dir, d.data.limit
-	if err := cfg.Check(); err != nil {
-		return flagError(err)
-	}
-	stats, closeStats, err := d.out.openStats()
-	if err != nil {
-		return err
-	}
-	defer closeStats()
-	cfg.Stats = stats
+	var err error
 	if cfg.Binary, err = os.Executable(); err != nil {
 		return fmt.Errorf("locating the skyhive binary: %w", err)
 	}
-	out := cmd.OutOrStdout()
-	if d.out.json {
-		out = cmd.ErrOrStderr()
-	}
-	res, err := pipeline.Demo(cmd.Context(), cfg, out, cmd.ErrOrStderr())
-	if err != nil || !d.out.json {
-		return err
-	}
-	return printJSON(cmd.OutOrStdout(), res)
+	return flagError(pipeline.RunDemo(cmd.Context(), cfg, d.out.stats, d.out.json, cmd.OutOrStdout(), cmd.ErrOrStderr()))
 }

@@ -225,3 +225,20 @@ func localSlowdowns(c launch.Pipeline) ([]float64, error) {
 	}
 	return LocalSlowdowns(c.Workers, c.SlowdownMax, c.Seed), nil
 }
+
+// Defaults returns the coordinator's own options without any given, as
+// `skyhive train pipeline` has them without flags, but for the model, the
+// training, network, process and output options: the skyhive strategy
+// under a 1F1B schedule of 4 micro-batches, re-planning at a 30% drift,
+// snapshots and tables every 10 iterations, a minute per iteration before
+// a stage counts as failed, 5 rounds per compared strategy, local workers
+// at full speed and no failure drill.
+func Defaults() launch.Pipeline {
+	return launch.Pipeline{Strategy: "skyhive", Schedule: "1f1b", Micro: 4, ReplanThreshold: 0.3, CheckpointEvery: 10,
+		IterTimeout: launch.Duration(time.Minute), LogEvery: 10, KillWorker: -1, CompareRounds: 5, SlowdownMax: 1}
+}
+
+// WorkerDefaults returns a worker's own options without any given, as
+// `skyhive worker` has them without flags, but for the network and process
+// options: a device at full speed.
+func WorkerDefaults() launch.Worker { return launch.Worker{Slowdown: 1} }

@@ -55,8 +55,10 @@ func newTrainPipelineCmd() *cobra.Command {
 	return cmd
 }
 
-// register adds the flags of `skyhive train pipeline`, with their defaults.
+// register adds the flags of `skyhive train pipeline`, with their defaults
+// (pipeline.Defaults).
 func (p *pipelineFlags) register(fl *pflag.FlagSet) {
+	p.c = pipeline.Defaults()
 	c := &p.c
 	p.train.register(fl)
 	p.train.registerModel(fl, "fashion-mnist or blobs; language models: "+train.TextDataUsage+", default gcide")
@@ -66,27 +68,27 @@ func (p *pipelineFlags) register(fl *pflag.FlagSet) {
 	fl.IntVar(&p.train.steps, "steps", 0, "stop after N iterations (0: --epochs)")
 	fl.IntVar(&c.Workers, "workers", 0, "launch N local skyhive worker processes on loopback")
 	fl.StringVar(&c.Slowdowns, "slowdowns", "", "comma-separated slowdown factor per local worker")
-	fl.Float64Var(&c.SlowdownMax, "slowdown-max", 1, "draw local workers' slowdowns from U[1,MAX] (seeded by --seed)")
+	fl.Float64Var(&c.SlowdownMax, "slowdown-max", c.SlowdownMax, "draw local workers' slowdowns from U[1,MAX] (seeded by --seed)")
 	fl.StringVar(&c.MemCaps, "mem-caps", "", "comma-separated memory cap in bytes per local worker")
 	fl.IntVar(&c.JoinWait, "join-wait", 0, "wait for N external workers to join (skyhive worker --join ADDR)")
 	p.net.register(fl, "DHT peers of a swarm to publish this coordinator's status record (stages, plan, loss) through, for skyhive status and skyhive dashboard (optional: the pipeline does not need a DHT)")
 	p.status.registerEvery(fl)
 	fl.StringVar(&c.Plan, "plan", "", "fixed initial plan JSON {\"stages\":[{\"device\":0,\"first\":0,\"last\":4},...]}")
-	fl.StringVar(&c.Strategy, "strategy", "skyhive", "allocation strategy ("+strings.Join(alloc.StrategyNames(), ", ")+")")
-	fl.StringVar(&c.Schedule, "schedule", "1f1b", "schedule (sequential, gpipe, 1f1b)")
-	fl.IntVar(&c.Micro, "micro", 4, "micro-batches per batch (gpipe, 1f1b)")
-	fl.Float64Var(&c.ReplanThreshold, "replan-threshold", 0.3, "re-plan when a stage's speed drifts by this fraction (0: only on failures)")
-	fl.IntVar(&c.CheckpointEvery, "checkpoint-every", 10, "snapshot all stages every N iterations")
-	fl.DurationVar(durationVar(&c.IterTimeout), "iter-timeout", time.Minute, "a stage that does not finish an iteration in time counts as failed")
-	fl.IntVar(&c.LogEvery, "log-every", 10, "print the per-stage breakdown every N iterations")
-	fl.IntVar(&c.KillWorker, "kill-worker", -1, "failure drill: SIGKILL local worker wK ...")
+	fl.StringVar(&c.Strategy, "strategy", c.Strategy, "allocation strategy ("+strings.Join(alloc.StrategyNames(), ", ")+")")
+	fl.StringVar(&c.Schedule, "schedule", c.Schedule, "schedule (sequential, gpipe, 1f1b)")
+	fl.IntVar(&c.Micro, "micro", c.Micro, "micro-batches per batch (gpipe, 1f1b)")
+	fl.Float64Var(&c.ReplanThreshold, "replan-threshold", c.ReplanThreshold, "re-plan when a stage's speed drifts by this fraction (0: only on failures)")
+	fl.IntVar(&c.CheckpointEvery, "checkpoint-every", c.CheckpointEvery, "snapshot all stages every N iterations")
+	fl.DurationVar(durationVar(&c.IterTimeout), "iter-timeout", time.Duration(c.IterTimeout), "a stage that does not finish an iteration in time counts as failed")
+	fl.IntVar(&c.LogEvery, "log-every", c.LogEvery, "print the per-stage breakdown every N iterations")
+	fl.IntVar(&c.KillWorker, "kill-worker", c.KillWorker, "failure drill: SIGKILL local worker wK ...")
 	fl.IntVar(&c.KillAt, "kill-at", 0, "... before iteration N")
 	fl.StringVar(&c.Regions, "regions", "", "emulate the links between local workers with this netem region profile (e.g. examples/regions.json)")
 	fl.StringVar(&c.WorkerRegions, "worker-regions", "", "comma-separated region per local worker (default: round-robin over the profile's regions)")
 	fl.StringVar(&c.CoordinatorRegion, "coordinator-region", "", "the coordinator's region (default: the profile's first)")
 	p.link.register(fl, "between two regions a and b of local workers (instead of --regions)", 0)
 	fl.StringVar(&c.Compare, "compare", "", "before training, measure the iteration time of these strategies' plans in turn (e.g. even,skyhive), then train with --strategy")
-	fl.IntVar(&c.CompareRounds, "compare-rounds", 5, "measured iterations per strategy of --compare (alternating, after one warm-up each)")
+	fl.IntVar(&c.CompareRounds, "compare-rounds", c.CompareRounds, "measured iterations per strategy of --compare (alternating, after one warm-up each)")
 	p.train.metrics.register(fl)
 	renameFlags(fl, map[string]string{"link-latency": "latency", "link-bandwidth": "bandwidth", "micro-batches": "micro"})
 }

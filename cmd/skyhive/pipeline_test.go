@@ -197,3 +197,20 @@ func TestPipelineFlagsAndFileAgree(t *testing.T) {
 		t.Fatalf("config %+v: want the model's batch %d and lr %v, --seq 16 and --data text:x.txt", fromFlags, d.Batch, d.LR)
 	}
 }
+
+// The coordinator's and the worker's own options default to the
+// library's (pipeline.Defaults, pipeline.WorkerDefaults), so that a config
+// file and the flags agree.
+func TestPipelineFlagsDefaultToLibrary(t *testing.T) {
+	got, want := pipelineDefaults(), pipeline.Defaults()
+	got.Net, got.Process, got.Output, got.Training = launch.Net{}, launch.Process{}, launch.Output{}, launch.Training{}
+	got.Model = ""
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("flags give %+v, pipeline.Defaults %+v", got, want)
+	}
+	w := workerDefaults()
+	w.Net, w.Process = launch.Net{}, launch.Process{}
+	if want := pipeline.WorkerDefaults(); !reflect.DeepEqual(w, want) {
+		t.Errorf("flags give %+v, pipeline.WorkerDefaults %+v", w, want)
+	}
+}

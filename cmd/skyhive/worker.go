@@ -43,12 +43,15 @@ type workerFlags struct {
 	metrics metricsFlags
 }
 
+// register adds the flags of `skyhive worker`, with their defaults
+// (pipeline.WorkerDefaults).
 func (f *workerFlags) register(fl *pflag.FlagSet) {
+	f.w = pipeline.WorkerDefaults()
 	w := &f.w
 	fl.StringVar(&w.Join, "join", "", "coordinator multiaddr ending in /p2p/<peer id> (required)")
 	fl.StringVar(&w.Name, "name", "", "name shown in the coordinator's tables (default: peer ID)")
 	f.net.register(fl, "")
-	fl.Float64Var(&w.Slowdown, "slowdown", 1, "emulated slowdown factor (>= 1)")
+	fl.Float64Var(&w.Slowdown, "slowdown", w.Slowdown, "emulated slowdown factor (>= 1)")
 	fl.BoolVar(&w.Steady, "steady", false, "emulate a steady device: --slowdown multiplies the median busy time of each op's recent executions, not this one's, so the host's second-to-second noise does not reach the emulated speed")
 	fl.StringVar(&w.Region, "region", "", "network region of this worker (plans group stages by region; required by coordinators that emulate links)")
 	fl.Int64Var(&w.MemCap, "mem-cap", 0, "memory cap in bytes for the assigned layers (0: none)")

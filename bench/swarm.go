@@ -3,8 +3,10 @@ package bench
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 
+	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/stats"
 	"github.com/skyhive/skyhive/swarm"
 )
@@ -100,4 +102,27 @@ func comparedPlans(name string, raw json.RawMessage) []Result {
 		out = append(out, r)
 	}
 	return out
+}
+
+// WriteSwarm writes a swarm run to w: with asJSON the benchmark protocol's
+// lines (SwarmResults, a JSON object each), else the run as text
+// (RunResult.WriteText) with its benchmark numbers.
+func WriteSwarm(w io.Writer, r *swarm.RunResult, asJSON bool) {
+	results := SwarmResults(r)
+	if asJSON {
+		lines := &jsonl.Writer{W: w}
+		for _, b := range results {
+			lines.Write(b)
+		}
+		return
+	}
+	var numbers []string
+	for _, b := range results[1:] {
+		line := fmt.Sprintf("%s: %.4g %s", b.Metric, b.Value, b.Unit)
+		if b.Baseline != "" {
+			line += fmt.Sprintf(" (%s %.4g, ratio %.2f)", b.Baseline, b.BaselineValue, b.Ratio)
+		}
+		numbers = append(numbers, line)
+	}
+	r.WriteText(w, numbers)
 }

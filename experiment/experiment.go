@@ -93,6 +93,25 @@ func Find(name string) (Experiment, bool) {
 	return Experiment{}, false
 }
 
+// Lookup returns the experiment with the given name; an unknown name's
+// error lists the experiments.
+func Lookup(name string) (Experiment, error) {
+	e, ok := Find(name)
+	if !ok {
+		return e, fmt.Errorf("unknown experiment %q; experiments:\n%s", name, List())
+	}
+	return e, nil
+}
+
+// List is the experiments, a line each: the name and what it reproduces.
+func List() string {
+	var b strings.Builder
+	for _, e := range All() {
+		fmt.Fprintf(&b, "  %-24s %s\n", e.Name, e.Short)
+	}
+	return b.String()
+}
+
 // Selected reports whether the run called name is to be run under o.Only.
 func (o Options) Selected(name string) bool {
 	return len(o.Only) == 0 || slices.Contains(o.Only, name)

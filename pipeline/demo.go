@@ -51,10 +51,28 @@ type DemoConfig struct {
 	LR      float64
 	Seed    uint64
 	// CompareIters is the iterations each measured plan runs in the
-	// comparison, the first of them unmeasured (at least 2).
+	// comparison, the first of them unmeasured (at least 5).
 	CompareIters int
 	// Stats, if set, receives one JSON line per training iteration.
 	Stats io.Writer
+}
+
+// Check refuses a config the demo cannot run with; its errors are
+// *launch.FieldError.
+func (cfg DemoConfig) Check() error {
+	switch {
+	case cfg.Workers < 2:
+		return fieldErr(nil, fmt.Sprintf("%%s must be at least 2, got %d", cfg.Workers), "workers")
+	case cfg.Steps < 1 || cfg.Batch < 1 || cfg.Micro < 1:
+		return fieldErr(nil, "%s, %s and %s must be positive", "steps", "batch", "micro")
+	case cfg.CompareIters < 5:
+		return fieldErr(nil, fmt.Sprintf("%%s must be at least 5, got %d", cfg.CompareIters), "compare_iters")
+	case cfg.Limit < 0:
+		return fieldErr(nil, fmt.Sprintf("%%s must not be negative, got %d", cfg.Limit), "limit")
+	case cfg.SlowdownMax < 1:
+		return fieldErr(nil, fmt.Sprintf("%%s must be at least 1, got %v", cfg.SlowdownMax), "slowdown_max")
+	}
+	return nil
 }
 
 // DemoResult is the outcome of Demo.
@@ -84,6 +102,9 @@ type DemoStrategy struct {
 // notices and the progress bar to log (nil: discarded).
 func Demo(ctx context.Context, cfg DemoConfig, out, log io.Writer) (DemoResult, error) {
 	var res DemoResult
+	if err := cfg.Check(); err != nil {
+		return res, err
+	}
 	if out == nil {
 		out = io.Discard
 	}

@@ -311,9 +311,8 @@ func loadFashionMNIST(dir string, limit int) (trainSet, testSet *data.Dataset, e
 
 // TrainConfigFrom is the TrainConfig of a coordinator launched with a
 // typed config (the flags of `skyhive train pipeline` or a config file):
-// its model, data, training and planning options, checked. The caller
-// adds what needs the command's context: the initial plan (c.Plan names a
-// file), the scenario (Emulate sets its emulated network) and the node.
+// its model, data, training and planning options, checked (an error about
+// the workers is a *launch.FieldError). FromLaunch adds the rest.
 func TrainConfigFrom(c launch.Pipeline) (TrainConfig, error) {
 	tc := train.Config{Model: c.Model, Epochs: c.Epochs, BatchSize: c.Batch, LR: c.LR, WeightDecay: c.WeightDecay,
 		Warmup: c.Warmup, Seed: c.Seed, ClipNorm: c.Clip, Checkpoint: c.Checkpoint, Resume: c.Resume}
@@ -325,7 +324,7 @@ func TrainConfigFrom(c launch.Pipeline) (TrainConfig, error) {
 		return TrainConfig{}, err
 	}
 	if c.Workers <= 0 && c.JoinWait <= 0 {
-		return TrainConfig{}, errors.New("train pipeline needs --workers N (local processes) or --join-wait N (workers on other machines)")
+		return TrainConfig{}, fieldErr(nil, "train pipeline needs %s N (local processes) or %s N (workers on other machines)", "workers", "join_wait")
 	}
 	cfg := TrainConfig{Model: c.Model, Data: c.Data, DataDir: c.DataDir, Limit: c.Limit,
 		Text:   TextData{CorpusBytes: c.CorpusBytes, TokenWidth: c.TokenWidth, Vocab: c.Vocab, Seq: c.Seq, EvalTokens: c.EvalTokens},

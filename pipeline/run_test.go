@@ -26,7 +26,7 @@ func TestTrainConfigFrom(t *testing.T) {
 		edit func(*launch.Pipeline)
 		want string
 	}{
-		{func(c *launch.Pipeline) { c.Workers = 0 }, "needs --workers N"},
+		{func(c *launch.Pipeline) { c.Workers = 0 }, "needs workers N"},
 		{func(c *launch.Pipeline) { c.Schedule = "zigzag" }, "zigzag"},
 		{func(c *launch.Pipeline) { c.Batch = 0 }, "batch size must be positive"},
 	} {

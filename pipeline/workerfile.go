@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"time"
 
 	"github.com/skyhive/skyhive/launch"
@@ -83,4 +84,33 @@ func RunWorkerNode(ctx context.Context, cfg WorkerConfig, wn WorkerNode) error {
 func RunWorkerOn(ctx context.Context, n *node.Node, cfg WorkerConfig) error {
 	cfg.Transport, cfg.Metrics, cfg.Reach = n.Host(), n.Metrics(), nil
 	return RunWorker(ctx, cfg)
+}
+
+// RunWorkerRole runs a worker process's role, the worker w describes, on
+// a node of its own (RunWorkerNode) with the host config host (w.Net's),
+// until the coordinator shuts it down, it loses the coordinator, or ctx
+// ends. Its warnings (with w.Verbose its stage assignments and joins too),
+// its reachability and its notices go to log. A worker has no DHT and no
+// status record, which only a config file could give it; a bad coordinator
+// address is a *launch.FieldError.
+func RunWorkerRole(ctx context.Context, w launch.Worker, host p2p.Config, log io.Writer) error {
+	switch {
+	case len(w.DHT) > 0:
+		return fmt.Errorf("%s config: %q is not an option of this role", launch.RoleWorker, "dht")
+	case w.StatusEvery != 0:
+		return fmt.Errorf("%s config: %q is not an option of this role", launch.RoleWorker, "status_every")
+	}
+	level := slog.LevelWarn
+	if w.Verbose {
+		level = slog.LevelInfo
+	}
+	cfg := WorkerFromLaunch(w)
+	cfg.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: level}))
+	cfg.Host = host
+	cfg.Reach = func(r p2p.Reach) { p2p.WriteReach(log, r) }
+	err := RunWorkerNode(ctx, cfg, WorkerNode{MetricsAddr: w.Metrics, Log: log})
+	if errors.Is(err, ErrCoordinatorAddr) {
+		return fieldErr(err, "%s", "join")
+	}
+	return err
 }

@@ -110,6 +110,23 @@ type namespaces interface {
 	Close() error
 }
 
+// RunFile runs the spec in the file at path (LoadSpec, then Run): a spec
+// with no name takes the file's, and with no cfg.Dir the run keeps its
+// files in results/swarm-NAME.
+func RunFile(ctx context.Context, path string, cfg RunConfig) (*RunResult, error) {
+	spec, err := LoadSpec(path)
+	if err != nil {
+		return nil, err
+	}
+	if spec.Name == "" {
+		spec.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	}
+	if cfg.Dir == "" {
+		cfg.Dir = filepath.Join("results", "swarm-"+spec.Name)
+	}
+	return Run(ctx, spec, cfg)
+}
+
 // Run starts the swarm a spec describes as separate skyhive processes,
 // each in its own network namespace joined by netem's router (as root) or
 // on loopback, fires the failure schedule, waits until every peer that

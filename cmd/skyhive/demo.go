@@ -44,47 +44,14 @@ func newDemoCmd() *cobra.Command {
 	return cmd
 }
 
-// validate refuses flags the demo cannot run with.
-func (d *demoFlags) validate() error {
-	c := &d.cfg
-	switch {
-	case c.Workers < 2:
-		return fmt.Errorf("--workers must be at least 2, got %d", c.Workers)
-	case c.Steps < 1 || c.Batch < 1 || c.Micro < 1:
-		return fmt.Errorf("--steps, --batch and --micro must be positive")
-	case c.CompareIters < 5:
-		return fmt.Errorf("--compare-iters must be at least 5, got %d", c.CompareIters)
-	case d.data.limit < 0:
-		return fmt.Errorf("--limit must not be negative, got %d", d.data.limit)
-	case c.SlowdownMax < 1:
-		return fmt.Errorf("--slowdown-max must be at least 1, got %v", c.SlowdownMax)
-	}
-	return nil
-}
-
-// run runs the demo (pipeline.Demo): its steps on stdout, or on stderr
+// run runs the demo (pipeline.RunDemo): its steps on stdout, or on stderr
 // with --json, which prints the result on stdout.
 func (d *demoFlags) run(cmd *cobra.Command) error {
-	if err := d.validate(); err != nil {
-		return err
-	}
-	stats, closeStats, err := d.out.openStats()
-	if err != nil {
-		return err
-	}
-	defer closeStats()
 	cfg := d.cfg
-	cfg.DataDir, cfg.Limit, cfg.Stats = d.data.dir, d.data.limit, stats
+	cfg.DataDir, cfg.Limit = d.data.dir, d.data.limit
+	var err error
 	if cfg.Binary, err = os.Executable(); err != nil {
 		return fmt.Errorf("locating the skyhive binary: %w", err)
 	}
-	out := cmd.OutOrStdout()
-	if d.out.json {
-		out = cmd.ErrOrStderr()
-	}
-	res, err := pipeline.Demo(cmd.Context(), cfg, out, cmd.ErrOrStderr())
-	if err != nil || !d.out.json {
-		return err
-	}
-	return printJSON(cmd.OutOrStdout(), res)
+	return flagError(pipeline.RunDemo(cmd.Context(), cfg, d.out.stats, d.out.json, cmd.OutOrStdout(), cmd.ErrOrStderr()))
 }

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"fmt"
-	"strings"
-
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/experiment"
 	"github.com/spf13/cobra"
@@ -14,12 +11,12 @@ func newExperimentCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "experiment NAME",
 		Short: "Reproduce a paper's experiment; writes NAME.json and NAME.png to --out",
-		Long:  "Reproduce one of the papers' experiments. Experiments:\n" + experimentList(),
+		Long:  "Reproduce one of the papers' experiments. Experiments:\n" + experiment.List(),
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			e, ok := experiment.Find(args[0])
-			if !ok {
-				return fmt.Errorf("unknown experiment %q; experiments:\n%s", args[0], experimentList())
+			e, err := experiment.Lookup(args[0])
+			if err != nil {
+				return err
 			}
 			o.Log = cmd.ErrOrStderr()
 			return e.Launch(cmd.Context(), o)
@@ -32,12 +29,4 @@ func newExperimentCmd() *cobra.Command {
 	cmd.Flags().IntVar(&o.Repeats, "repeats", 1, "geo-data-parallel, geo-data-parallel-lm and sky-computing: run everything this many times, with seeds --seed, --seed+1, ..., and judge the targets over the repetitions (geo-data-parallel[-lm]: medians of the times to target; sky-computing: medians of every cell)")
 	cmd.Flags().StringVar(&o.DataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files (experiments on text read GCIDE from its Debian package)")
 	return cmd
-}
-
-func experimentList() string {
-	var b strings.Builder
-	for _, e := range experiment.All() {
-		fmt.Fprintf(&b, "  %-24s %s\n", e.Name, e.Short)
-	}
-	return b.String()
 }

@@ -171,14 +171,11 @@ func TestPipelineFlagsAndFileAgree(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := pipelineDefaults()
-	if err := f.Decode(&c); err != nil {
+	given, err := pipeline.DecodeLaunch(f, &c)
+	if err != nil {
 		t.Fatal(err)
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(f.Config, &fields); err != nil {
-		t.Fatal(err)
-	}
-	fromFile, err := pipelineConfig(c, func(name string) bool { _, ok := fields[strings.ReplaceAll(name, "-", "_")]; return ok })
+	fromFile, err := pipelineConfig(c, given)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +185,7 @@ func TestPipelineFlagsAndFileAgree(t *testing.T) {
 	if err := fl.Parse([]string{"--model", "gpt-mini", "--workers", "2", "--strategy", "even", "--data", "text:x.txt", "--steps", "5", "--seq", "16"}); err != nil {
 		t.Fatal(err)
 	}
-	fromFlags, err := pipelineConfig(p.config(), fl.Changed)
+	fromFlags, err := pipelineConfig(p.config(), func(f string) bool { return fl.Changed(strings.ReplaceAll(f, "_", "-")) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,5 +195,22 @@ func TestPipelineFlagsAndFileAgree(t *testing.T) {
 	}
 	if d := models.DefaultsOf("gpt-mini"); fromFlags.Batch != d.Batch || fromFlags.LR != d.LR || fromFlags.Text.Seq != 16 || fromFlags.Data != "text:x.txt" {
 		t.Fatalf("config %+v: want the model's batch %d and lr %v, --seq 16 and --data text:x.txt", fromFlags, d.Batch, d.LR)
+	}
+}
+
+// The coordinator's and the worker's own options default to the
+// library's (pipeline.Defaults, pipeline.WorkerDefaults), so that a config
+// file and the flags agree.
+func TestPipelineFlagsDefaultToLibrary(t *testing.T) {
+	got, want := pipelineDefaults(), pipeline.Defaults()
+	got.Net, got.Process, got.Output, got.Training = launch.Net{}, launch.Process{}, launch.Output{}, launch.Training{}
+	got.Model = ""
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("flags give %+v, pipeline.Defaults %+v", got, want)
+	}
+	w := workerDefaults()
+	w.Net, w.Process = launch.Net{}, launch.Process{}
+	if want := pipeline.WorkerDefaults(); !reflect.DeepEqual(w, want) {
+		t.Errorf("flags give %+v, pipeline.WorkerDefaults %+v", w, want)
 	}
 }

@@ -46,16 +46,7 @@ func newProfileDeviceCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := profileSave(cmd, out, func() error { return profile.SaveDevice(out, d) }); err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), struct {
-					Format string `json:"format"`
-					profile.Device
-				}{profile.DeviceFormat, d})
-			}
-			return profile.WriteDevice(cmd.OutOrStdout(), d)
+			return profile.Output{W: cmd.OutOrStdout(), Log: cmd.ErrOrStderr(), Out: out, JSON: asJSON}.Device(d)
 		},
 	}
 	fl := cmd.Flags()
@@ -94,13 +85,7 @@ func newProfileModelCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := profileSave(cmd, out, func() error { return profile.Save(out, mp) }); err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), mp)
-			}
-			return profile.WriteModel(cmd.OutOrStdout(), mp)
+			return profile.Output{W: cmd.OutOrStdout(), Log: cmd.ErrOrStderr(), Out: out, JSON: asJSON}.Model(mp)
 		},
 	}
 	fl := cmd.Flags()
@@ -148,10 +133,7 @@ regions; measured links can be added to the "links" list (docs/profile.md).`,
 			if err != nil {
 				return err
 			}
-			if out != "" {
-				return profileSave(cmd, out, func() error { return profile.Save(out, cp) })
-			}
-			return printJSON(cmd.OutOrStdout(), cp)
+			return profile.Output{W: cmd.OutOrStdout(), Log: cmd.ErrOrStderr(), Out: out}.Cluster(cp)
 		},
 	}
 	fl := cmd.Flags()
@@ -169,18 +151,6 @@ regions; measured links can be added to the "links" list (docs/profile.md).`,
 	_ = fl.MarkDeprecated("inter-latency-ms", "use --inter-latency with a duration, e.g. 50ms")
 	fl.StringVar(&out, "out", "", "write the profile to this file instead of printing it")
 	return cmd
-}
-
-// profileSave runs save when the --out path is set and says so on stderr.
-func profileSave(cmd *cobra.Command, out string, save func() error) error {
-	if out == "" {
-		return nil
-	}
-	if err := save(); err != nil {
-		return err
-	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s\n", out)
-	return nil
 }
 
 // profileOutputFlags registers --out and --json of the profile commands

@@ -2,10 +2,7 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -63,18 +60,9 @@ func newSwarmRunCmd() *cobra.Command {
 	return cmd
 }
 
+// run runs the swarm of the spec at path (swarm.RunFile) and prints it
+// (bench.WriteSwarm).
 func (f *swarmRunFlags) run(cmd *cobra.Command, path string) error {
-	spec, err := swarm.LoadSpec(path)
-	if err != nil {
-		return err
-	}
-	if spec.Name == "" {
-		spec.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
-	}
-	dir := f.dir
-	if dir == "" {
-		dir = filepath.Join("results", "swarm-"+spec.Name)
-	}
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("locating the skyhive binary: %w", err)
@@ -84,34 +72,14 @@ func (f *swarmRunFlags) run(cmd *cobra.Command, path string) error {
 		return err
 	}
 	defer closeStats()
-	res, runErr := swarm.Run(cmd.Context(), spec, swarm.RunConfig{
-		Binary: exe, Dir: dir, Isolation: f.isolation, Timeout: f.timeout,
+	res, runErr := swarm.RunFile(cmd.Context(), path, swarm.RunConfig{
+		Binary: exe, Dir: f.dir, Isolation: f.isolation, Timeout: f.timeout,
 		Log: cmd.ErrOrStderr(),
 	})
 	if res == nil {
 		return runErr
 	}
 	(&jsonl.Writer{W: stats}).Write(res)
-	if f.out.json {
-		lines := &jsonl.Writer{W: cmd.OutOrStdout()}
-		for _, r := range bench.SwarmResults(res) {
-			lines.Write(r)
-		}
-	} else {
-		printSwarmSummary(cmd.OutOrStdout(), res)
-	}
+	bench.WriteSwarm(cmd.OutOrStdout(), res, f.out.json)
 	return runErr
-}
-
-// printSwarmSummary prints the run as text with its benchmark numbers.
-func printSwarmSummary(w io.Writer, r *swarm.RunResult) {
-	var numbers []string
-	for _, b := range bench.SwarmResults(r)[1:] {
-		line := fmt.Sprintf("%s: %.4g %s", b.Metric, b.Value, b.Unit)
-		if b.Baseline != "" {
-			line += fmt.Sprintf(" (%s %.4g, ratio %.2f)", b.Baseline, b.BaselineValue, b.Ratio)
-		}
-		numbers = append(numbers, line)
-	}
-	r.WriteText(w, numbers)
 }

@@ -2,16 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
-	"log/slog"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/launch"
-	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/pipeline"
 )
 
@@ -47,12 +43,15 @@ type workerFlags struct {
 	metrics metricsFlags
 }
 
+// register adds the flags of `skyhive worker`, with their defaults
+// (pipeline.WorkerDefaults).
 func (f *workerFlags) register(fl *pflag.FlagSet) {
+	f.w = pipeline.WorkerDefaults()
 	w := &f.w
 	fl.StringVar(&w.Join, "join", "", "coordinator multiaddr ending in /p2p/<peer id> (required)")
 	fl.StringVar(&w.Name, "name", "", "name shown in the coordinator's tables (default: peer ID)")
 	f.net.register(fl, "")
-	fl.Float64Var(&w.Slowdown, "slowdown", 1, "emulated slowdown factor (>= 1)")
+	fl.Float64Var(&w.Slowdown, "slowdown", w.Slowdown, "emulated slowdown factor (>= 1)")
 	fl.BoolVar(&w.Steady, "steady", false, "emulate a steady device: --slowdown multiplies the median busy time of each op's recent executions, not this one's, so the host's second-to-second noise does not reach the emulated speed")
 	fl.StringVar(&w.Region, "region", "", "network region of this worker (plans group stages by region; required by coordinators that emulate links)")
 	fl.Int64Var(&w.MemCap, "mem-cap", 0, "memory cap in bytes for the assigned layers (0: none)")
@@ -75,32 +74,13 @@ func workerDefaults() launch.Worker {
 	return f.config()
 }
 
-// runWorkerRole runs the worker w describes on a node of its own until
-// the coordinator shuts it down, it loses the coordinator, or ctx ends. A
-// worker has no DHT and no status record, which only a config file could
-// give it.
+// runWorkerRole runs the worker w describes (pipeline.RunWorkerRole), its
+// notices on stderr.
 func runWorkerRole(ctx context.Context, _, stderr io.Writer, w launch.Worker) error {
-	switch {
-	case len(w.DHT) > 0:
-		return fmt.Errorf("%s config: %q is not an option of this role", launch.RoleWorker, "dht")
-	case w.StatusEvery != 0:
-		return fmt.Errorf("%s config: %q is not an option of this role", launch.RoleWorker, "status_every")
-	}
-	level := slog.LevelWarn
-	if w.Verbose {
-		level = slog.LevelInfo
-	}
-	cfg := pipeline.WorkerFromLaunch(w)
-	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	net := connectFlagsOf(w.Net)
-	var err error
-	if cfg.Host, err = net.config(); err != nil {
+	host, err := net.config()
+	if err != nil {
 		return err
 	}
-	cfg.Reach = func(r p2p.Reach) { printReach(stderr, r) }
-	err = pipeline.RunWorkerNode(ctx, cfg, pipeline.WorkerNode{MetricsAddr: w.Metrics, Log: stderr})
-	if errors.Is(err, pipeline.ErrCoordinatorAddr) {
-		return fmt.Errorf("--join: %w", err)
-	}
-	return err
+	return flagError(pipeline.RunWorkerRole(ctx, w, host, stderr))
 }

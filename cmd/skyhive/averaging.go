@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,90 +26,27 @@ import (
 type peerFlags struct {
 	cfg     launch.Peer
 	net     connectFlags
-	lm      averagingLMFlags
+	lm      lmDataFlags
 	status  statusFlags
 	metrics metricsFlags
 }
 
-// averagingLMFlags are the language-model options of `skyhive peer` and
-// `skyhive train averaging`, with the names, meanings and defaults of
-// `skyhive train`'s.
-type averagingLMFlags struct {
-	lmDataFlags
-	data        string
-	warmup      int
-	clip        float64
-	weightDecay float64
+// registerAveragingLM adds the language-model options of `skyhive peer`
+// and `skyhive train averaging` to c and lm, with the names, meanings and
+// defaults of `skyhive train`'s.
+func registerAveragingLM(fl *pflag.FlagSet, c *launch.Peer, lm *lmDataFlags) {
+	fl.StringVar(&c.Data, "data", "fashion-mnist", "data: fashion-mnist for image models; for language models "+train.TextDataUsage+" (gcide by default; every peer of a run must read the same)")
+	lm.register(fl, 0)
+	fl.IntVar(&c.Warmup, "warmup", int(lmDefaults.Warmup), "language models: linear learning-rate warm-up steps")
+	fl.Float64Var(&c.Clip, "clip", lmDefaults.ClipNorm, "language models: global norm clip of the (averaged) gradients (0 disables)")
+	fl.Float64Var(&c.WeightDecay, "weight-decay", peer.DefaultWeightDecay, "language models: AdamW decoupled weight decay")
 }
 
-// averagingLMOnly name the flags averagingLMFlags adds, which image models
-// refuse; averagingImageOnly those that language models refuse.
-var (
-	averagingLMOnly    = slices.Concat(lmDataOnly, []string{"warmup", "clip", "weight-decay"})
-	averagingImageOnly = []string{"data-dir", "limit", "momentum", "shard", "eval-examples"}
-)
-
-func (l *averagingLMFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&l.data, "data", "fashion-mnist", "data: fashion-mnist for image models; for language models "+train.TextDataUsage+" (gcide by default; every peer of a run must read the same)")
-	l.lmDataFlags.register(fl, 0)
-	fl.IntVar(&l.warmup, "warmup", int(lmDefaults.Warmup), "language models: linear learning-rate warm-up steps")
-	fl.Float64Var(&l.clip, "clip", lmDefaults.ClipNorm, "language models: global norm clip of the (averaged) gradients (0 disables)")
-	fl.Float64Var(&l.weightDecay, "weight-decay", peer.DefaultWeightDecay, "language models: AdamW decoupled weight decay")
-}
-
-// resolve checks the flags given against the model, and for a language
-// model returns its data (gcide unless --data is given) and its context
-// (0: the spec's, when the spec has one and --seq is not given).
-func (l *averagingLMFlags) resolve(fl *pflag.FlagSet, model string) (lm bool, dataset string, seq int, err error) {
-	changed := func(name string) bool { f := fl.Lookup(name); return f != nil && f.Changed }
-	if !train.IsLanguageModel(model) {
-		for _, name := range averagingLMOnly {
-			if changed(name) {
-				return false, "", 0, fmt.Errorf("--%s is for language models; %s is an image classifier (language models: gpt-mini, gpt-small, gpt-medium or gpt:LAYERSxHIDDEN:VOCAB)", name, model)
-			}
-		}
-		switch {
-		case l.data == "fashion-mnist":
-		case train.IsTextData(l.data):
-			return false, "", 0, fmt.Errorf("%s is an image classifier and %s is text: train a language model on it (--model gpt-mini), or train %s on fashion-mnist", model, l.data, model)
-		default:
-			return false, "", 0, fmt.Errorf("unknown data set %q (supported: fashion-mnist for image models; %s for language models)", l.data, train.TextDataUsage)
-		}
-		return false, "", 0, nil
-	}
-	dataset = l.data
-	if !changed("data") {
-		dataset = "gcide"
-	}
-	for _, name := range averagingImageOnly {
-		if changed(name) {
-			return true, "", 0, fmt.Errorf("--%s is for image models; language model %s trains with AdamW on --data %s", name, model, dataset)
-		}
-	}
-	switch {
-	case dataset == "fashion-mnist":
-		return true, "", 0, fmt.Errorf("%s is a language model and fashion-mnist is images: train it on text (--data %s), or train an image model (--model %s)", model, train.TextDataUsage, models.Usage())
-	case !train.IsTextData(dataset):
-		return true, "", 0, fmt.Errorf("unknown data %q for language model %s (want %s)", dataset, model, train.TextDataUsage)
-	case strings.HasPrefix(dataset, "tokens:") && !changed("vocab"):
-		return true, "", 0, fmt.Errorf("--data %s: give the vocabulary of the token file with --vocab (50257 for GPT-2's tokenizer)", dataset)
-	case l.seq < 1 || l.vocab < 1 || l.corpusBytes < 0 || l.evalTokens < 0 || l.warmup < 0 || l.clip < 0 || l.weightDecay < 0:
-		return true, "", 0, errors.New("--seq and --vocab must be positive, and --corpus-bytes, --eval-tokens, --warmup, --clip and --weight-decay not negative")
-	}
-	seq = l.seq
-	if !changed("seq") && strings.Contains(model, ":") {
-		seq = 0 // the spec's
-	}
-	return true, dataset, seq, nil
-}
-
-// setConfig sets a peer config's language-model options from the flags,
-// for the data and context resolve returned.
-func (l *averagingLMFlags) setConfig(c *launch.Peer, dataset string, seq int) {
-	c.Data, c.Seq, c.Vocab, c.TokenWidth, c.EvalTokens = dataset, seq, l.vocab, l.tokenWidth, l.evalTokens
-	c.CorpusBytes = int64(peer.ToField(float64(l.corpusBytes)))
-	c.Warmup = int(peer.ToField(float64(l.warmup)))
-	c.Clip, c.WeightDecay = peer.ToField(l.clip), peer.ToField(l.weightDecay)
+// resolveLM sets c's language-model data options from lm and checks the
+// flags given against the model (peer.Resolve), naming the flags.
+func resolveLM(fl *pflag.FlagSet, c *launch.Peer, lm lmDataFlags) error {
+	c.Vocab, c.Seq, c.TokenWidth, c.EvalTokens, c.CorpusBytes = lm.vocab, lm.seq, lm.tokenWidth, lm.evalTokens, lm.corpusBytes
+	return flagError(peer.Resolve(c, flagsGiven(fl)))
 }
 
 func newPeerCmd() *cobra.Command {
@@ -193,7 +128,7 @@ func (f *peerFlags) register(fl *pflag.FlagSet) {
 	fl.DurationVar(durationVar(&c.StatsEvery), "stats-every", 10*time.Second, "interval of --stats lines")
 	fl.BoolVar(&c.JSON, "json", false, "print the final result as one JSON line (benchmark protocol) on stdout")
 	fl.BoolVar(&c.Quiet, "quiet", false, "no progress bar")
-	f.lm.register(fl)
+	registerAveragingLM(fl, c, &f.lm)
 	f.status.register(fl)
 	f.metrics.register(fl)
 }
@@ -205,13 +140,8 @@ func (f *peerFlags) config(fl *pflag.FlagSet) (launch.Peer, error) {
 	c := f.cfg
 	c.Net = f.net.launchNet()
 	c.Process = f.status.process(f.metrics.addr)
-	lm, dataset, seq, err := f.lm.resolve(fl, c.Model)
-	if err != nil {
+	if err := resolveLM(fl, &c, f.lm); err != nil {
 		return c, err
-	}
-	f.lm.setConfig(&c, dataset, seq)
-	if !lm {
-		c.Data, c.Seq = "", 0
 	}
 	if !fl.Changed("lr") {
 		c.LR = 0
@@ -284,7 +214,7 @@ type averagingFlags struct {
 	local   peer.LocalRun
 	small   bool // retired --small
 	data    dataFlags
-	lm      averagingLMFlags
+	lm      lmDataFlags
 	out     outputFlags
 	metrics metricsFlags
 }
@@ -312,7 +242,7 @@ func (a *averagingFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&c.RunID, "run-id", optimizer.DefaultRunID, "run name in DHT keys")
 	fl.StringVar(&r.Dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
 	a.data.register(fl)
-	a.lm.register(fl)
+	registerAveragingLM(fl, c, &a.lm)
 	a.out.register(fl, "the peers' results", "every peer's stats lines, copied from --logs when the peers are done")
 	fl.BoolVar(&a.small, "small", false, "retired: use --model mlp-small")
 	_ = fl.MarkDeprecated("small", "use --model mlp-small (the default)")
@@ -392,17 +322,15 @@ func (a *averagingFlags) launchPeer(fl *pflag.FlagSet) (launch.Peer, error) {
 	if a.small {
 		c.Model = "mlp-small"
 	}
-	lm, dataset, seq, err := a.lm.resolve(fl, c.Model)
-	if err != nil {
+	c.DataDir, c.Limit = a.data.dir, a.data.limit
+	if err := resolveLM(fl, &c, a.lm); err != nil {
 		return launch.Peer{}, err
 	}
-	c.DataDir, c.Limit = a.data.dir, a.data.limit
 	if c.Steps > 0 && !fl.Changed("duration") {
 		c.Duration = 0
 	}
-	if lm {
+	if train.IsLanguageModel(c.Model) {
 		c.Momentum, c.DataDir, c.Limit = 0, "", 0
-		a.lm.setConfig(&c, dataset, seq)
 		d := withModelDefaults(fl, c.Model, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
 		c.Batch, c.LR = d.Batch, d.LR
 	}

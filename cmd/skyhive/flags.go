@@ -278,6 +278,12 @@ func flagError(err error) error {
 	return fe.Renamed(func(f string) string { return "--" + strings.ReplaceAll(f, "_", "-") })
 }
 
+// flagsGiven says which of a config's fields were given on the command
+// line: the field f is the flag --f, with "-" for "_".
+func flagsGiven(fl *pflag.FlagSet) func(field string) bool {
+	return func(f string) bool { return fl.Changed(strings.ReplaceAll(f, "_", "-")) }
+}
+
 // printReach is p2p.WriteReach, for the commands that print a peer's
 // reachability.
 func printReach(w io.Writer, r p2p.Reach) { p2p.WriteReach(w, r) }

@@ -59,3 +59,22 @@ func TestResolve(t *testing.T) {
 		t.Errorf("image model: %+v, %v", img, err)
 	}
 }
+
+// RunRole refuses a peer without DHT peers, and a stats file it cannot
+// open, naming the field, before it starts anything.
+func TestRunRoleFieldErrors(t *testing.T) {
+	const seed = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd"
+	ok := launch.Peer{Algo: "wagma", Model: "mlp-small", InnerSteps: 1, OuterLR: 1, Codec: "none", Aggregation: "mean"}
+	noDHT, badStats := ok, ok
+	badStats.DHT, badStats.Stats = []string{seed}, t.TempDir()+"/no/such/dir/stats.jsonl"
+	for _, c := range []struct {
+		l     launch.Peer
+		field string
+	}{{noDHT, "dht"}, {badStats, "stats"}} {
+		var fe *launch.FieldError
+		err := RunRole(t.Context(), RoleConfig{Peer: c.l})
+		if !errors.As(err, &fe) || !slices.Equal(fe.Fields, []string{c.field}) {
+			t.Errorf("%s: got %v, want a *launch.FieldError on it", c.field, err)
+		}
+	}
+}

@@ -169,28 +169,9 @@ func runPeerRole(ctx context.Context, stdout, stderr io.Writer, l launch.Peer) e
 	if err != nil {
 		return err
 	}
-	if len(l.DHT) == 0 {
-		return errors.New("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
-	}
-	c, err := peer.FromLaunch(l, host)
-	if err != nil {
-		return err
-	}
-	out := outputFlags{stats: l.Stats}
-	stats, closeStats, err := out.openStats()
-	if err != nil {
-		return err
-	}
-	defer closeStats()
-	mf := metricsFlags{addr: l.Metrics}
-	reg, stopMetrics, err := mf.start(ctx, stderr)
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	err = peer.RunRole(ctx, peer.RoleConfig{Peer: l, Config: c, Stdout: stdout, Stderr: stderr, Stats: stats,
-		Metrics: reg.Registerer(), Reach: func(r p2p.Reach) { printReach(stderr, r) }})
-	return peerFlagHint(err)
+	err = peer.RunRole(ctx, peer.RoleConfig{Peer: l, Host: host, Stdout: stdout, Stderr: stderr,
+		Reach: func(r p2p.Reach) { p2p.WriteReach(stderr, r) }})
+	return peerFlagHint(flagError(err))
 }
 
 // peerFlagHint names the flags behind the peer's configuration errors.

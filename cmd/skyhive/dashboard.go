@@ -42,21 +42,21 @@ func newDashboardCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error { return runDashboard(cmd, f) },
 	}
 	fl := cmd.Flags()
-	fl.StringSliceVar(&f.net.dht, "dht", nil, "DHT nodes of the swarm to read through: multiaddrs ending in /p2p/PEER_ID (required)")
+	fl.StringSliceVar(&f.net.DHT, "dht", nil, "DHT nodes of the swarm to read through: multiaddrs ending in /p2p/PEER_ID (required)")
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address of the web page (host:port; port 0 picks a free one)")
 	fl.DurationVar(&f.every, "every", 3*time.Second, "how often to read the status records")
 	fl.DurationVar(&f.timeout, "timeout", 30*time.Second, "give up joining the DHT after this long")
-	fl.StringVar(&f.net.identity, "identity", "", "private key file (created if missing), for a stable peer ID")
-	fl.StringVar(&f.net.swarmSecret, "swarm-secret", "", "the swarm's secret file, to read a swarm closed with --swarm-secret")
-	fl.StringVar(&f.net.swarmKey, "swarm-key", "", "the swarm key's .pub file, to read a swarm closed with --swarm-key (needs --member-token)")
-	fl.StringVar(&f.net.memberToken, "member-token", "", "this dashboard's member token for --swarm-key")
-	f.net.holePunching, f.net.autoNAT, f.net.reachability = true, false, "auto"
+	fl.StringVar(&f.net.Identity, "identity", "", "private key file (created if missing), for a stable peer ID")
+	fl.StringVar(&f.net.SwarmSecret, "swarm-secret", "", "the swarm's secret file, to read a swarm closed with --swarm-secret")
+	fl.StringVar(&f.net.SwarmKey, "swarm-key", "", "the swarm key's .pub file, to read a swarm closed with --swarm-key (needs --member-token)")
+	fl.StringVar(&f.net.MemberToken, "member-token", "", "this dashboard's member token for --swarm-key")
+	f.net.HolePunching, f.net.AutoNAT, f.net.Reachability = true, false, "auto"
 	return cmd
 }
 
 func runDashboard(cmd *cobra.Command, f dashboardFlags) error {
 	ctx := cmd.Context()
-	if len(f.net.dht) == 0 {
+	if len(f.net.DHT) == 0 {
 		return errors.New("--dht is required: the multiaddr of a DHT node of the swarm, ending in /p2p/PEER_ID")
 	}
 	if f.every < 100*time.Millisecond {

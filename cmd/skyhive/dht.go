@@ -138,7 +138,7 @@ func startNode(ctx context.Context, net connectFlags, mode string, timeout time.
 		return nil, err
 	}
 	cfg.Host = &hcfg
-	cfg.DHT.Mode, cfg.DHT.Bootstrap, cfg.DHT.JoinTimeout = mode, net.dht, timeout
+	cfg.DHT.Mode, cfg.DHT.Bootstrap, cfg.DHT.JoinTimeout = mode, net.DHT, timeout
 	if mode == node.DHTServer {
 		cfg.DHT.MaxBytes = net.dhtMaxBytes()
 	}
@@ -219,7 +219,7 @@ func joinHint(err error) error {
 // withClientNode starts a client-mode node, joins through --dht and
 // runs op within --timeout.
 func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *p2p.Host, *dht.Node) error) error {
-	if len(f.net.dht) == 0 {
+	if len(f.net.DHT) == 0 {
 		return errors.New("--dht is required: the multiaddr of a DHT node, ending in /p2p/PEER_ID")
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)

@@ -103,17 +103,7 @@ func selectProcess(p launch.Process) error {
 func durationVar(d *launch.Duration) *time.Duration { return (*time.Duration)(d) }
 
 // launchNet is the connection flags as a config's network options.
-func (c *connectFlags) launchNet() launch.Net {
-	return launch.Net{Listen: c.listen, Announce: c.announce, Identity: c.identity, DHT: c.dht,
-		Relays: c.relays, RelayService: c.relayService, HolePunching: c.holePunching, AutoNAT: c.autoNAT,
-		Reachability: c.reachability, SwarmSecret: c.swarmSecret, SwarmKey: c.swarmKey,
-		MemberToken: c.memberToken, MemoryMiB: c.memoryMiB}
-}
+func (c *connectFlags) launchNet() launch.Net { return c.Net }
 
 // connectFlagsOf is a config's network options as connection flags.
-func connectFlagsOf(n launch.Net) connectFlags {
-	return connectFlags{listen: n.Listen, announce: n.Announce, identity: n.Identity, dht: n.DHT,
-		relays: n.Relays, relayService: n.RelayService, holePunching: n.HolePunching, autoNAT: n.AutoNAT,
-		reachability: n.Reachability, swarmSecret: n.SwarmSecret, swarmKey: n.SwarmKey,
-		memberToken: n.MemberToken, memoryMiB: n.MemoryMiB}
-}
+func connectFlagsOf(n launch.Net) connectFlags { return connectFlags{n} }

@@ -11,10 +11,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/averaging/peer"
-	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/p2p"
@@ -90,42 +88,37 @@ func newPeerCmd() *cobra.Command {
 
 // register adds the flags of `skyhive peer`, with their defaults.
 func (f *peerFlags) register(fl *pflag.FlagSet) {
+	d := peer.Defaults()
 	c := &f.cfg
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
-	fl.StringVar(&c.RunID, "run-id", optimizer.DefaultRunID, "run name in DHT keys; every peer of a run must use the same")
-	fl.StringVar(&c.Algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
+	fl.StringVar(&c.RunID, "run-id", d.RunID, "run name in DHT keys; every peer of a run must use the same")
 	fl.StringVar(&c.Matchmaking, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
 	fl.IntVar(&c.GroupSize, "group-size", 0, "group size (0: 3 with dht matchmaking, round(sqrt(peers)) with ranks)")
-	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
-	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
-	fl.DurationVar(durationVar(&c.RoundInterval), "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
-	registerOuterFlags(fl, c)
-	fl.StringVar(&c.Codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
-	fl.StringVar(&c.Aggregation, "aggregation", "mean", "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
-	fl.Float64Var(&c.MaxNormRatio, "max-norm-ratio", averaging.DefaultMaxNormRatio, "drop a contribution whose norm is over this multiple of the group's median (negative: keep every finite one)")
-	fl.IntVar(&c.MinAgree, "min-agree", 1, "a joiner uses the swarm's state only if this many donors serve agreeing states (2 for open swarms)")
+	registerAveragingFlags(fl, c)
+	fl.StringVar(&c.Aggregation, "aggregation", d.Aggregation, "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
+	fl.Float64Var(&c.MaxNormRatio, "max-norm-ratio", d.MaxNormRatio, "drop a contribution whose norm is over this multiple of the group's median (negative: keep every finite one)")
+	fl.IntVar(&c.MinAgree, "min-agree", d.MinAgree, "a joiner uses the swarm's state only if this many donors serve agreeing states (2 for open swarms)")
 	fl.DurationVar(durationVar(&c.Timeout), "timeout", 0, "longest wait for one all-reduce (0: the round interval with dht matchmaking, 20s with ranks)")
-	fl.IntVar(&c.MinPeers, "min-peers", 2, "peers of the run (this one included) to wait for before training")
-	fl.DurationVar(durationVar(&c.WaitPeers), "wait-peers", time.Minute, "how long to wait for --min-peers")
-	fl.DurationVar(durationVar(&c.JoinTimeout), "join-timeout", 30*time.Second, "how long joining the DHT and downloading the swarm's state may take")
+	fl.IntVar(&c.MinPeers, "min-peers", d.MinPeers, "peers of the run (this one included) to wait for before training")
+	fl.DurationVar(durationVar(&c.WaitPeers), "wait-peers", time.Duration(d.WaitPeers), "how long to wait for --min-peers")
+	fl.DurationVar(durationVar(&c.JoinTimeout), "join-timeout", time.Duration(d.JoinTimeout), "how long joining the DHT and downloading the swarm's state may take")
 	fl.Int64Var(&c.TargetBatchSize, "target-batch-size", 0, "samples summed over the swarm that make one swarm epoch (0: epochs do not advance)")
-	fl.StringVar(&c.Model, "model", "mlp-small", "model: "+models.Usage()+", or a language model: "+models.LMUsage()+", e.g. gpt-mini (every peer of a run must agree)")
-	fl.Uint64Var(&c.Seed, "seed", 1, "seed of the initial weights (equal on every peer) and of the batch order (mixed with the peer ID)")
+	fl.StringVar(&c.Model, "model", d.Model, "model: "+models.Usage()+", or a language model: "+models.LMUsage()+", e.g. gpt-mini (every peer of a run must agree)")
+	fl.Uint64Var(&c.Seed, "seed", d.Seed, "seed of the initial weights (equal on every peer) and of the batch order (mixed with the peer ID)")
 	fl.IntVar(&c.Batch, "batch", 32, "examples per local step (language models: sequences, 16 unless given)")
 	fl.Float64Var(&c.LR, "lr", 0.05, "SGD learning rate (cosine decay to a tenth over --steps or --duration when given); language models: AdamW's, 3e-3 unless given")
-	fl.Float64Var(&c.Momentum, "momentum", 0.9, "SGD momentum (image models)")
-	fl.StringVar(&c.DataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
+	fl.StringVar(&c.DataDir, "data-dir", d.DataDir, "directory holding the Fashion-MNIST IDX files")
 	fl.IntVar(&c.Limit, "limit", 0, "use only the first N training examples (0 = all)")
 	fl.StringVar(&c.Shard, "shard", "", "train on shard K/N of the data (e.g. $SLURM_PROCID/$SLURM_NTASKS; default: all of it, in this peer's own order)")
 	fl.IntVar(&c.EvalExamples, "eval-examples", 0, "test examples per evaluation (0 = all 10000)")
 	fl.IntVar(&c.Steps, "steps", 0, "stop after this many local steps (0: no limit)")
 	fl.DurationVar(durationVar(&c.Duration), "duration", 0, "stop after this long (0: no limit; stop with Ctrl-C)")
 	fl.DurationVar(durationVar(&c.EvalEvery), "eval-every", 0, "evaluate on the test set this often (0: only at the end); diloco and wa-diloco evaluate their outer model")
-	fl.Float64Var(&c.Slowdown, "slowdown", 1, "emulate a slower device: each step takes this many times its compute time (experiments)")
+	fl.Float64Var(&c.Slowdown, "slowdown", d.Slowdown, "emulate a slower device: each step takes this many times its compute time (experiments)")
 	fl.StringVar(&c.Checkpoint, "checkpoint", "", "checkpoint file: resumed from if it exists, written atomically every --checkpoint-every and on exit")
-	fl.DurationVar(durationVar(&c.CheckpointEvery), "checkpoint-every", time.Minute, "checkpoint interval")
+	fl.DurationVar(durationVar(&c.CheckpointEvery), "checkpoint-every", time.Duration(d.CheckpointEvery), "checkpoint interval")
 	fl.StringVar(&c.Stats, "stats", "", "append JSON lines with counters, accuracy, memory and goroutines to this file")
-	fl.DurationVar(durationVar(&c.StatsEvery), "stats-every", 10*time.Second, "interval of --stats lines")
+	fl.DurationVar(durationVar(&c.StatsEvery), "stats-every", time.Duration(d.StatsEvery), "interval of --stats lines")
 	fl.BoolVar(&c.JSON, "json", false, "print the final result as one JSON line (benchmark protocol) on stdout")
 	fl.BoolVar(&c.Quiet, "quiet", false, "no progress bar")
 	registerAveragingLM(fl, c, &f.lm)
@@ -150,15 +143,6 @@ func (f *peerFlags) config(fl *pflag.FlagSet) (launch.Peer, error) {
 		c.Batch = 0
 	}
 	return c, nil
-}
-
-// peerDefaults is the config of `skyhive peer` without flags, which a
-// config file's fields replace.
-func peerDefaults() (launch.Peer, error) {
-	var f peerFlags
-	fl := pflag.NewFlagSet("peer", pflag.ContinueOnError)
-	f.register(fl)
-	return f.config(fl)
 }
 
 // runPeerRole runs an averaging peer (peer.RunRole) with its typed config,
@@ -201,26 +185,20 @@ type averagingFlags struct {
 }
 
 func (a *averagingFlags) register(fl *pflag.FlagSet) {
-	c, r := &a.cfg, &a.local
-	fl.StringVar(&c.Algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
+	c, r, d := &a.cfg, &a.local, peer.Defaults()
 	fl.IntVar(&r.Peers, "peers", 4, "peer processes (skyhive peer) to start on this machine")
-	fl.StringVar(&c.Model, "model", "mlp-small", "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores), or a language model: "+models.LMUsage()+", e.g. gpt-mini")
-	fl.Uint64Var(&c.Seed, "seed", 1, "seed of the initial weights, the slowdowns and the batch order")
+	fl.StringVar(&c.Model, "model", d.Model, "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores), or a language model: "+models.LMUsage()+", e.g. gpt-mini")
+	fl.Uint64Var(&c.Seed, "seed", d.Seed, "seed of the initial weights, the slowdowns and the batch order")
 	fl.IntVar(&c.Batch, "batch", 64, "examples per local step (language models: sequences, 16 unless given)")
 	fl.Float64Var(&c.LR, "lr", 0.05, "SGD learning rate of each peer (cosine decay to a tenth over --duration or --steps); language models: AdamW's, 3e-3 unless given")
-	fl.Float64Var(&c.Momentum, "momentum", 0.9, "SGD momentum (image models)")
 	fl.DurationVar(durationVar(&c.Duration), "duration", time.Minute, "how long the peers train (with --steps alone: until they are done)")
 	fl.IntVar(&c.Steps, "steps", 0, "stop each peer after this many local steps (0: --duration only)")
 	fl.IntVar(&c.GroupSize, "group-size", 0, "averaging group size (0: the peer's default)")
-	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
-	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
 	fl.Float64Var(&r.SlowdownMin, "slowdown-min", 1, "smallest emulated peer slowdown (slowdowns are drawn from U[MIN, MAX])")
 	fl.Float64Var(&r.SlowdownMax, "slowdown-max", 2, "largest emulated peer slowdown")
-	fl.StringVar(&c.Codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.StringVar(&c.Matchmaking, "matchmaking", "", "dht (default for wagma) or ranks (default for allreduce and local)")
-	fl.DurationVar(durationVar(&c.RoundInterval), "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
-	registerOuterFlags(fl, c)
-	fl.StringVar(&c.RunID, "run-id", optimizer.DefaultRunID, "run name in DHT keys")
+	registerAveragingFlags(fl, c)
+	fl.StringVar(&c.RunID, "run-id", d.RunID, "run name in DHT keys")
 	fl.StringVar(&r.Dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
 	a.data.register(fl)
 	registerAveragingLM(fl, c, &a.lm)
@@ -269,31 +247,9 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 	if r.Exe, err = os.Executable(); err != nil {
 		return err
 	}
-	r.Log = cmd.ErrOrStderr()
-	if err := r.Check(); err != nil {
-		return err
-	}
-	reg, stopMetrics, err := a.metrics.start(cmd.Context(), cmd.ErrOrStderr())
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	r.Metrics = reg.Registerer()
-	res, err := peer.RunLocal(cmd.Context(), r)
-	if res.Dir == "" {
-		return err // the run did not start
-	}
-	if serr := a.copyStats(res.Dir); serr != nil && err == nil {
-		err = serr
-	}
-	if a.out.json {
-		if jerr := printJSON(cmd.OutOrStdout(), res); jerr != nil {
-			return jerr
-		}
-	} else {
-		res.Report(cmd.OutOrStdout())
-	}
-	return err
+	r.Log, r.Out, r.JSON, r.Stats, r.Metrics = cmd.ErrOrStderr(), cmd.OutOrStdout(), a.out.json, a.out.stats, a.metrics.addr
+	_, err = peer.RunLocal(cmd.Context(), r)
+	return flagError(err)
 }
 
 // launchPeer is the config of every peer the command launches. --steps
@@ -318,19 +274,6 @@ func (a *averagingFlags) launchPeer(fl *pflag.FlagSet) (launch.Peer, error) {
 	return c, nil
 }
 
-// copyStats appends every peer's stats lines to --stats.
-func (a *averagingFlags) copyStats(dir string) error {
-	w, closeStats, err := a.out.openStats()
-	if err != nil || w == nil {
-		return err
-	}
-	defer closeStats()
-	if err := peer.CopyStats(w, dir, a.local.Peers); err != nil {
-		return fmt.Errorf("--stats: %w", err)
-	}
-	return nil
-}
-
 func newDemoAveragingCmd() *cobra.Command {
 	var a averagingFlags
 	cmd := &cobra.Command{
@@ -347,13 +290,21 @@ func newDemoAveragingCmd() *cobra.Command {
 	return cmd
 }
 
-// registerOuterFlags registers DiLoCo's outer optimization flags, the
-// same in skyhive peer and in the commands that launch peers.
-func registerOuterFlags(fl *pflag.FlagSet, c *launch.Peer) {
-	fl.IntVar(&c.InnerSteps, "inner-steps", optimizer.DefaultInnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
+// registerAveragingFlags registers the averaging flags that skyhive peer
+// and the commands that launch peers share: the algorithm, its periods, the
+// compression, the SGD momentum and DiLoCo's outer optimization.
+func registerAveragingFlags(fl *pflag.FlagSet, c *launch.Peer) {
+	d := peer.Defaults()
+	fl.StringVar(&c.Algo, "algo", d.Algo, "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
+	fl.IntVar(&c.Tau, "tau", d.Tau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
+	fl.IntVar(&c.Period, "period", d.Period, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
+	fl.DurationVar(durationVar(&c.RoundInterval), "round-interval", time.Duration(d.RoundInterval), "wall-clock length of a DHT matchmaking round")
+	fl.StringVar(&c.Codec, "codec", d.Codec, "compression of averaging traffic: none, fp16, uniform8 or quantile8")
+	fl.Float64Var(&c.Momentum, "momentum", d.Momentum, "SGD momentum (image models)")
+	fl.IntVar(&c.InnerSteps, "inner-steps", d.InnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
 	fl.IntVar(&c.WarmupInnerSteps, "warmup-inner-steps", 0, "diloco and wa-diloco: H of the first outer step, doubled at every outer step up to --inner-steps (0: no warm-up)")
-	fl.Float64Var(&c.OuterLR, "outer-lr", optimizer.DefaultOuterLR, "diloco and wa-diloco: outer learning rate")
-	fl.Float64Var(&c.OuterMomentum, "outer-momentum", optimizer.DefaultOuterMomentum, fmt.Sprintf("diloco and wa-diloco: outer Nesterov momentum in [0, 1) (0 or %d: none)", optimizer.NoMomentum))
+	fl.Float64Var(&c.OuterLR, "outer-lr", d.OuterLR, "diloco and wa-diloco: outer learning rate")
+	fl.Float64Var(&c.OuterMomentum, "outer-momentum", d.OuterMomentum, fmt.Sprintf("diloco and wa-diloco: outer Nesterov momentum in [0, 1) (0 or %d: none)", optimizer.NoMomentum))
 	fl.IntVar(&c.Fragments, "fragments", 0, "diloco: Streaming DiLoCo, the parameters in this many fragments that take their outer steps in turn, one every --inner-steps/N steps (0 or 1: the whole model at once)")
 	fl.IntVar(&c.OverlapSteps, "overlap-steps", 0, "diloco: inner steps an outer step's all-reduce runs behind before it is applied (0: wait for it)")
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/skyhive/skyhive/averaging/peer"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/p2p"
 )
@@ -23,7 +24,7 @@ type runRole func(ctx context.Context, stdout, stderr io.Writer, f launch.File) 
 // were given, for the model defaults (runPipelineFile).
 func roles() map[string]runRole {
 	return map[string]runRole{
-		launch.RolePeer:       fileRole(peerDefaults, runPeerRole),
+		launch.RolePeer:       fileRole(infallible(peer.Defaults), runPeerRole),
 		launch.RoleWorker:     fileRole(infallible(workerDefaults), runWorkerRole),
 		launch.RoleDHT:        fileRole(infallible(dhtDefaults), runDHTRole),
 		launch.RoleServer:     fileRole(infallible(serverDefaults), runServerRole),

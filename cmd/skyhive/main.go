@@ -11,12 +11,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/pprof"
 	"strings"
 	"syscall"
 
 	"github.com/libp2p/go-libp2p/gologshim"
 	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/spf13/cobra"
@@ -36,8 +36,10 @@ func newRootCmd() *cobra.Command {
 				return err
 			}
 			var err error
-			stopProfile, err = startCPUProfile(cpuProfile)
-			return err
+			if stopProfile, err = metrics.StartCPUProfile(cpuProfile); err != nil {
+				return fmt.Errorf("--cpuprofile: %w", err)
+			}
+			return nil
 		},
 		PersistentPostRunE: func(*cobra.Command, []string) error {
 			if stopProfile == nil {
@@ -140,26 +142,6 @@ func withHint(err error) error {
 		return fmt.Errorf("%w (the %s port is taken, perhaps by another skyhive: choose another port, or 0 for a free one)", err, flag)
 	}
 	return err
-}
-
-// startCPUProfile starts a CPU profile written to path ("" does nothing)
-// and returns the function that stops it and closes the file.
-func startCPUProfile(path string) (func() error, error) {
-	if path == "" {
-		return nil, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("--cpuprofile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("--cpuprofile: %w", err)
-	}
-	return func() error {
-		pprof.StopCPUProfile()
-		return f.Close()
-	}, nil
 }
 
 // selectGEMM configures the process's GEMM backend before any product is

@@ -82,16 +82,11 @@ func newStatusCmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withClientNode(cmd.Context(), f, func(ctx context.Context, _ *p2p.Host, n *dht.Node) error {
-				now := time.Now()
-				peers, dropped, err := metrics.ReadStatus(ctx, n, now)
+				rep, err := metrics.ReadStatusReport(ctx, n, time.Now())
 				if err != nil {
 					return err
 				}
-				rep := metrics.StatusReport{Time: now.UTC(), Peers: peers, Dropped: dropped}
 				if asJSON {
-					if rep.Peers == nil {
-						rep.Peers = []metrics.Status{}
-					}
 					return printJSON(cmd.OutOrStdout(), rep)
 				}
 				rep.WriteTable(cmd.OutOrStdout())

@@ -13,6 +13,7 @@ import (
 	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/train"
 )
 
@@ -75,6 +76,28 @@ func (r *LocalRun) Check() error {
 		return fmt.Errorf("%w: give the peers a --duration or a number of --steps", ErrConfig)
 	case p.Limit < 0:
 		return fmt.Errorf("%w: --limit must not be negative, got %d", ErrConfig, p.Limit)
+	}
+	return nil
+}
+
+// Resolve settles the peers' options as a command's flags give them
+// (given says which, by launch.Peer field name; see peer.Resolve): with
+// Steps but no Duration given, the peers run for Steps alone; a language
+// model takes no image options and its model's batch and learning rate
+// unless they are given (models.ApplyDefaults). The errors are
+// *launch.FieldError where they concern options.
+func (r *LocalRun) Resolve(given func(field string) bool) error {
+	c := &r.Peer
+	if err := Resolve(c, given); err != nil {
+		return err
+	}
+	if c.Steps > 0 && !given("duration") {
+		c.Duration = 0
+	}
+	if train.IsLanguageModel(c.Model) {
+		c.Momentum, c.DataDir, c.Limit = 0, "", 0
+		d := models.ApplyDefaults(c.Model, given, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
+		c.Batch, c.LR = d.Batch, d.LR
 	}
 	return nil
 }

@@ -78,3 +78,21 @@ func TestRunRoleFieldErrors(t *testing.T) {
 		}
 	}
 }
+
+// A local run of language-model peers drops the image options and takes
+// the model's batch and learning rate unless given; --steps alone bounds
+// the run.
+func TestLocalRunResolve(t *testing.T) {
+	r := LocalRun{Peer: launch.Peer{Model: "gpt-mini", Data: "fashion-mnist", Seq: 64, Vocab: 1024,
+		Batch: 64, LR: 0.05, Momentum: 0.9, DataDir: "/data", Steps: 10, Duration: launch.Duration(60e9)}}
+	if err := r.Resolve(func(f string) bool { return f == "lr" || f == "steps" }); err != nil {
+		t.Fatal(err)
+	}
+	if p := r.Peer; p.Batch != 16 || p.LR != 0.05 || p.Momentum != 0 || p.DataDir != "" || p.Duration != 0 || p.Data != "gcide" {
+		t.Errorf("language model: %+v", p)
+	}
+	img := LocalRun{Peer: launch.Peer{Model: "mlp-small", Data: "fashion-mnist", Batch: 64, LR: 0.05, Momentum: 0.9, Steps: 10, Duration: launch.Duration(60e9)}}
+	if err := img.Resolve(func(f string) bool { return f == "duration" }); err != nil || img.Peer.Batch != 64 || img.Peer.Momentum != 0.9 || img.Peer.Duration == 0 {
+		t.Errorf("image model: %+v, %v", img.Peer, err)
+	}
+}

@@ -40,11 +40,9 @@ func registerAveragingLM(fl *pflag.FlagSet, c *launch.Peer, lm *lmDataFlags) {
 	fl.Float64Var(&c.WeightDecay, "weight-decay", peer.DefaultWeightDecay, "language models: AdamW decoupled weight decay")
 }
 
-// resolveLM sets c's language-model data options from lm and checks the
-// flags given against the model (peer.Resolve), naming the flags.
-func resolveLM(fl *pflag.FlagSet, c *launch.Peer, lm lmDataFlags) error {
-	c.Vocab, c.Seq, c.TokenWidth, c.EvalTokens, c.CorpusBytes = lm.vocab, lm.seq, lm.tokenWidth, lm.evalTokens, lm.corpusBytes
-	return flagError(peer.Resolve(c, flagsGiven(fl)))
+// setPeer sets c's language-model data options from the flags.
+func (l lmDataFlags) setPeer(c *launch.Peer) {
+	c.Vocab, c.Seq, c.TokenWidth, c.EvalTokens, c.CorpusBytes = l.vocab, l.seq, l.tokenWidth, l.evalTokens, l.corpusBytes
 }
 
 func newPeerCmd() *cobra.Command {
@@ -133,8 +131,9 @@ func (f *peerFlags) config(fl *pflag.FlagSet) (launch.Peer, error) {
 	c := f.cfg
 	c.Net = f.net.launchNet()
 	c.Process = f.status.process(f.metrics.addr)
-	if err := resolveLM(fl, &c, f.lm); err != nil {
-		return c, err
+	f.lm.setPeer(&c)
+	if err := peer.Resolve(&c, flagsGiven(fl)); err != nil {
+		return c, flagError(err)
 	}
 	if !fl.Changed("lr") {
 		c.LR = 0
@@ -240,38 +239,22 @@ func newTrainAveragingCmd() *cobra.Command {
 // and prints their results on stdout.
 func (a *averagingFlags) run(cmd *cobra.Command) error {
 	r := a.local
-	var err error
-	if r.Peer, err = a.launchPeer(cmd.Flags()); err != nil {
-		return err
+	r.Peer = a.cfg
+	if a.small {
+		r.Peer.Model = "mlp-small"
 	}
+	r.Peer.DataDir, r.Peer.Limit = a.data.dir, a.data.limit
+	a.lm.setPeer(&r.Peer)
+	if err := r.Resolve(flagsGiven(cmd.Flags())); err != nil {
+		return flagError(err)
+	}
+	var err error
 	if r.Exe, err = os.Executable(); err != nil {
 		return err
 	}
 	r.Log, r.Out, r.JSON, r.Stats, r.Metrics = cmd.ErrOrStderr(), cmd.OutOrStdout(), a.out.json, a.out.stats, a.metrics.addr
 	_, err = peer.RunLocal(cmd.Context(), r)
 	return flagError(err)
-}
-
-// launchPeer is the config of every peer the command launches. --steps
-// alone sets the run's length (Duration 0).
-func (a *averagingFlags) launchPeer(fl *pflag.FlagSet) (launch.Peer, error) {
-	c := a.cfg
-	if a.small {
-		c.Model = "mlp-small"
-	}
-	c.DataDir, c.Limit = a.data.dir, a.data.limit
-	if err := resolveLM(fl, &c, a.lm); err != nil {
-		return launch.Peer{}, err
-	}
-	if c.Steps > 0 && !fl.Changed("duration") {
-		c.Duration = 0
-	}
-	if train.IsLanguageModel(c.Model) {
-		c.Momentum, c.DataDir, c.Limit = 0, "", 0
-		d := withModelDefaults(fl, c.Model, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
-		c.Batch, c.LR = d.Batch, d.LR
-	}
-	return c, nil
 }
 
 func newDemoAveragingCmd() *cobra.Command {

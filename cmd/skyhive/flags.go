@@ -165,11 +165,7 @@ func (d dataFlags) load() (trainSet, testSet *data.Dataset, err error) {
 	if d.limit < 0 {
 		return nil, nil, fmt.Errorf("--limit must not be negative, got %d", d.limit)
 	}
-	if trainSet, err = data.LoadFashionMNIST(d.dir, data.Train, data.LoadOptions{Standardize: true, Limit: d.limit}); err != nil {
-		return nil, nil, err
-	}
-	testSet, err = data.LoadFashionMNIST(d.dir, data.Test, data.LoadOptions{Standardize: true})
-	return trainSet, testSet, err
+	return data.LoadFashionMNISTSplits(d.dir, d.limit)
 }
 
 // legacyTrainArgs rewrites the retired `skyhive train --mode MODE …` into

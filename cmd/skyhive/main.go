@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -84,7 +83,7 @@ func main() {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go handleSignals(sigs, cancel, os.Stderr, os.Exit)
+	go launch.HandleSignals(sigs, cancel, os.Stderr, os.Exit)
 	var err error
 	if path, ok := launch.FileArg(os.Args[1:]); ok {
 		// A child process that a launcher started with a config file.
@@ -100,32 +99,11 @@ func main() {
 	if err != nil && interrupted && errors.Is(err, context.Canceled) {
 		// Stopped by a signal before it finished: not a failure to explain.
 		fmt.Fprintln(os.Stderr, "skyhive: stopped before finishing:", strings.Replace(err.Error(), context.Canceled.Error(), "interrupted", 1))
-		os.Exit(forcedExit)
+		os.Exit(launch.ForcedExit)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "skyhive:", withHint(err))
 		os.Exit(1)
-	}
-}
-
-// forcedExit is the exit status after a second signal: 128 + SIGINT, as a
-// shell reports a process that Ctrl-C killed.
-const forcedExit = 130
-
-// handleSignals turns the first SIGINT or SIGTERM into a clean stop (cancel:
-// every long-running command then stops within a couple of seconds,
-// checkpointing what it must) and a second one into an immediate exit,
-// saying so on w. It returns when sigs is closed.
-func handleSignals(sigs <-chan os.Signal, cancel context.CancelFunc, w io.Writer, exit func(int)) {
-	s, ok := <-sigs
-	if !ok {
-		return
-	}
-	fmt.Fprintf(w, "skyhive: %v: stopping (send it again to stop at once)\n", s)
-	cancel()
-	if s, ok = <-sigs; ok {
-		fmt.Fprintf(w, "skyhive: %v again: exiting now\n", s)
-		exit(forcedExit)
 	}
 }
 

@@ -1,0 +1,29 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+)
+
+// ForcedExit is the exit status of a process that a second signal
+// stopped: 128 + SIGINT, as a shell reports a process that Ctrl-C killed.
+const ForcedExit = 130
+
+// HandleSignals turns the first SIGINT or SIGTERM on sigs into a clean stop
+// (cancel: every long-running role then stops within a couple of seconds,
+// checkpointing what it must) and a second one into an immediate exit
+// (exit(ForcedExit)), saying so on w. It returns when sigs is closed.
+func HandleSignals(sigs <-chan os.Signal, cancel context.CancelFunc, w io.Writer, exit func(int)) {
+	s, ok := <-sigs
+	if !ok {
+		return
+	}
+	fmt.Fprintf(w, "skyhive: %v: stopping (send it again to stop at once)\n", s)
+	cancel()
+	if s, ok = <-sigs; ok {
+		fmt.Fprintf(w, "skyhive: %v again: exiting now\n", s)
+		exit(ForcedExit)
+	}
+}

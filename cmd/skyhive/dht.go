@@ -140,7 +140,7 @@ func startNode(ctx context.Context, net connectFlags, mode string, timeout time.
 	cfg.Host = &hcfg
 	cfg.DHT.Mode, cfg.DHT.Bootstrap, cfg.DHT.JoinTimeout = mode, net.DHT, timeout
 	if mode == node.DHTServer {
-		cfg.DHT.MaxBytes = net.dhtMaxBytes()
+		cfg.DHT.MaxBytes = net.DHTMaxBytes()
 	}
 	return node.New(ctx, cfg)
 }
@@ -193,7 +193,7 @@ func runDHTRole(ctx context.Context, stdout, stderr io.Writer, c launch.DHT) err
 		jsonOut = stdout
 	}
 	fmt.Fprintln(stderr, "dht node: others join with --dht and one of the addresses below")
-	reportReach(ctx, n.Host(), stdout, jsonOut)
+	p2p.ReportReach(ctx, n.Host(), stdout, jsonOut)
 	d := n.DHT()
 	if err := n.StartStatus(func(s *metrics.Status) {
 		s.DHT = &metrics.DHTStatus{Peers: len(d.Peers()), Records: d.Records()}

@@ -228,10 +228,6 @@ func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
 	fl.Int64Var(&c.MemoryMiB, "memory-budget", 0, "MiB of memory this process should stay within: Go's soft memory limit; a quarter of it bounds libp2p's connections and streams, an eighth the DHT records this peer stores (0: no limit; libp2p gets an eighth of the machine's memory, the DHT 128 MiB)")
 }
 
-// dhtMaxBytes bounds the records a DHT node stores: an eighth of
-// --memory-budget, or dht's default (0) without one.
-func (c *connectFlags) dhtMaxBytes() int { return c.DHTMaxBytes() }
-
 // config is the host configuration the flags describe. With
 // --memory-budget it also sets the process's soft memory limit.
 func (c *connectFlags) config() (p2p.Config, error) {
@@ -266,15 +262,6 @@ func flagError(err error) error {
 // line: the field f is the flag --f, with "-" for "_".
 func flagsGiven(fl *pflag.FlagSet) func(field string) bool {
 	return func(f string) bool { return fl.Changed(strings.ReplaceAll(f, "_", "-")) }
-}
-
-// printReach is p2p.WriteReach, for the commands that print a peer's
-// reachability.
-func printReach(w io.Writer, r p2p.Reach) { p2p.WriteReach(w, r) }
-
-// reportReach is p2p.ReportReach.
-func reportReach(ctx context.Context, h *p2p.Host, w, jsonOut io.Writer) {
-	p2p.ReportReach(ctx, h, w, jsonOut)
 }
 
 // metricsFlags is --metrics ADDR, which every long-running command has:

@@ -163,7 +163,7 @@ func runMoETrainerRole(ctx context.Context, stdout, stderr io.Writer, c launch.M
 		return err
 	}
 	return trainer.RunRole(ctx, trainer.RoleConfig{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleTrainer), Trainer: c, Stdout: stdout, Stderr: stderr,
-		Announce: func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stderr, nil) }})
+		Announce: func(ctx context.Context, h *p2p.Host) { p2p.ReportReach(ctx, h, stderr, nil) }})
 }
 
 // newDemoMoECmd is `skyhive demo moe`: a whole DMoE swarm on loopback.

@@ -161,7 +161,7 @@ func runPipelineRole(ctx context.Context, stdout, stderr io.Writer, c launch.Pip
 	defer stopMetrics()
 	cfg.Stats, cfg.Scenario.WorkerOutput = stats, os.Stderr
 	cfg.Node.Metrics, cfg.Scenario.Coordinator.Metrics, cfg.Scenario.Coordinator.Host.Metrics = reg.Registerer(), reg.Registerer(), reg.Registerer()
-	cfg.Announce = func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stderr, nil) }
+	cfg.Announce = func(ctx context.Context, h *p2p.Host) { p2p.ReportReach(ctx, h, stderr, nil) }
 	return pipeline.Train(ctx, cfg, stdout, stderr)
 }
 

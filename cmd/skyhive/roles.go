@@ -31,11 +31,10 @@ func roles() map[string]launch.Runner {
 // flags, and returns its host's configuration (with a memory budget, it
 // sets the process's soft memory limit).
 func roleHost(n launch.Net, p launch.Process) (p2p.Config, error) {
-	status := statusFlags{region: p.Region, every: max(time.Duration(p.StatusEvery), 0)}
-	if err := status.check(); err != nil {
-		return p2p.Config{}, err
+	if err := p.Check(); err != nil {
+		return p2p.Config{}, flagError(err)
 	}
-	net := connectFlagsOf(n)
+	net := connectFlags{n}
 	if _, err := net.seeds(); err != nil {
 		return p2p.Config{}, err
 	}

@@ -124,5 +124,5 @@ func runServerRole(ctx context.Context, stdout, stderr io.Writer, c launch.Serve
 	}
 	return server.RunRole(ctx, server.RoleConfig{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleServer),
 		Server: c, Stdout: stdout, Stderr: stderr,
-		Announce: func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stdout, jsonOut) }})
+		Announce: func(ctx context.Context, h *p2p.Host) { p2p.ReportReach(ctx, h, stdout, jsonOut) }})
 }

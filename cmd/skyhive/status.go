@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -36,15 +33,13 @@ func (s *statusFlags) registerEvery(fl *pflag.FlagSet) {
 	fl.DurationVar(&s.every, "status-every", metrics.DefaultStatusPeriod, "publish this peer's signed status record in the DHT this often, for skyhive status and skyhive dashboard (0: never)")
 }
 
-// check validates the flags before anything starts.
+// check validates the flags before anything starts (launch.Process.Check),
+// naming them; --status-every is 0 for never, not negative.
 func (s *statusFlags) check() error {
-	switch {
-	case s.every < 0 || (s.every > 0 && (s.every < time.Second || s.every > metrics.MaxStatusPeriod)):
-		return fmt.Errorf("--status-every %v: want 0 (off) or between 1s and %v", s.every, metrics.MaxStatusPeriod)
-	case len(s.region) > 64 || !utf8.ValidString(s.region) || strings.ContainsFunc(s.region, func(r rune) bool { return !unicode.IsPrint(r) }):
-		return fmt.Errorf("--region %q: want at most 64 bytes of printable text", s.region)
+	if s.every < 0 {
+		return fmt.Errorf("--status-every %v: must not be negative", s.every)
 	}
-	return nil
+	return flagError(launch.Process{Region: s.region, StatusEvery: launch.Duration(s.every)}.Check())
 }
 
 // config is the node's status configuration the flags describe, for a

@@ -97,7 +97,7 @@ func runWorkerRole(ctx context.Context, _, stderr io.Writer, w launch.Worker) er
 	if cfg.Host, err = net.config(); err != nil {
 		return err
 	}
-	cfg.Reach = func(r p2p.Reach) { printReach(stderr, r) }
+	cfg.Reach = func(r p2p.Reach) { p2p.WriteReach(stderr, r) }
 	err = pipeline.RunWorkerNode(ctx, cfg, pipeline.WorkerNode{MetricsAddr: w.Metrics, Log: stderr})
 	if errors.Is(err, pipeline.ErrCoordinatorAddr) {
 		return fmt.Errorf("--join: %w", err)

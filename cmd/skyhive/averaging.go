@@ -105,8 +105,6 @@ func (f *peerFlags) register(fl *pflag.FlagSet) {
 	fl.Uint64Var(&c.Seed, "seed", d.Seed, "seed of the initial weights (equal on every peer) and of the batch order (mixed with the peer ID)")
 	fl.IntVar(&c.Batch, "batch", 32, "examples per local step (language models: sequences, 16 unless given)")
 	fl.Float64Var(&c.LR, "lr", 0.05, "SGD learning rate (cosine decay to a tenth over --steps or --duration when given); language models: AdamW's, 3e-3 unless given")
-	fl.StringVar(&c.DataDir, "data-dir", d.DataDir, "directory holding the Fashion-MNIST IDX files")
-	fl.IntVar(&c.Limit, "limit", 0, "use only the first N training examples (0 = all)")
 	fl.StringVar(&c.Shard, "shard", "", "train on shard K/N of the data (e.g. $SLURM_PROCID/$SLURM_NTASKS; default: all of it, in this peer's own order)")
 	fl.IntVar(&c.EvalExamples, "eval-examples", 0, "test examples per evaluation (0 = all 10000)")
 	fl.IntVar(&c.Steps, "steps", 0, "stop after this many local steps (0: no limit)")
@@ -177,7 +175,6 @@ type averagingFlags struct {
 	cfg     launch.Peer
 	local   peer.LocalRun
 	small   bool // retired --small
-	data    dataFlags
 	lm      lmDataFlags
 	out     outputFlags
 	metrics metricsFlags
@@ -199,7 +196,6 @@ func (a *averagingFlags) register(fl *pflag.FlagSet) {
 	registerAveragingFlags(fl, c)
 	fl.StringVar(&c.RunID, "run-id", d.RunID, "run name in DHT keys")
 	fl.StringVar(&r.Dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
-	a.data.register(fl)
 	registerAveragingLM(fl, c, &a.lm)
 	a.out.register(fl, "the peers' results", "every peer's stats lines, copied from --logs when the peers are done")
 	fl.BoolVar(&a.small, "small", false, "retired: use --model mlp-small")
@@ -243,7 +239,6 @@ func (a *averagingFlags) run(cmd *cobra.Command) error {
 	if a.small {
 		r.Peer.Model = "mlp-small"
 	}
-	r.Peer.DataDir, r.Peer.Limit = a.data.dir, a.data.limit
 	a.lm.setPeer(&r.Peer)
 	if err := r.Resolve(flagsGiven(cmd.Flags())); err != nil {
 		return flagError(err)
@@ -275,7 +270,8 @@ func newDemoAveragingCmd() *cobra.Command {
 
 // registerAveragingFlags registers the averaging flags that skyhive peer
 // and the commands that launch peers share: the algorithm, its periods, the
-// compression, the SGD momentum and DiLoCo's outer optimization.
+// compression, the SGD momentum and data of image models and DiLoCo's
+// outer optimization.
 func registerAveragingFlags(fl *pflag.FlagSet, c *launch.Peer) {
 	d := peer.Defaults()
 	fl.StringVar(&c.Algo, "algo", d.Algo, "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
@@ -284,6 +280,8 @@ func registerAveragingFlags(fl *pflag.FlagSet, c *launch.Peer) {
 	fl.DurationVar(durationVar(&c.RoundInterval), "round-interval", time.Duration(d.RoundInterval), "wall-clock length of a DHT matchmaking round")
 	fl.StringVar(&c.Codec, "codec", d.Codec, "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.Float64Var(&c.Momentum, "momentum", d.Momentum, "SGD momentum (image models)")
+	fl.StringVar(&c.DataDir, "data-dir", d.DataDir, "directory holding the Fashion-MNIST IDX files")
+	fl.IntVar(&c.Limit, "limit", 0, "use only the first N training examples (0 = all)")
 	fl.IntVar(&c.InnerSteps, "inner-steps", d.InnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
 	fl.IntVar(&c.WarmupInnerSteps, "warmup-inner-steps", 0, "diloco and wa-diloco: H of the first outer step, doubled at every outer step up to --inner-steps (0: no warm-up)")
 	fl.Float64Var(&c.OuterLR, "outer-lr", d.OuterLR, "diloco and wa-diloco: outer learning rate")

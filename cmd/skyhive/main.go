@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/libp2p/go-libp2p/gologshim"
 	"github.com/skyhive/skyhive/launch"
@@ -80,10 +78,7 @@ func main() {
 	if os.Getenv("GOLOG_LOG_LEVEL") == "" {
 		gologshim.SetDefaultHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 4}))
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go launch.HandleSignals(sigs, cancel, os.Stderr, os.Exit)
+	ctx, stopSignals := launch.WatchSignals(context.Background(), os.Stderr, os.Exit)
 	var err error
 	if path, ok := launch.FileArg(os.Args[1:]); ok {
 		// A child process that a launcher started with a config file.
@@ -93,9 +88,7 @@ func main() {
 		root.SetArgs(legacyTrainArgs(os.Args[1:], os.Stderr))
 		err = root.ExecuteContext(ctx)
 	}
-	signal.Stop(sigs)
-	interrupted := ctx.Err() != nil
-	cancel()
+	interrupted := stopSignals()
 	if err != nil && interrupted && errors.Is(err, context.Canceled) {
 		// Stopped by a signal before it finished: not a failure to explain.
 		fmt.Fprintln(os.Stderr, "skyhive: stopped before finishing:", strings.Replace(err.Error(), context.Canceled.Error(), "interrupted", 1))

@@ -111,7 +111,11 @@ func RunLocal(ctx context.Context, r LocalRun) (Launched, error) {
 	if err := r.Check(); err != nil {
 		return Launched{}, err
 	}
-	reg, stopMetrics, err := metrics.Start(ctx, r.Metrics, r.Log)
+	log := r.Log
+	if log == nil {
+		log = io.Discard
+	}
+	reg, stopMetrics, err := metrics.Start(ctx, r.Metrics, log)
 	if err != nil {
 		return Launched{}, &launch.FieldError{Fields: []string{"metrics"}, Text: "%s", Err: err}
 	}

@@ -97,6 +97,19 @@ func LoadFashionMNIST(dir string, set Set, opt LoadOptions) (*Dataset, error) {
 	return LoadFashionMNISTContext(context.Background(), dir, set, opt)
 }
 
+// LoadFashionMNISTSplits reads the training split, its first limit
+// examples when limit is positive, and the test split of Fashion-MNIST
+// from dir, both standardized (LoadFashionMNIST).
+func LoadFashionMNISTSplits(dir string, limit int) (trainSet, testSet *Dataset, err error) {
+	if trainSet, err = LoadFashionMNIST(dir, Train, LoadOptions{Standardize: true, Limit: limit}); err != nil {
+		return nil, nil, err
+	}
+	if testSet, err = LoadFashionMNIST(dir, Test, LoadOptions{Standardize: true}); err != nil {
+		return nil, nil, err
+	}
+	return trainSet, testSet, nil
+}
+
 // LoadFashionMNISTContext is LoadFashionMNIST that stops reading, with
 // ctx's error, once ctx is cancelled (decoding the training split takes
 // about a second).

@@ -305,3 +305,22 @@ func FuzzIDX(f *testing.F) {
 		}
 	})
 }
+
+// LoadFashionMNISTSplits reads the limited training split and the whole
+// test split, standardized; a missing split is an error.
+func TestLoadFashionMNISTSplits(t *testing.T) {
+	dir := t.TempDir()
+	writeSet(t, dir, Train, 6, true)
+	if _, _, err := LoadFashionMNISTSplits(dir, 0); err == nil {
+		t.Fatal("no error without the test split")
+	}
+	writeSet(t, dir, Test, 5, true)
+	tr, te, err := LoadFashionMNISTSplits(dir, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := (float32(20)/255 - PixelMean) / PixelStd
+	if tr.Len() != 4 || te.Len() != 5 || math.Abs(float64(te.X.Data[2*ImageSize]-want)) > 1e-6 {
+		t.Errorf("train %d, test %d examples, standardized pixel %v (want %v)", tr.Len(), te.Len(), te.X.Data[2*ImageSize], want)
+	}
+}

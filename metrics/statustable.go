@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strconv"
@@ -62,4 +63,15 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// ReadStatusReport reads the swarm's status records (ReadStatus) at now
+// into a report; its Peers is empty, not nil, without records, as JSON
+// shows them.
+func ReadStatusReport(ctx context.Context, g Getter, now time.Time) (StatusReport, error) {
+	peers, dropped, err := ReadStatus(ctx, g, now)
+	if peers == nil {
+		peers = []Status{}
+	}
+	return StatusReport{Time: now.UTC(), Peers: peers, Dropped: dropped}, err
 }

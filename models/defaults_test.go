@@ -26,3 +26,18 @@ func TestDefaultsOf(t *testing.T) {
 		t.Errorf("unknown model: %+v", d)
 	}
 }
+
+// ApplyDefaults replaces the options not given by the model's defaults and
+// keeps those given, and every option of a model without defaults.
+func TestApplyDefaults(t *testing.T) {
+	values := TrainDefaults{Batch: 32, LR: 0.05, Warmup: 7, ClipNorm: 2}
+	given := func(option string) bool { return option == "lr" || option == "clip" }
+	got := ApplyDefaults("gpt-mini", given, values)
+	gpt := DefaultsOf("gpt-mini")
+	if want := (TrainDefaults{Batch: gpt.Batch, LR: 0.05, Warmup: gpt.Warmup, ClipNorm: 2}); got != want {
+		t.Errorf("gpt-mini: got %+v, want %+v", got, want)
+	}
+	if got := ApplyDefaults("mlp-small", func(string) bool { return false }, values); got != values {
+		t.Errorf("mlp-small: got %+v, want %+v", got, values)
+	}
+}

@@ -4,7 +4,7 @@ import "testing"
 
 // ApplyDefaults replaces the options not given by the model's registry
 // defaults and keeps the given ones and those of a model without defaults.
-func TestApplyDefaults(t *testing.T) {
+func TestApplyDefaultsToOptionsNotGiven(t *testing.T) {
 	cmd := TrainDefaults{Batch: 128, LR: 1e-3, Warmup: 200, ClipNorm: 5}
 	gpt := DefaultsOf("gpt-mini")
 	if got := ApplyDefaults("gpt-mini", func(string) bool { return false }, cmd); got != gpt {

@@ -150,6 +150,28 @@ func DefaultsOf(spec string) TrainDefaults {
 	return TrainDefaults{}
 }
 
+// ApplyDefaults returns values, the training options a command was given
+// or defaults to, with each replaced by the registry default of the model
+// that spec names (DefaultsOf) where the model has one and given, called
+// with the option's name (batch, lr, warmup or clip), says it was not
+// given.
+func ApplyDefaults(spec string, given func(option string) bool, values TrainDefaults) TrainDefaults {
+	d := DefaultsOf(spec)
+	if d.Batch > 0 && !given("batch") {
+		values.Batch = d.Batch
+	}
+	if d.LR > 0 && !given("lr") {
+		values.LR = d.LR
+	}
+	if d.Warmup > 0 && !given("warmup") {
+		values.Warmup = d.Warmup
+	}
+	if d.ClipNorm > 0 && !given("clip") {
+		values.ClipNorm = d.ClipNorm
+	}
+	return values
+}
+
 // Bounds of GPT and BERT MLM specs, so that a peer cannot make a worker
 // build an absurd model: gpt-medium with GPT-2's vocabulary (50257) and
 // context (1024) has 355M parameters.

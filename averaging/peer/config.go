@@ -107,7 +107,8 @@ func parseShard(s string) (k, n int, err error) {
 }
 
 // setData checks a peer's data against its model and, for a language
-// model, applies the language-model options.
+// model, applies the language-model options, with their defaults where
+// they are 0.
 func setData(c *Config, l launch.Peer) error {
 	if !train.IsLanguageModel(l.Model) {
 		if l.Data != "" && l.Data != "fashion-mnist" {
@@ -127,6 +128,7 @@ func setData(c *Config, l launch.Peer) error {
 	c.Warmup = int(fromField(float64(l.Warmup), float64(d.Warmup)))
 	c.ClipNorm = fromField(l.Clip, d.ClipNorm)
 	c.WeightDecay = fromField(l.WeightDecay, DefaultWeightDecay)
+	c.lmDefaults()
 	return nil
 }
 

@@ -2,16 +2,18 @@ package peer
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/averaging/sim"
+	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/metrics"
+	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/train"
 )
 
@@ -41,9 +43,16 @@ type LocalRun struct {
 	Dir string
 	// Log receives the notices and the progress lines (nil: none).
 	Log io.Writer
-	// Metrics, if set, receives the collectors of the launcher's DHT node
-	// and host.
-	Metrics prometheus.Registerer
+	// Out receives the peers' results when they are done: indented JSON
+	// with JSON, else the sentences of Launched.Report (nil: none).
+	Out  io.Writer
+	JSON bool
+	// Stats names a file the peers' stats lines are appended to when
+	// they are done ("": none).
+	Stats string
+	// Metrics, if set, is the address (host:port) on which the launcher's
+	// DHT node and host serve their Prometheus metrics while the run lasts.
+	Metrics string
 }
 
 // Check refuses a run that cannot start, naming the flags; RunLocal
@@ -71,14 +80,46 @@ func (r *LocalRun) Check() error {
 	return nil
 }
 
+// Resolve settles the peers' options as a command's flags give them
+// (given says which, by launch.Peer field name; see peer.Resolve): with
+// Steps but no Duration given, the peers run for Steps alone; a language
+// model takes no image options and its model's batch and learning rate
+// unless they are given (models.ApplyDefaults). The errors are
+// *launch.FieldError where they concern options.
+func (r *LocalRun) Resolve(given func(field string) bool) error {
+	c := &r.Peer
+	if err := Resolve(c, given); err != nil {
+		return err
+	}
+	if c.Steps > 0 && !given("duration") {
+		c.Duration = 0
+	}
+	if train.IsLanguageModel(c.Model) {
+		c.Momentum, c.DataDir, c.Limit = 0, "", 0
+		d := models.ApplyDefaults(c.Model, given, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
+		c.Batch, c.LR = d.Batch, d.LR
+	}
+	return nil
+}
+
 // RunLocal starts the run's peers on this machine, reports on Log what
 // it runs, the peers' progress while they train and their end, and
-// returns their results (Launch), with the run's algorithm and directory
-// for Report.
+// returns their results (Launched, with the run's algorithm and directory
+// for Report), which it writes on Out and whose stats lines it appends to
+// Stats. Errors in Stats and Metrics are *launch.FieldError.
 func RunLocal(ctx context.Context, r LocalRun) (Launched, error) {
 	if err := r.Check(); err != nil {
 		return Launched{}, err
 	}
+	log := r.Log
+	if log == nil {
+		log = io.Discard
+	}
+	reg, stopMetrics, err := metrics.Start(ctx, r.Metrics, log)
+	if err != nil {
+		return Launched{}, &launch.FieldError{Fields: []string{"metrics"}, Text: "%s", Err: err}
+	}
+	defer stopMetrics()
 	if r.Dir == "" {
 		dir, err := os.MkdirTemp("", "skyhive-averaging-")
 		if err != nil {
@@ -99,10 +140,44 @@ func RunLocal(ctx context.Context, r LocalRun) (Launched, error) {
 		c.Algo, r.Peers, r.SlowdownMin, r.SlowdownMax, r.describe(lm), r.length(), r.Dir)
 	res, err := Launch(ctx, LaunchConfig{
 		Exe: r.Exe, Peers: r.Peers, Slowdowns: sim.DrawSlowdowns(r.Peers, r.SlowdownMin, r.SlowdownMax, c.Seed),
-		Peer: c, Dir: r.Dir, Duration: time.Duration(c.Duration), Log: r.Log, Metrics: r.Metrics,
+		Peer: c, Dir: r.Dir, Duration: time.Duration(c.Duration), Log: r.Log, Metrics: reg.Registerer(),
 	})
 	res.Algo, res.LM, res.Dir = c.Algo, lm, r.Dir
+	if serr := r.appendStats(); serr != nil && err == nil {
+		err = serr
+	}
+	if werr := res.write(r.Out, r.JSON); werr != nil {
+		return res, werr
+	}
 	return res, err
+}
+
+// appendStats appends the peers' stats lines to the file Stats names.
+func (r *LocalRun) appendStats() error {
+	w, closeStats, err := jsonl.Open(r.Stats)
+	if err == nil && w != nil {
+		err = CopyStats(w, r.Dir, r.Peers)
+		closeStats()
+	}
+	if err != nil {
+		return &launch.FieldError{Fields: []string{"stats"}, Text: "%s", Err: err}
+	}
+	return nil
+}
+
+// write writes the results on w (nil: nowhere): indented JSON with
+// asJSON, else Report's sentences.
+func (l Launched) write(w io.Writer, asJSON bool) error {
+	switch {
+	case w == nil:
+	case asJSON:
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(l)
+	default:
+		l.Report(w)
+	}
+	return nil
 }
 
 // describe names the run's model and, for a language model, its data.

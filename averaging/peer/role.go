@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/node"
@@ -34,26 +33,25 @@ func FromLaunch(l launch.Peer, host p2p.Config) (Config, error) {
 // `skyhive @FILE` run one.
 type RoleConfig struct {
 	// Peer is the peer's options, as the command's flags and a config
-	// file give them, and Config what FromLaunch makes of them.
-	Peer   launch.Peer
-	Config Config
+	// file give them.
+	Peer launch.Peer
+	// Host is the configuration of the peer's host, as Peer.Net makes it
+	// (launch.Net.HostConfig).
+	Host p2p.Config
 	// Stdout receives the result; Stderr the progress bar (unless
 	// Peer.Quiet) and the notices (nil: discarded).
 	Stdout, Stderr io.Writer
-	// Stats receives the stats lines (nil: none), e.g. the file Peer.Stats
-	// names, which the caller opens.
-	Stats io.Writer
-	// Metrics, if set, receives the peer's Prometheus collectors, those
-	// of its host included (nil: none).
-	Metrics prometheus.Registerer
 	// Reach, if set, is told where others reach the peer, now and
 	// whenever AutoNAT's verdict changes.
 	Reach func(p2p.Reach)
 }
 
-// RunRole runs an averaging peer (Run) with its typed config, publishing
-// its status record every Peer.StatusEvery while it is in the swarm, and
-// prints its result on Stdout (one JSON line with Peer.JSON).
+// RunRole runs an averaging peer (Run) with its typed config (FromLaunch):
+// it appends its stats lines to the file Peer.Stats names, serves its
+// Prometheus metrics on Peer.Metrics, publishes its status record every
+// Peer.StatusEvery while it is in the swarm, and prints its result on
+// Stdout (one JSON line with Peer.JSON). Errors in the options are
+// *launch.FieldError.
 func RunRole(ctx context.Context, rc RoleConfig) error {
 	if rc.Stdout == nil {
 		rc.Stdout = io.Discard
@@ -61,12 +59,29 @@ func RunRole(ctx context.Context, rc RoleConfig) error {
 	if rc.Stderr == nil {
 		rc.Stderr = io.Discard
 	}
-	l, c := rc.Peer, rc.Config
+	l := rc.Peer
+	if len(l.DHT) == 0 {
+		return &launch.FieldError{Fields: []string{"dht"}, Text: "%s is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID"}
+	}
+	c, err := FromLaunch(l, rc.Host)
+	if err != nil {
+		return err
+	}
+	stats, closeStats, err := jsonl.Open(l.Stats)
+	if err != nil {
+		return &launch.FieldError{Fields: []string{"stats"}, Text: "%s", Err: err}
+	}
+	defer closeStats()
+	reg, stopMetrics, err := metrics.Start(ctx, l.Metrics, rc.Stderr)
+	if err != nil {
+		return &launch.FieldError{Fields: []string{"metrics"}, Text: "%s", Err: err}
+	}
+	defer stopMetrics()
 	if !l.Quiet {
 		c.Progress = rc.Stderr
 	}
-	c.Log, c.Reach, c.Stats = rc.Stderr, rc.Reach, rc.Stats
-	c.Host.Metrics, c.Metrics = rc.Metrics, rc.Metrics
+	c.Log, c.Reach, c.Stats = rc.Stderr, rc.Reach, stats
+	c.Host.Metrics, c.Metrics = reg.Registerer(), reg.Registerer()
 	if status := node.FromLaunch(c.Host, l.Net, l.Process, metrics.RolePeer).Status; status.Every > 0 {
 		c.Status = func(ctx context.Context, h *p2p.Host, d *dht.Node, live func() Live) {
 			stop := node.PublishStatus(ctx, rc.Stderr, h, d, status, func(s *metrics.Status) {

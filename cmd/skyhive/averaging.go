@@ -6,17 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/skyhive/skyhive/averaging"
 	"github.com/skyhive/skyhive/averaging/optimizer"
 	"github.com/skyhive/skyhive/averaging/peer"
-	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/models"
 	"github.com/skyhive/skyhive/p2p"
@@ -28,90 +24,25 @@ import (
 type peerFlags struct {
 	cfg     launch.Peer
 	net     connectFlags
-	lm      averagingLMFlags
+	lm      lmDataFlags
 	status  statusFlags
 	metrics metricsFlags
 }
 
-// averagingLMFlags are the language-model options of `skyhive peer` and
-// `skyhive train averaging`, with the names, meanings and defaults of
-// `skyhive train`'s.
-type averagingLMFlags struct {
-	lmDataFlags
-	data        string
-	warmup      int
-	clip        float64
-	weightDecay float64
+// registerAveragingLM adds the language-model options of `skyhive peer`
+// and `skyhive train averaging` to c and lm, with the names, meanings and
+// defaults of `skyhive train`'s.
+func registerAveragingLM(fl *pflag.FlagSet, c *launch.Peer, lm *lmDataFlags) {
+	fl.StringVar(&c.Data, "data", "fashion-mnist", "data: fashion-mnist for image models; for language models "+train.TextDataUsage+" (gcide by default; every peer of a run must read the same)")
+	lm.register(fl, 0)
+	fl.IntVar(&c.Warmup, "warmup", int(lmDefaults.Warmup), "language models: linear learning-rate warm-up steps")
+	fl.Float64Var(&c.Clip, "clip", lmDefaults.ClipNorm, "language models: global norm clip of the (averaged) gradients (0 disables)")
+	fl.Float64Var(&c.WeightDecay, "weight-decay", peer.DefaultWeightDecay, "language models: AdamW decoupled weight decay")
 }
 
-// averagingLMOnly name the flags averagingLMFlags adds, which image models
-// refuse; averagingImageOnly those that language models refuse.
-var (
-	averagingLMOnly    = slices.Concat(lmDataOnly, []string{"warmup", "clip", "weight-decay"})
-	averagingImageOnly = []string{"data-dir", "limit", "momentum", "shard", "eval-examples"}
-)
-
-func (l *averagingLMFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&l.data, "data", "fashion-mnist", "data: fashion-mnist for image models; for language models "+train.TextDataUsage+" (gcide by default; every peer of a run must read the same)")
-	l.lmDataFlags.register(fl, 0)
-	fl.IntVar(&l.warmup, "warmup", int(lmDefaults.Warmup), "language models: linear learning-rate warm-up steps")
-	fl.Float64Var(&l.clip, "clip", lmDefaults.ClipNorm, "language models: global norm clip of the (averaged) gradients (0 disables)")
-	fl.Float64Var(&l.weightDecay, "weight-decay", peer.DefaultWeightDecay, "language models: AdamW decoupled weight decay")
-}
-
-// resolve checks the flags given against the model, and for a language
-// model returns its data (gcide unless --data is given) and its context
-// (0: the spec's, when the spec has one and --seq is not given).
-func (l *averagingLMFlags) resolve(fl *pflag.FlagSet, model string) (lm bool, dataset string, seq int, err error) {
-	changed := func(name string) bool { f := fl.Lookup(name); return f != nil && f.Changed }
-	if !train.IsLanguageModel(model) {
-		for _, name := range averagingLMOnly {
-			if changed(name) {
-				return false, "", 0, fmt.Errorf("--%s is for language models; %s is an image classifier (language models: gpt-mini, gpt-small, gpt-medium or gpt:LAYERSxHIDDEN:VOCAB)", name, model)
-			}
-		}
-		switch {
-		case l.data == "fashion-mnist":
-		case train.IsTextData(l.data):
-			return false, "", 0, fmt.Errorf("%s is an image classifier and %s is text: train a language model on it (--model gpt-mini), or train %s on fashion-mnist", model, l.data, model)
-		default:
-			return false, "", 0, fmt.Errorf("unknown data set %q (supported: fashion-mnist for image models; %s for language models)", l.data, train.TextDataUsage)
-		}
-		return false, "", 0, nil
-	}
-	dataset = l.data
-	if !changed("data") {
-		dataset = "gcide"
-	}
-	for _, name := range averagingImageOnly {
-		if changed(name) {
-			return true, "", 0, fmt.Errorf("--%s is for image models; language model %s trains with AdamW on --data %s", name, model, dataset)
-		}
-	}
-	switch {
-	case dataset == "fashion-mnist":
-		return true, "", 0, fmt.Errorf("%s is a language model and fashion-mnist is images: train it on text (--data %s), or train an image model (--model %s)", model, train.TextDataUsage, models.Usage())
-	case !train.IsTextData(dataset):
-		return true, "", 0, fmt.Errorf("unknown data %q for language model %s (want %s)", dataset, model, train.TextDataUsage)
-	case strings.HasPrefix(dataset, "tokens:") && !changed("vocab"):
-		return true, "", 0, fmt.Errorf("--data %s: give the vocabulary of the token file with --vocab (50257 for GPT-2's tokenizer)", dataset)
-	case l.seq < 1 || l.vocab < 1 || l.corpusBytes < 0 || l.evalTokens < 0 || l.warmup < 0 || l.clip < 0 || l.weightDecay < 0:
-		return true, "", 0, errors.New("--seq and --vocab must be positive, and --corpus-bytes, --eval-tokens, --warmup, --clip and --weight-decay not negative")
-	}
-	seq = l.seq
-	if !changed("seq") && strings.Contains(model, ":") {
-		seq = 0 // the spec's
-	}
-	return true, dataset, seq, nil
-}
-
-// setConfig sets a peer config's language-model options from the flags,
-// for the data and context resolve returned.
-func (l *averagingLMFlags) setConfig(c *launch.Peer, dataset string, seq int) {
-	c.Data, c.Seq, c.Vocab, c.TokenWidth, c.EvalTokens = dataset, seq, l.vocab, l.tokenWidth, l.evalTokens
-	c.CorpusBytes = int64(peer.ToField(float64(l.corpusBytes)))
-	c.Warmup = int(peer.ToField(float64(l.warmup)))
-	c.Clip, c.WeightDecay = peer.ToField(l.clip), peer.ToField(l.weightDecay)
+// setPeer sets c's language-model data options from the flags.
+func (l lmDataFlags) setPeer(c *launch.Peer) {
+	c.Vocab, c.Seq, c.TokenWidth, c.EvalTokens, c.CorpusBytes = l.vocab, l.seq, l.tokenWidth, l.evalTokens, l.corpusBytes
 }
 
 func newPeerCmd() *cobra.Command {
@@ -155,45 +86,38 @@ func newPeerCmd() *cobra.Command {
 
 // register adds the flags of `skyhive peer`, with their defaults.
 func (f *peerFlags) register(fl *pflag.FlagSet) {
+	d := peer.Defaults()
 	c := &f.cfg
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
-	fl.StringVar(&c.RunID, "run-id", optimizer.DefaultRunID, "run name in DHT keys; every peer of a run must use the same")
-	fl.StringVar(&c.Algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
+	fl.StringVar(&c.RunID, "run-id", d.RunID, "run name in DHT keys; every peer of a run must use the same")
 	fl.StringVar(&c.Matchmaking, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
 	fl.IntVar(&c.GroupSize, "group-size", 0, "group size (0: 3 with dht matchmaking, round(sqrt(peers)) with ranks)")
-	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
-	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
-	fl.DurationVar(durationVar(&c.RoundInterval), "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
-	registerOuterFlags(fl, c)
-	fl.StringVar(&c.Codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
-	fl.StringVar(&c.Aggregation, "aggregation", "mean", "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
-	fl.Float64Var(&c.MaxNormRatio, "max-norm-ratio", averaging.DefaultMaxNormRatio, "drop a contribution whose norm is over this multiple of the group's median (negative: keep every finite one)")
-	fl.IntVar(&c.MinAgree, "min-agree", 1, "a joiner uses the swarm's state only if this many donors serve agreeing states (2 for open swarms)")
+	registerAveragingFlags(fl, c)
+	fl.StringVar(&c.Aggregation, "aggregation", d.Aggregation, "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")
+	fl.Float64Var(&c.MaxNormRatio, "max-norm-ratio", d.MaxNormRatio, "drop a contribution whose norm is over this multiple of the group's median (negative: keep every finite one)")
+	fl.IntVar(&c.MinAgree, "min-agree", d.MinAgree, "a joiner uses the swarm's state only if this many donors serve agreeing states (2 for open swarms)")
 	fl.DurationVar(durationVar(&c.Timeout), "timeout", 0, "longest wait for one all-reduce (0: the round interval with dht matchmaking, 20s with ranks)")
-	fl.IntVar(&c.MinPeers, "min-peers", 2, "peers of the run (this one included) to wait for before training")
-	fl.DurationVar(durationVar(&c.WaitPeers), "wait-peers", time.Minute, "how long to wait for --min-peers")
-	fl.DurationVar(durationVar(&c.JoinTimeout), "join-timeout", 30*time.Second, "how long joining the DHT and downloading the swarm's state may take")
+	fl.IntVar(&c.MinPeers, "min-peers", d.MinPeers, "peers of the run (this one included) to wait for before training")
+	fl.DurationVar(durationVar(&c.WaitPeers), "wait-peers", time.Duration(d.WaitPeers), "how long to wait for --min-peers")
+	fl.DurationVar(durationVar(&c.JoinTimeout), "join-timeout", time.Duration(d.JoinTimeout), "how long joining the DHT and downloading the swarm's state may take")
 	fl.Int64Var(&c.TargetBatchSize, "target-batch-size", 0, "samples summed over the swarm that make one swarm epoch (0: epochs do not advance)")
-	fl.StringVar(&c.Model, "model", "mlp-small", "model: "+models.Usage()+", or a language model: "+models.LMUsage()+", e.g. gpt-mini (every peer of a run must agree)")
-	fl.Uint64Var(&c.Seed, "seed", 1, "seed of the initial weights (equal on every peer) and of the batch order (mixed with the peer ID)")
+	fl.StringVar(&c.Model, "model", d.Model, "model: "+models.Usage()+", or a language model: "+models.LMUsage()+", e.g. gpt-mini (every peer of a run must agree)")
+	fl.Uint64Var(&c.Seed, "seed", d.Seed, "seed of the initial weights (equal on every peer) and of the batch order (mixed with the peer ID)")
 	fl.IntVar(&c.Batch, "batch", 32, "examples per local step (language models: sequences, 16 unless given)")
 	fl.Float64Var(&c.LR, "lr", 0.05, "SGD learning rate (cosine decay to a tenth over --steps or --duration when given); language models: AdamW's, 3e-3 unless given")
-	fl.Float64Var(&c.Momentum, "momentum", 0.9, "SGD momentum (image models)")
-	fl.StringVar(&c.DataDir, "data-dir", data.DefaultDir, "directory holding the Fashion-MNIST IDX files")
-	fl.IntVar(&c.Limit, "limit", 0, "use only the first N training examples (0 = all)")
 	fl.StringVar(&c.Shard, "shard", "", "train on shard K/N of the data (e.g. $SLURM_PROCID/$SLURM_NTASKS; default: all of it, in this peer's own order)")
 	fl.IntVar(&c.EvalExamples, "eval-examples", 0, "test examples per evaluation (0 = all 10000)")
 	fl.IntVar(&c.Steps, "steps", 0, "stop after this many local steps (0: no limit)")
 	fl.DurationVar(durationVar(&c.Duration), "duration", 0, "stop after this long (0: no limit; stop with Ctrl-C)")
 	fl.DurationVar(durationVar(&c.EvalEvery), "eval-every", 0, "evaluate on the test set this often (0: only at the end); diloco and wa-diloco evaluate their outer model")
-	fl.Float64Var(&c.Slowdown, "slowdown", 1, "emulate a slower device: each step takes this many times its compute time (experiments)")
+	fl.Float64Var(&c.Slowdown, "slowdown", d.Slowdown, "emulate a slower device: each step takes this many times its compute time (experiments)")
 	fl.StringVar(&c.Checkpoint, "checkpoint", "", "checkpoint file: resumed from if it exists, written atomically every --checkpoint-every and on exit")
-	fl.DurationVar(durationVar(&c.CheckpointEvery), "checkpoint-every", time.Minute, "checkpoint interval")
+	fl.DurationVar(durationVar(&c.CheckpointEvery), "checkpoint-every", time.Duration(d.CheckpointEvery), "checkpoint interval")
 	fl.StringVar(&c.Stats, "stats", "", "append JSON lines with counters, accuracy, memory and goroutines to this file")
-	fl.DurationVar(durationVar(&c.StatsEvery), "stats-every", 10*time.Second, "interval of --stats lines")
+	fl.DurationVar(durationVar(&c.StatsEvery), "stats-every", time.Duration(d.StatsEvery), "interval of --stats lines")
 	fl.BoolVar(&c.JSON, "json", false, "print the final result as one JSON line (benchmark protocol) on stdout")
 	fl.BoolVar(&c.Quiet, "quiet", false, "no progress bar")
-	f.lm.register(fl)
+	registerAveragingLM(fl, c, &f.lm)
 	f.status.register(fl)
 	f.metrics.register(fl)
 }
@@ -203,15 +127,11 @@ func (f *peerFlags) register(fl *pflag.FlagSet) {
 // are left 0: the model's defaults.
 func (f *peerFlags) config(fl *pflag.FlagSet) (launch.Peer, error) {
 	c := f.cfg
-	c.Net = f.net.launchNet()
+	c.Net = f.net.Net
 	c.Process = f.status.process(f.metrics.addr)
-	lm, dataset, seq, err := f.lm.resolve(fl, c.Model)
-	if err != nil {
-		return c, err
-	}
-	f.lm.setConfig(&c, dataset, seq)
-	if !lm {
-		c.Data, c.Seq = "", 0
+	f.lm.setPeer(&c)
+	if err := peer.Resolve(&c, flagsGiven(fl)); err != nil {
+		return c, flagError(err)
 	}
 	if !fl.Changed("lr") {
 		c.LR = 0
@@ -222,15 +142,6 @@ func (f *peerFlags) config(fl *pflag.FlagSet) (launch.Peer, error) {
 	return c, nil
 }
 
-// peerDefaults is the config of `skyhive peer` without flags, which a
-// config file's fields replace.
-func peerDefaults() (launch.Peer, error) {
-	var f peerFlags
-	fl := pflag.NewFlagSet("peer", pflag.ContinueOnError)
-	f.register(fl)
-	return f.config(fl)
-}
-
 // runPeerRole runs an averaging peer (peer.RunRole) with its typed config,
 // from the flags of `skyhive peer` or from a config file: its result on
 // stdout, its progress and notices on stderr.
@@ -239,28 +150,9 @@ func runPeerRole(ctx context.Context, stdout, stderr io.Writer, l launch.Peer) e
 	if err != nil {
 		return err
 	}
-	if len(l.DHT) == 0 {
-		return errors.New("--dht is required: the multiaddr of a `skyhive dht` node or of a peer of the swarm, ending in /p2p/PEER_ID")
-	}
-	c, err := peer.FromLaunch(l, host)
-	if err != nil {
-		return err
-	}
-	out := outputFlags{stats: l.Stats}
-	stats, closeStats, err := out.openStats()
-	if err != nil {
-		return err
-	}
-	defer closeStats()
-	mf := metricsFlags{addr: l.Metrics}
-	reg, stopMetrics, err := mf.start(ctx, stderr)
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	err = peer.RunRole(ctx, peer.RoleConfig{Peer: l, Config: c, Stdout: stdout, Stderr: stderr, Stats: stats,
-		Metrics: reg.Registerer(), Reach: func(r p2p.Reach) { printReach(stderr, r) }})
-	return peerFlagHint(err)
+	err = peer.RunRole(ctx, peer.RoleConfig{Peer: l, Host: host, Stdout: stdout, Stderr: stderr,
+		Reach: func(r p2p.Reach) { p2p.WriteReach(stderr, r) }})
+	return peerFlagHint(flagError(err))
 }
 
 // peerFlagHint names the flags behind the peer's configuration errors.
@@ -283,36 +175,28 @@ type averagingFlags struct {
 	cfg     launch.Peer
 	local   peer.LocalRun
 	small   bool // retired --small
-	data    dataFlags
-	lm      averagingLMFlags
+	lm      lmDataFlags
 	out     outputFlags
 	metrics metricsFlags
 }
 
 func (a *averagingFlags) register(fl *pflag.FlagSet) {
-	c, r := &a.cfg, &a.local
-	fl.StringVar(&c.Algo, "algo", "wagma", "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
+	c, r, d := &a.cfg, &a.local, peer.Defaults()
 	fl.IntVar(&r.Peers, "peers", 4, "peer processes (skyhive peer) to start on this machine")
-	fl.StringVar(&c.Model, "model", "mlp-small", "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores), or a language model: "+models.LMUsage()+", e.g. gpt-mini")
-	fl.Uint64Var(&c.Seed, "seed", 1, "seed of the initial weights, the slowdowns and the batch order")
+	fl.StringVar(&c.Model, "model", d.Model, "model: "+models.Usage()+" (mlp-small keeps many peers light on few cores), or a language model: "+models.LMUsage()+", e.g. gpt-mini")
+	fl.Uint64Var(&c.Seed, "seed", d.Seed, "seed of the initial weights, the slowdowns and the batch order")
 	fl.IntVar(&c.Batch, "batch", 64, "examples per local step (language models: sequences, 16 unless given)")
 	fl.Float64Var(&c.LR, "lr", 0.05, "SGD learning rate of each peer (cosine decay to a tenth over --duration or --steps); language models: AdamW's, 3e-3 unless given")
-	fl.Float64Var(&c.Momentum, "momentum", 0.9, "SGD momentum (image models)")
 	fl.DurationVar(durationVar(&c.Duration), "duration", time.Minute, "how long the peers train (with --steps alone: until they are done)")
 	fl.IntVar(&c.Steps, "steps", 0, "stop each peer after this many local steps (0: --duration only)")
 	fl.IntVar(&c.GroupSize, "group-size", 0, "averaging group size (0: the peer's default)")
-	fl.IntVar(&c.Tau, "tau", optimizer.DefaultTau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
-	fl.IntVar(&c.Period, "period", optimizer.DefaultPeriod, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
 	fl.Float64Var(&r.SlowdownMin, "slowdown-min", 1, "smallest emulated peer slowdown (slowdowns are drawn from U[MIN, MAX])")
 	fl.Float64Var(&r.SlowdownMax, "slowdown-max", 2, "largest emulated peer slowdown")
-	fl.StringVar(&c.Codec, "codec", "none", "compression of averaging traffic: none, fp16, uniform8 or quantile8")
 	fl.StringVar(&c.Matchmaking, "matchmaking", "", "dht (default for wagma) or ranks (default for allreduce and local)")
-	fl.DurationVar(durationVar(&c.RoundInterval), "round-interval", averaging.DefaultRoundInterval, "wall-clock length of a DHT matchmaking round")
-	registerOuterFlags(fl, c)
-	fl.StringVar(&c.RunID, "run-id", optimizer.DefaultRunID, "run name in DHT keys")
+	registerAveragingFlags(fl, c)
+	fl.StringVar(&c.RunID, "run-id", d.RunID, "run name in DHT keys")
 	fl.StringVar(&r.Dir, "logs", "", "directory for the peers' logs and stats (default: a new temporary one)")
-	a.data.register(fl)
-	a.lm.register(fl)
+	registerAveragingLM(fl, c, &a.lm)
 	a.out.register(fl, "the peers' results", "every peer's stats lines, copied from --logs when the peers are done")
 	fl.BoolVar(&a.small, "small", false, "retired: use --model mlp-small")
 	_ = fl.MarkDeprecated("small", "use --model mlp-small (the default)")
@@ -351,75 +235,21 @@ func newTrainAveragingCmd() *cobra.Command {
 // and prints their results on stdout.
 func (a *averagingFlags) run(cmd *cobra.Command) error {
 	r := a.local
-	var err error
-	if r.Peer, err = a.launchPeer(cmd.Flags()); err != nil {
-		return err
+	r.Peer = a.cfg
+	if a.small {
+		r.Peer.Model = "mlp-small"
 	}
+	a.lm.setPeer(&r.Peer)
+	if err := r.Resolve(flagsGiven(cmd.Flags())); err != nil {
+		return flagError(err)
+	}
+	var err error
 	if r.Exe, err = os.Executable(); err != nil {
 		return err
 	}
-	r.Log = cmd.ErrOrStderr()
-	if err := r.Check(); err != nil {
-		return err
-	}
-	reg, stopMetrics, err := a.metrics.start(cmd.Context(), cmd.ErrOrStderr())
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	r.Metrics = reg.Registerer()
-	res, err := peer.RunLocal(cmd.Context(), r)
-	if res.Dir == "" {
-		return err // the run did not start
-	}
-	if serr := a.copyStats(res.Dir); serr != nil && err == nil {
-		err = serr
-	}
-	if a.out.json {
-		if jerr := printJSON(cmd.OutOrStdout(), res); jerr != nil {
-			return jerr
-		}
-	} else {
-		res.Report(cmd.OutOrStdout())
-	}
-	return err
-}
-
-// launchPeer is the config of every peer the command launches. --steps
-// alone sets the run's length (Duration 0).
-func (a *averagingFlags) launchPeer(fl *pflag.FlagSet) (launch.Peer, error) {
-	c := a.cfg
-	if a.small {
-		c.Model = "mlp-small"
-	}
-	lm, dataset, seq, err := a.lm.resolve(fl, c.Model)
-	if err != nil {
-		return launch.Peer{}, err
-	}
-	c.DataDir, c.Limit = a.data.dir, a.data.limit
-	if c.Steps > 0 && !fl.Changed("duration") {
-		c.Duration = 0
-	}
-	if lm {
-		c.Momentum, c.DataDir, c.Limit = 0, "", 0
-		a.lm.setConfig(&c, dataset, seq)
-		d := withModelDefaults(fl, c.Model, models.TrainDefaults{Batch: c.Batch, LR: c.LR})
-		c.Batch, c.LR = d.Batch, d.LR
-	}
-	return c, nil
-}
-
-// copyStats appends every peer's stats lines to --stats.
-func (a *averagingFlags) copyStats(dir string) error {
-	w, closeStats, err := a.out.openStats()
-	if err != nil || w == nil {
-		return err
-	}
-	defer closeStats()
-	if err := peer.CopyStats(w, dir, a.local.Peers); err != nil {
-		return fmt.Errorf("--stats: %w", err)
-	}
-	return nil
+	r.Log, r.Out, r.JSON, r.Stats, r.Metrics = cmd.ErrOrStderr(), cmd.OutOrStdout(), a.out.json, a.out.stats, a.metrics.addr
+	_, err = peer.RunLocal(cmd.Context(), r)
+	return flagError(err)
 }
 
 func newDemoAveragingCmd() *cobra.Command {
@@ -438,13 +268,24 @@ func newDemoAveragingCmd() *cobra.Command {
 	return cmd
 }
 
-// registerOuterFlags registers DiLoCo's outer optimization flags, the
-// same in skyhive peer and in the commands that launch peers.
-func registerOuterFlags(fl *pflag.FlagSet, c *launch.Peer) {
-	fl.IntVar(&c.InnerSteps, "inner-steps", optimizer.DefaultInnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
+// registerAveragingFlags registers the averaging flags that skyhive peer
+// and the commands that launch peers share: the algorithm, its periods, the
+// compression, the SGD momentum and data of image models and DiLoCo's
+// outer optimization.
+func registerAveragingFlags(fl *pflag.FlagSet, c *launch.Peer) {
+	d := peer.Defaults()
+	fl.StringVar(&c.Algo, "algo", d.Algo, "averaging algorithm: wagma, allreduce, local, diloco (--inner-steps alone, then an outer Nesterov step on the averaged pseudo-gradients) or wa-diloco (every --inner-steps a background average in WAGMA's groups, every --tau outer steps a background DiLoCo outer step with all peers)")
+	fl.IntVar(&c.Tau, "tau", d.Tau, "WAGMA with ranks: a global average every tau rounds (wa-diloco: a global outer step every tau outer steps)")
+	fl.IntVar(&c.Period, "period", d.Period, "local SGD: average models every period steps; allreduce: re-synchronize models every period steps")
+	fl.DurationVar(durationVar(&c.RoundInterval), "round-interval", time.Duration(d.RoundInterval), "wall-clock length of a DHT matchmaking round")
+	fl.StringVar(&c.Codec, "codec", d.Codec, "compression of averaging traffic: none, fp16, uniform8 or quantile8")
+	fl.Float64Var(&c.Momentum, "momentum", d.Momentum, "SGD momentum (image models)")
+	fl.StringVar(&c.DataDir, "data-dir", d.DataDir, "directory holding the Fashion-MNIST IDX files")
+	fl.IntVar(&c.Limit, "limit", 0, "use only the first N training examples (0 = all)")
+	fl.IntVar(&c.InnerSteps, "inner-steps", d.InnerSteps, "diloco and wa-diloco: local steps between outer steps (H)")
 	fl.IntVar(&c.WarmupInnerSteps, "warmup-inner-steps", 0, "diloco and wa-diloco: H of the first outer step, doubled at every outer step up to --inner-steps (0: no warm-up)")
-	fl.Float64Var(&c.OuterLR, "outer-lr", optimizer.DefaultOuterLR, "diloco and wa-diloco: outer learning rate")
-	fl.Float64Var(&c.OuterMomentum, "outer-momentum", optimizer.DefaultOuterMomentum, fmt.Sprintf("diloco and wa-diloco: outer Nesterov momentum in [0, 1) (0 or %d: none)", optimizer.NoMomentum))
+	fl.Float64Var(&c.OuterLR, "outer-lr", d.OuterLR, "diloco and wa-diloco: outer learning rate")
+	fl.Float64Var(&c.OuterMomentum, "outer-momentum", d.OuterMomentum, fmt.Sprintf("diloco and wa-diloco: outer Nesterov momentum in [0, 1) (0 or %d: none)", optimizer.NoMomentum))
 	fl.IntVar(&c.Fragments, "fragments", 0, "diloco: Streaming DiLoCo, the parameters in this many fragments that take their outer steps in turn, one every --inner-steps/N steps (0 or 1: the whole model at once)")
 	fl.IntVar(&c.OverlapSteps, "overlap-steps", 0, "diloco: inner steps an outer step's all-reduce runs behind before it is applied (0: wait for it)")
 }

@@ -35,24 +35,24 @@ func newDashboardCmd() *cobra.Command {
 			"  skyhive dashboard --dht ADDR --listen 127.0.0.1:9000 --every 5s",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			host, err := roleHost(f.net.launchNet(), launch.Process{})
+			host, err := roleHost(f.net.Net, launch.Process{})
 			if err != nil {
 				return err
 			}
 			c := f.run
-			c.Host, c.DHT = host, f.net.dht
+			c.Host, c.DHT = host, f.net.DHT
 			return joinHint(flagError(dashboard.Run(cmd.Context(), c, cmd.OutOrStdout())))
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringSliceVar(&f.net.dht, "dht", nil, "DHT nodes of the swarm to read through: multiaddrs ending in /p2p/PEER_ID (required)")
+	fl.StringSliceVar(&f.net.DHT, "dht", nil, "DHT nodes of the swarm to read through: multiaddrs ending in /p2p/PEER_ID (required)")
 	fl.StringVar(&f.run.Listen, "listen", "127.0.0.1:8080", "address of the web page (host:port; port 0 picks a free one)")
 	fl.DurationVar(&f.run.Every, "every", 3*time.Second, "how often to read the status records")
 	fl.DurationVar(&f.run.Timeout, "timeout", 30*time.Second, "give up joining the DHT after this long")
-	fl.StringVar(&f.net.identity, "identity", "", "private key file (created if missing), for a stable peer ID")
-	fl.StringVar(&f.net.swarmSecret, "swarm-secret", "", "the swarm's secret file, to read a swarm closed with --swarm-secret")
-	fl.StringVar(&f.net.swarmKey, "swarm-key", "", "the swarm key's .pub file, to read a swarm closed with --swarm-key (needs --member-token)")
-	fl.StringVar(&f.net.memberToken, "member-token", "", "this dashboard's member token for --swarm-key")
-	f.net.holePunching, f.net.autoNAT, f.net.reachability = true, false, "auto"
+	fl.StringVar(&f.net.Identity, "identity", "", "private key file (created if missing), for a stable peer ID")
+	fl.StringVar(&f.net.SwarmSecret, "swarm-secret", "", "the swarm's secret file, to read a swarm closed with --swarm-secret")
+	fl.StringVar(&f.net.SwarmKey, "swarm-key", "", "the swarm key's .pub file, to read a swarm closed with --swarm-key (needs --member-token)")
+	fl.StringVar(&f.net.MemberToken, "member-token", "", "this dashboard's member token for --swarm-key")
+	f.net.HolePunching, f.net.AutoNAT, f.net.Reachability = true, false, "auto"
 	return cmd
 }

@@ -116,7 +116,7 @@ func newDHTGetCmd() *cobra.Command {
 
 // config is the flags as the DHT role's typed config.
 func (f *dhtServeFlags) config() launch.DHT {
-	return launch.DHT{Net: f.net.launchNet(),
+	return launch.DHT{Net: f.net.Net,
 		Process:    f.status.process(f.metrics.addr),
 		Output:     launch.Output{JSON: f.out.json, Stats: f.out.stats},
 		StatsEvery: launch.Duration(f.statsEvery)}
@@ -149,7 +149,7 @@ func runDHTRole(ctx context.Context, stdout, stderr io.Writer, c launch.DHT) err
 	return flagError(dhtrole.Run(ctx, dhtrole.Config{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleDHT), DHT: c, Stdout: stdout, Stderr: stderr,
 		Announce: func(ctx context.Context, h *p2p.Host) {
 			fmt.Fprintln(stderr, "dht node: others join with --dht and one of the addresses below")
-			reportReach(ctx, h, stdout, jsonOut)
+			p2p.ReportReach(ctx, h, stdout, jsonOut)
 		}}))
 }
 
@@ -164,9 +164,9 @@ func joinHint(err error) error {
 // withClientNode starts a client-mode node, joins through --dht and
 // runs op within --timeout (dhtrole.WithClient).
 func withClientNode(ctx context.Context, f dhtFlags, op func(context.Context, *p2p.Host, *dht.Node) error) error {
-	host, err := roleHost(f.net.launchNet(), launch.Process{})
+	host, err := roleHost(f.net.Net, launch.Process{})
 	if err != nil {
 		return err
 	}
-	return joinHint(flagError(dhtrole.WithClient(ctx, host, f.net.dht, f.timeout, op)))
+	return joinHint(flagError(dhtrole.WithClient(ctx, host, f.net.DHT, f.timeout, op)))
 }

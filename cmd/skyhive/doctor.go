@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,9 +28,6 @@ func newDoctorCmd() *cobra.Command {
 		Example: "  skyhive doctor --dht /ip4/203.0.113.1/tcp/4001/p2p/12D3KooW... --listen /ip4/0.0.0.0/tcp/4002",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if peers < 1 {
-				return fmt.Errorf("--peers must be at least 1, got %d", peers)
-			}
 			var rep dialback.Report
 			err := withClientNode(cmd.Context(), f, func(ctx context.Context, h *p2p.Host, node *dht.Node) (err error) {
 				seeds, _ := f.net.seeds() // parsed before, by withClientNode
@@ -58,5 +54,6 @@ func newDoctorCmd() *cobra.Command {
 	fl.BoolVar(&out.json, "json", false, "print the report as JSON on stdout")
 	fl.IntVar(&peers, "peers", 3, "how many of the swarm's peers to ask")
 	fl.DurationVar(&f.timeout, "timeout", time.Minute, "give up after this long")
+	cmd.PreRunE = checkedNumbers(numberRules{Positive: []string{"peers"}})
 	return cmd
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,8 +19,6 @@ import (
 	"github.com/skyhive/skyhive/data"
 	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
-	"github.com/skyhive/skyhive/metrics"
-	"github.com/skyhive/skyhive/netem"
 	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
 )
@@ -139,17 +136,6 @@ func (l *linkFlags) register(fl *pflag.FlagSet, what string, latency time.Durati
 	fl.Float64Var(&l.bandwidth, "bandwidth", 0, "emulated bandwidth "+what+", Mbit/s (0: unlimited)")
 }
 
-// set reports whether any emulation was asked for.
-func (l linkFlags) set() bool { return l.latency != 0 || l.bandwidth != 0 }
-
-// params returns the link, or an error naming the flag at fault.
-func (l linkFlags) params() (netem.LinkParams, error) {
-	if l.latency < 0 || l.bandwidth < 0 {
-		return netem.LinkParams{}, errors.New("--latency and --bandwidth must not be negative")
-	}
-	return netem.LinkParams{Latency: l.latency, Bandwidth: l.bandwidth * 1e6}, nil
-}
-
 // dataFlags locate Fashion-MNIST and bound the training set.
 type dataFlags struct {
 	dir   string
@@ -195,60 +181,48 @@ func legacyTrainArgs(args []string, warn io.Writer) []string {
 
 // connectFlags are how a long-running command joins the network: where it
 // listens and what it announces, its identity, the swarm's DHT peers, and
-// NAT traversal.
+// NAT traversal. The flags set the fields of a config's launch.Net.
 type connectFlags struct {
-	listen       []string
-	announce     []string
-	identity     string
-	dht          []string
-	relays       []string
-	relayService bool
-	holePunching bool
-	autoNAT      bool
-	reachability string
-	swarmSecret  string
-	swarmKey     string
-	memberToken  string
-	memoryMiB    int64
+	launch.Net
 }
 
 // register adds the group; dht describes --dht for this command, which
 // has none if dht is empty.
 func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
-	fl.StringSliceVar(&c.listen, "listen", nil, "multiaddrs to listen on (default: all interfaces, TCP and QUIC, free ports)")
-	fl.StringSliceVar(&c.announce, "announce", nil, "multiaddrs to announce instead of the listen addresses (e.g. a public address with a forwarded port)")
-	fl.StringVar(&c.identity, "identity", "", "private key file (created if missing), for a stable peer ID")
+	fl.StringSliceVar(&c.Listen, "listen", nil, "multiaddrs to listen on (default: all interfaces, TCP and QUIC, free ports)")
+	fl.StringSliceVar(&c.Announce, "announce", nil, "multiaddrs to announce instead of the listen addresses (e.g. a public address with a forwarded port)")
+	fl.StringVar(&c.Identity, "identity", "", "private key file (created if missing), for a stable peer ID")
 	if dht != "" {
-		fl.StringSliceVar(&c.dht, "dht", nil, dht)
+		fl.StringSliceVar(&c.DHT, "dht", nil, dht)
 		renameFlags(fl, map[string]string{"bootstrap": "dht"})
 	}
-	fl.StringSliceVar(&c.relays, "relay", nil, "circuit relays to reserve a slot on when not publicly reachable (multiaddrs ending in /p2p/ID)")
-	fl.BoolVar(&c.relayService, "relay-service", false, "relay connections for peers behind NATs (when publicly reachable)")
-	fl.BoolVar(&c.holePunching, "hole-punching", true, "upgrade relayed connections to direct ones by hole punching (DCUtR)")
-	fl.BoolVar(&c.autoNAT, "autonat", true, "learn this peer's reachability from others (AutoNAT) and answer their probes")
-	fl.StringVar(&c.reachability, "reachability", "auto", "auto (AutoNAT decides), public or private (behind a NAT: use --relay)")
-	fl.StringVar(&c.swarmSecret, "swarm-secret", "", "close the swarm: only peers that know this secret file may talk to this one (skyhive keygen secret)")
-	fl.StringVar(&c.swarmKey, "swarm-key", "", "close the swarm: only peers with a member token signed by this swarm key may talk to this one (the .pub file of skyhive keygen swarm; needs --member-token)")
-	fl.StringVar(&c.memberToken, "member-token", "", "this peer's member token for --swarm-key (skyhive keygen token)")
-	fl.Int64Var(&c.memoryMiB, "memory-budget", 0, "MiB of memory this process should stay within: Go's soft memory limit; a quarter of it bounds libp2p's connections and streams, an eighth the DHT records this peer stores (0: no limit; libp2p gets an eighth of the machine's memory, the DHT 128 MiB)")
+	fl.StringSliceVar(&c.Relays, "relay", nil, "circuit relays to reserve a slot on when not publicly reachable (multiaddrs ending in /p2p/ID)")
+	fl.BoolVar(&c.RelayService, "relay-service", false, "relay connections for peers behind NATs (when publicly reachable)")
+	fl.BoolVar(&c.HolePunching, "hole-punching", true, "upgrade relayed connections to direct ones by hole punching (DCUtR)")
+	fl.BoolVar(&c.AutoNAT, "autonat", true, "learn this peer's reachability from others (AutoNAT) and answer their probes")
+	fl.StringVar(&c.Reachability, "reachability", "auto", "auto (AutoNAT decides), public or private (behind a NAT: use --relay)")
+	fl.StringVar(&c.SwarmSecret, "swarm-secret", "", "close the swarm: only peers that know this secret file may talk to this one (skyhive keygen secret)")
+	fl.StringVar(&c.SwarmKey, "swarm-key", "", "close the swarm: only peers with a member token signed by this swarm key may talk to this one (the .pub file of skyhive keygen swarm; needs --member-token)")
+	fl.StringVar(&c.MemberToken, "member-token", "", "this peer's member token for --swarm-key (skyhive keygen token)")
+	fl.Int64Var(&c.MemoryMiB, "memory-budget", 0, "MiB of memory this process should stay within: Go's soft memory limit; a quarter of it bounds libp2p's connections and streams, an eighth the DHT records this peer stores (0: no limit; libp2p gets an eighth of the machine's memory, the DHT 128 MiB)")
 }
 
 // config is the host configuration the flags describe. With
 // --memory-budget it also sets the process's soft memory limit.
 func (c *connectFlags) config() (p2p.Config, error) {
-	cfg, err := node.HostConfig(c.launchNet())
+	cfg, err := node.HostConfig(c.Net)
 	if err != nil {
 		return cfg, flagError(err)
 	}
-	if c.memoryMiB > 0 {
-		debug.SetMemoryLimit(c.memoryMiB << 20)
+	if c.MemoryMiB > 0 {
+		debug.SetMemoryLimit(c.MemoryMiB << 20)
 	}
 	return cfg, nil
 }
 
 // seeds parses --dht.
 func (c *connectFlags) seeds() ([]peer.AddrInfo, error) {
-	s, err := c.launchNet().Seeds()
+	s, err := c.Seeds()
 	return s, flagError(err)
 }
 
@@ -263,13 +237,10 @@ func flagError(err error) error {
 	return fe.Renamed(func(f string) string { return "--" + strings.ReplaceAll(f, "_", "-") })
 }
 
-// printReach is p2p.WriteReach, for the commands that print a peer's
-// reachability.
-func printReach(w io.Writer, r p2p.Reach) { p2p.WriteReach(w, r) }
-
-// reportReach is p2p.ReportReach.
-func reportReach(ctx context.Context, h *p2p.Host, w, jsonOut io.Writer) {
-	p2p.ReportReach(ctx, h, w, jsonOut)
+// flagsGiven says which of a config's fields were given on the command
+// line: the field f is the flag --f, with "-" for "_".
+func flagsGiven(fl *pflag.FlagSet) func(field string) bool {
+	return func(f string) bool { return fl.Changed(strings.ReplaceAll(f, "_", "-")) }
 }
 
 // metricsFlags is --metrics ADDR, which every long-running command has:
@@ -280,13 +251,4 @@ type metricsFlags struct {
 
 func (m *metricsFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&m.addr, "metrics", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9100 (port 0: a free one; see docs/observability.md)")
-}
-
-// start serves a new registry on --metrics (metrics.Start): without
-// --metrics the registry is nil and stop does nothing.
-func (m *metricsFlags) start(ctx context.Context, log io.Writer) (reg *metrics.Registry, stop func(), err error) {
-	if reg, stop, err = metrics.Start(ctx, m.addr, log); err != nil {
-		return nil, nil, fmt.Errorf("--metrics: %w", err)
-	}
-	return reg, stop, nil
 }

@@ -81,9 +81,6 @@ Two ways to close a swarm:
 			if swarmKey == "" || peerID == "" {
 				return fmt.Errorf("--swarm-private-key (the private swarm key file) and --peer (skyhive keygen identity prints it) are required")
 			}
-			if valid <= 0 {
-				return fmt.Errorf("--valid must be positive, got %v", valid)
-			}
 			id, err := peer.Decode(peerID)
 			if err != nil {
 				return fmt.Errorf("--peer %q: %w", peerID, err)
@@ -99,6 +96,7 @@ Two ways to close a swarm:
 	token.Flags().StringVar(&swarmKey, "swarm-private-key", "", "the private swarm key file (skyhive keygen swarm)")
 	token.Flags().StringVar(&peerID, "peer", "", "the member's peer ID")
 	token.Flags().DurationVar(&valid, "valid", 30*24*time.Hour, "how long the token is valid")
+	token.PreRunE = checkedNumbers(numberRules{Positive: []string{"valid"}})
 	cmd.AddCommand(token)
 	return cmd
 }

@@ -7,16 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"runtime/pprof"
 	"strings"
-	"syscall"
 
 	"github.com/libp2p/go-libp2p/gologshim"
 	"github.com/skyhive/skyhive/launch"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/spf13/cobra"
@@ -36,8 +33,10 @@ func newRootCmd() *cobra.Command {
 				return err
 			}
 			var err error
-			stopProfile, err = startCPUProfile(cpuProfile)
-			return err
+			if stopProfile, err = metrics.StartCPUProfile(cpuProfile); err != nil {
+				return fmt.Errorf("--cpuprofile: %w", err)
+			}
+			return nil
 		},
 		PersistentPostRunE: func(*cobra.Command, []string) error {
 			if stopProfile == nil {
@@ -79,10 +78,7 @@ func main() {
 	if os.Getenv("GOLOG_LOG_LEVEL") == "" {
 		gologshim.SetDefaultHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 4}))
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go handleSignals(sigs, cancel, os.Stderr, os.Exit)
+	ctx, stopSignals := launch.WatchSignals(context.Background(), os.Stderr, os.Exit)
 	var err error
 	if path, ok := launch.FileArg(os.Args[1:]); ok {
 		// A child process that a launcher started with a config file.
@@ -92,38 +88,15 @@ func main() {
 		root.SetArgs(legacyTrainArgs(os.Args[1:], os.Stderr))
 		err = root.ExecuteContext(ctx)
 	}
-	signal.Stop(sigs)
-	interrupted := ctx.Err() != nil
-	cancel()
+	interrupted := stopSignals()
 	if err != nil && interrupted && errors.Is(err, context.Canceled) {
 		// Stopped by a signal before it finished: not a failure to explain.
 		fmt.Fprintln(os.Stderr, "skyhive: stopped before finishing:", strings.Replace(err.Error(), context.Canceled.Error(), "interrupted", 1))
-		os.Exit(forcedExit)
+		os.Exit(launch.ForcedExit)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "skyhive:", withHint(err))
 		os.Exit(1)
-	}
-}
-
-// forcedExit is the exit status after a second signal: 128 + SIGINT, as a
-// shell reports a process that Ctrl-C killed.
-const forcedExit = 130
-
-// handleSignals turns the first SIGINT or SIGTERM into a clean stop (cancel:
-// every long-running command then stops within a couple of seconds,
-// checkpointing what it must) and a second one into an immediate exit,
-// saying so on w. It returns when sigs is closed.
-func handleSignals(sigs <-chan os.Signal, cancel context.CancelFunc, w io.Writer, exit func(int)) {
-	s, ok := <-sigs
-	if !ok {
-		return
-	}
-	fmt.Fprintf(w, "skyhive: %v: stopping (send it again to stop at once)\n", s)
-	cancel()
-	if s, ok = <-sigs; ok {
-		fmt.Fprintf(w, "skyhive: %v again: exiting now\n", s)
-		exit(forcedExit)
 	}
 }
 
@@ -140,26 +113,6 @@ func withHint(err error) error {
 		return fmt.Errorf("%w (the %s port is taken, perhaps by another skyhive: choose another port, or 0 for a free one)", err, flag)
 	}
 	return err
-}
-
-// startCPUProfile starts a CPU profile written to path ("" does nothing)
-// and returns the function that stops it and closes the file.
-func startCPUProfile(path string) (func() error, error) {
-	if path == "" {
-		return nil, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("--cpuprofile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("--cpuprofile: %w", err)
-	}
-	return func() error {
-		pprof.StopCPUProfile()
-		return f.Close()
-	}, nil
 }
 
 // selectGEMM configures the process's GEMM backend before any product is

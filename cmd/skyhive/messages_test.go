@@ -110,12 +110,12 @@ func TestResumeFinishedCheckpoint(t *testing.T) {
 func TestLoopbackPeerGetsNoReachabilityAdvice(t *testing.T) {
 	id := "/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd"
 	var out strings.Builder
-	printReach(&out, p2p.Reach{Status: "local", Addrs: []string{"/ip4/127.0.0.1/tcp/4001" + id, "/ip6/::1/tcp/4001" + id}, Advice: "forward a port"})
+	p2p.WriteReach(&out, p2p.Reach{Status: "local", Addrs: []string{"/ip4/127.0.0.1/tcp/4001" + id, "/ip6/::1/tcp/4001" + id}, Advice: "forward a port"})
 	if strings.Contains(out.String(), "forward a port") || !strings.Contains(out.String(), "this machine only") || !strings.Contains(out.String(), "127.0.0.1") {
 		t.Fatalf("loopback peer:\n%s", out.String())
 	}
 	out.Reset()
-	printReach(&out, p2p.Reach{Status: "local", Addrs: []string{"/ip4/192.168.1.5/tcp/4001" + id}, Advice: "forward a port"})
+	p2p.WriteReach(&out, p2p.Reach{Status: "local", Addrs: []string{"/ip4/192.168.1.5/tcp/4001" + id}, Advice: "forward a port"})
 	if !strings.Contains(out.String(), "forward a port") {
 		t.Fatalf("peer on a private network got no advice:\n%s", out.String())
 	}

@@ -120,7 +120,7 @@ func (m *moeTrainFlags) register(fl *pflag.FlagSet) {
 // its Hidden is 0: the experts' hidden size, from the DHT.
 func (m *moeTrainFlags) config(fl *pflag.FlagSet) launch.MoETrainer {
 	c := m.moeFlags.config()
-	c.Net = m.net.launchNet()
+	c.Net = m.net.Net
 	c.Process = m.status.process(m.train.metrics.addr)
 	if !fl.Changed("hidden") {
 		c.Hidden = 0
@@ -146,7 +146,7 @@ func runMoETrainerRole(ctx context.Context, stdout, stderr io.Writer, c launch.M
 		return err
 	}
 	return flagError(trainer.RunRole(ctx, trainer.RoleConfig{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleTrainer), Trainer: c, Stdout: stdout, Stderr: stderr,
-		Announce: func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stderr, nil) }}))
+		Announce: func(ctx context.Context, h *p2p.Host) { p2p.ReportReach(ctx, h, stderr, nil) }}))
 }
 
 // newDemoMoECmd is `skyhive demo moe`: a whole DMoE swarm on loopback.

@@ -96,7 +96,7 @@ func (p *pipelineFlags) register(fl *pflag.FlagSet) {
 // config is the coordinator's typed config the flags give.
 func (p *pipelineFlags) config() launch.Pipeline {
 	c, f, l := p.c, &p.train, p.train.lm
-	c.Net = p.net.launchNet()
+	c.Net = p.net.Net
 	c.Process = p.status.process(f.metrics.addr) // no --region: the coordinator has none
 	c.Output = launch.Output{JSON: f.out.json, Stats: f.out.stats}
 	c.Training = launch.Training{Epochs: f.cfg.Epochs, Batch: f.cfg.BatchSize, LR: f.cfg.LR, WeightDecay: f.cfg.WeightDecay,

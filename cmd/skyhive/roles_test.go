@@ -63,9 +63,12 @@ func TestRoleFileErrors(t *testing.T) {
 // peer configuration: the defaults of one are the defaults of the other.
 func TestPeerFlagsAndFileAgree(t *testing.T) {
 	const dht = "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWHtz3SAKgN44ngiGCvvvWoaPiiymfDZXhSqyjw3q17bWd"
-	fromFile, err := peerDefaults()
-	if err != nil {
-		t.Fatal(err)
+	var none peerFlags
+	nfl := pflag.NewFlagSet("peer", pflag.ContinueOnError)
+	none.register(nfl)
+	fromFile := peer.Defaults()
+	if noFlags, err := none.config(nfl); err != nil || !reflect.DeepEqual(noFlags, fromFile) {
+		t.Fatalf("without flags: %+v, %v; peer.Defaults: %+v", noFlags, err, fromFile)
 	}
 	path := filepath.Join(t.TempDir(), "peer.json")
 	if err := launch.Write(path, launch.Peer{Net: launch.Net{DHT: []string{dht}}, Algo: "diloco", Model: "gpt-mini", Clip: -1}); err != nil {

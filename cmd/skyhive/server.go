@@ -90,7 +90,7 @@ func (f *serverFlags) register(fl *pflag.FlagSet) {
 // 0), which decides by the experts' memory and --memory-budget.
 func (f *serverFlags) config(fl *pflag.FlagSet) launch.Server {
 	c := f.cfg
-	c.Net = f.net.launchNet()
+	c.Net = f.net.Net
 	c.Process = f.status.process(f.metrics.addr)
 	c.Output = launch.Output{JSON: f.out.json, Stats: f.out.stats}
 	if fl.Changed("lazy") {
@@ -126,5 +126,5 @@ func runServerRole(ctx context.Context, stdout, stderr io.Writer, c launch.Serve
 	}
 	return server.RunRole(ctx, server.RoleConfig{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleServer),
 		Server: c, Stdout: stdout, Stderr: stderr,
-		Announce: func(ctx context.Context, h *p2p.Host) { reportReach(ctx, h, stdout, jsonOut) }})
+		Announce: func(ctx context.Context, h *p2p.Host) { p2p.ReportReach(ctx, h, stdout, jsonOut) }})
 }

@@ -7,12 +7,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/skyhive/skyhive/launch"
 )
 
 // signalled starts `skyhive args...`, waits until its output contains
 // ready and then for settle, sends SIGTERM and checks that it exits within stopBound with
 // status 0 (a command that finished its work: a peer leaves cleanly) or
-// forcedExit (one that stopped before finishing, saying so), and without a
+// launch.ForcedExit (one that stopped before finishing, saying so), and without a
 // raw "context canceled" in its output. It returns the output.
 func signalled(t *testing.T, ready string, settle time.Duration, args ...string) string {
 	t.Helper()
@@ -20,9 +22,9 @@ func signalled(t *testing.T, ready string, settle time.Duration, args ...string)
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
-	case errors.As(err, &exit) && exit.ExitCode() == forcedExit:
+	case errors.As(err, &exit) && exit.ExitCode() == launch.ForcedExit:
 		if !strings.Contains(out, "stopped before finishing") {
-			t.Errorf("%v: exit status %d without saying it stopped before finishing:\n%s", args, forcedExit, tail(out))
+			t.Errorf("%v: exit status %d without saying it stopped before finishing:\n%s", args, launch.ForcedExit, tail(out))
 		}
 	default:
 		t.Fatalf("%v exited with %v after SIGTERM:\n%s", args, err, tail(out))

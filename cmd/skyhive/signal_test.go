@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/launch"
 )
 
 // stopBound is how soon after the first SIGINT or SIGTERM a long-running
@@ -143,45 +143,6 @@ func TestSignalStopsDHT(t *testing.T) {
 	}
 }
 
-// TestSignalSecondForcesExit checks the signal handler: the first signal
-// cancels the command's context, the second exits at once.
-func TestSignalSecondForcesExit(t *testing.T) {
-	sigs := make(chan os.Signal, 2)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	exited := make(chan int, 1)
-	var out syncBuffer
-	done := make(chan struct{})
-	go func() {
-		handleSignals(sigs, cancel, &out, func(code int) { exited <- code })
-		close(done)
-	}()
-	sigs <- syscall.SIGTERM
-	select {
-	case <-ctx.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the first signal did not cancel the context")
-	}
-	select {
-	case code := <-exited:
-		t.Fatalf("exit(%d) after the first signal", code)
-	case <-time.After(50 * time.Millisecond):
-	}
-	sigs <- os.Interrupt
-	select {
-	case code := <-exited:
-		if code != forcedExit {
-			t.Fatalf("exit(%d), want %d", code, forcedExit)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the second signal did not force an exit")
-	}
-	<-done
-	if !strings.Contains(out.String(), "stopping") || !strings.Contains(out.String(), "exiting now") {
-		t.Fatalf("the handler said %q", out.String())
-	}
-}
-
 // TestSignalStopsTrain checks that SIGTERM stops `skyhive train` within
 // stopBound, saying it stopped before finishing (no "context canceled"),
 // with the exit status of an interrupted command.
@@ -191,8 +152,8 @@ func TestSignalStopsTrain(t *testing.T) {
 	}
 	took, out, err := startAndStop(t, "epoch 1/1", "train", "--model", "mlp-small", "--epochs", "1", "--batch", "8")
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != forcedExit {
-		t.Fatalf("train exited with %v after SIGTERM, want status %d:\n%s", err, forcedExit, tail(out))
+	if !errors.As(err, &exit) || exit.ExitCode() != launch.ForcedExit {
+		t.Fatalf("train exited with %v after SIGTERM, want status %d:\n%s", err, launch.ForcedExit, tail(out))
 	}
 	if took > stopBound {
 		t.Fatalf("train took %v to stop after SIGTERM, want at most %v", took, stopBound)

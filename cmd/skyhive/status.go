@@ -2,11 +2,7 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -33,17 +29,6 @@ func (s *statusFlags) register(fl *pflag.FlagSet) {
 // region otherwise.
 func (s *statusFlags) registerEvery(fl *pflag.FlagSet) {
 	fl.DurationVar(&s.every, "status-every", metrics.DefaultStatusPeriod, "publish this peer's signed status record in the DHT this often, for skyhive status and skyhive dashboard (0: never)")
-}
-
-// check validates the flags before anything starts.
-func (s *statusFlags) check() error {
-	switch {
-	case s.every < 0 || (s.every > 0 && (s.every < time.Second || s.every > metrics.MaxStatusPeriod)):
-		return fmt.Errorf("--status-every %v: want 0 (off) or between 1s and %v", s.every, metrics.MaxStatusPeriod)
-	case len(s.region) > 64 || !utf8.ValidString(s.region) || strings.ContainsFunc(s.region, func(r rune) bool { return !unicode.IsPrint(r) }):
-		return fmt.Errorf("--region %q: want at most 64 bytes of printable text", s.region)
-	}
-	return nil
 }
 
 // process is the status flags, and the --metrics address, as a config's
@@ -75,16 +60,11 @@ func newStatusCmd() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withClientNode(cmd.Context(), f, func(ctx context.Context, _ *p2p.Host, n *dht.Node) error {
-				now := time.Now()
-				peers, dropped, err := metrics.ReadStatus(ctx, n, now)
+				rep, err := metrics.ReadStatusReport(ctx, n, time.Now())
 				if err != nil {
 					return err
 				}
-				rep := metrics.StatusReport{Time: now.UTC(), Peers: peers, Dropped: dropped}
 				if asJSON {
-					if rep.Peers == nil {
-						rep.Peers = []metrics.Status{}
-					}
 					return printJSON(cmd.OutOrStdout(), rep)
 				}
 				rep.WriteTable(cmd.OutOrStdout())

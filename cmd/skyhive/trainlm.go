@@ -23,9 +23,6 @@ type lmDataFlags struct {
 	evalTokens  int
 }
 
-// lmDataOnly names lmDataFlags' flags.
-var lmDataOnly = []string{"corpus-bytes", "vocab", "seq", "token-width", "eval-tokens"}
-
 // register adds the flags; evalTokens is --eval-tokens' default.
 func (l *lmDataFlags) register(fl *pflag.FlagSet, evalTokens int) {
 	fl.Int64Var(&l.corpusBytes, "corpus-bytes", train.DefaultCorpusBytes, "language models: bytes of the data to read (of GCIDE, decompressed)")

@@ -63,7 +63,7 @@ func (f *workerFlags) register(fl *pflag.FlagSet) {
 // config is the worker the flags describe.
 func (f *workerFlags) config() launch.Worker {
 	w := f.w
-	w.Net, w.Metrics = f.net.launchNet(), f.metrics.addr
+	w.Net, w.Metrics = f.net.Net, f.metrics.addr
 	return w
 }
 
@@ -77,7 +77,7 @@ func workerDefaults() launch.Worker {
 // runWorkerRole runs the worker w describes (pipeline.RunWorkerRole), its
 // notices on stderr.
 func runWorkerRole(ctx context.Context, _, stderr io.Writer, w launch.Worker) error {
-	net := connectFlagsOf(w.Net)
+	net := connectFlags{w.Net}
 	host, err := net.config()
 	if err != nil {
 		return err

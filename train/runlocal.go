@@ -225,19 +225,8 @@ func (c Local) lmConfig() LMConfig {
 	cfg.Model, cfg.WeightDecay, cfg.Seed = c.Model, c.WeightDecay, c.Seed
 	cfg.BatchSize, cfg.LR, cfg.Warmup, cfg.ClipNorm = c.BatchSize, c.LR, c.Warmup, c.ClipNorm
 	cfg.Checkpoint, cfg.Resume, cfg.Metrics = c.Checkpoint, c.Resume, c.Metrics
-	d := models.DefaultsOf(c.Model)
-	if d.Batch > 0 && !c.Given("batch") {
-		cfg.BatchSize = d.Batch
-	}
-	if d.LR > 0 && !c.Given("lr") {
-		cfg.LR = d.LR
-	}
-	if d.Warmup > 0 && !c.Given("warmup") {
-		cfg.Warmup = d.Warmup
-	}
-	if d.ClipNorm > 0 && !c.Given("clip") {
-		cfg.ClipNorm = d.ClipNorm
-	}
+	d := models.ApplyDefaults(c.Model, c.Given, models.TrainDefaults{Batch: cfg.BatchSize, LR: cfg.LR, Warmup: cfg.Warmup, ClipNorm: cfg.ClipNorm})
+	cfg.BatchSize, cfg.LR, cfg.Warmup, cfg.ClipNorm = d.Batch, d.LR, d.Warmup, d.ClipNorm
 	if c.Given("steps") && !c.Given("duration") {
 		cfg.Duration = 0 // Steps alone sets the run's length
 	}

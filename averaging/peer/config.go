@@ -32,9 +32,10 @@ const (
 // a config file of `skyhive @FILE`) into a Config: its averaging settings
 // parsed and checked, its data checked against its model and, for a
 // language model, its language-model options with their defaults. The
-// errors wrap ErrConfig and name the options as the flags of `skyhive
-// peer` (a config file's fields have their names with "_"). The network (Host, DHT, DHTMaxBytes), the
-// writers, hooks and metrics are left to the caller.
+// errors wrap ErrConfig, and a *launch.FieldError where they are about
+// options, named as launch.Peer's JSON fields (which a command renames to
+// its flags). The network (Host, DHT, DHTMaxBytes), the writers, hooks and
+// metrics are left to the caller.
 func ConfigFrom(l launch.Peer) (Config, error) {
 	c := Config{RunID: l.RunID, GroupSize: l.GroupSize, Tau: l.Tau, Period: l.Period,
 		RoundInterval: time.Duration(l.RoundInterval), InnerSteps: l.InnerSteps, WarmupInnerSteps: l.WarmupInnerSteps,
@@ -47,7 +48,7 @@ func ConfigFrom(l launch.Peer) (Config, error) {
 		CheckpointEvery: time.Duration(l.CheckpointEvery), StatsEvery: time.Duration(l.StatsEvery)}
 	var err error
 	if c.Algo, err = optimizer.ParseAlgo(l.Algo); err != nil {
-		return c, fmt.Errorf("%w: --algo: %w", ErrConfig, err)
+		return c, optionErr(err, "%s", "algo")
 	}
 	if err := CheckOuter(l.Algo, c.InnerSteps, c.WarmupInnerSteps, c.Fragments, c.OverlapSteps, c.OuterLR); err != nil {
 		return c, err
@@ -57,14 +58,14 @@ func ConfigFrom(l launch.Peer) (Config, error) {
 	}
 	if l.Matchmaking != "" {
 		if c.Matchmaking, err = averaging.ParseMatchmaking(l.Matchmaking); err != nil {
-			return c, fmt.Errorf("%w: --matchmaking: %w", ErrConfig, err)
+			return c, optionErr(err, "%s", "matchmaking")
 		}
 	}
 	if c.Codec, err = wire.ParseCodec(l.Codec); err != nil {
-		return c, fmt.Errorf("%w: --codec: %w", ErrConfig, err)
+		return c, optionErr(err, "%s", "codec")
 	}
 	if c.Aggregation, err = averaging.ParseAggregation(l.Aggregation); err != nil {
-		return c, fmt.Errorf("%w: --aggregation: %w", ErrConfig, err)
+		return c, optionErr(err, "%s", "aggregation")
 	}
 	if c.Shard, c.Shards, err = parseShard(l.Shard); err != nil {
 		return c, err
@@ -72,27 +73,28 @@ func ConfigFrom(l launch.Peer) (Config, error) {
 	return c, setData(&c, l)
 }
 
-// CheckOuter checks DiLoCo's outer optimization settings (the flags
-// --inner-steps, --warmup-inner-steps, --fragments, --overlap-steps and
-// --outer-lr) that the optimizer would refuse, for algorithm algo. The
-// errors wrap ErrConfig.
+// CheckOuter checks DiLoCo's outer optimization settings (inner_steps,
+// warmup_inner_steps, fragments, overlap_steps and outer_lr) that the
+// optimizer would refuse, for algorithm algo. The errors wrap ErrConfig
+// and a *launch.FieldError naming the options.
 func CheckOuter(algo string, innerSteps, warmupInnerSteps, fragments, overlapSteps int, outerLR float64) error {
 	if innerSteps < 1 || !(outerLR > 0) || math.IsInf(outerLR, 0) {
-		return fmt.Errorf("%w: --inner-steps must be at least 1 and --outer-lr positive (got %d and %v)", ErrConfig, innerSteps, outerLR)
+		return optionErr(nil, fmt.Sprintf("%%s must be at least 1 and %%s positive (got %d and %v)", innerSteps, outerLR), "inner_steps", "outer_lr")
 	}
 	if warmupInnerSteps < 0 || warmupInnerSteps > innerSteps {
-		return fmt.Errorf("%w: --warmup-inner-steps must be 0 (no warm-up) to --inner-steps (%d), got %d", ErrConfig, innerSteps, warmupInnerSteps)
+		return optionErr(nil, fmt.Sprintf("%%s must be 0 (no warm-up) to %%s (%d), got %d", innerSteps, warmupInnerSteps), "warmup_inner_steps", "inner_steps")
 	}
 	if fragments < 0 || fragments > innerSteps || overlapSteps < 0 || overlapSteps >= innerSteps {
-		return fmt.Errorf("%w: --fragments must be 0 to --inner-steps (%d) and --overlap-steps 0 to %d, got %d and %d", ErrConfig, innerSteps, innerSteps-1, fragments, overlapSteps)
+		return optionErr(nil, fmt.Sprintf("%%s must be 0 to %%s (%d) and %%s 0 to %d, got %d and %d", innerSteps, innerSteps-1, fragments, overlapSteps), "fragments", "inner_steps", "overlap_steps")
 	}
 	if a, _ := optimizer.ParseAlgo(algo); (fragments > 1 || overlapSteps > 0) && (a != optimizer.DiLoCo || warmupInnerSteps > 0) {
-		return fmt.Errorf("%w: --fragments and --overlap-steps are for --algo diloco without --warmup-inner-steps (got --algo %s, --warmup-inner-steps %d)", ErrConfig, algo, warmupInnerSteps)
+		return optionErr(nil, fmt.Sprintf("%%s and %%s are for %%s diloco without %%s (got %%s %s, %%s %d)", algo, warmupInnerSteps),
+			"fragments", "overlap_steps", "algo", "warmup_inner_steps", "algo", "warmup_inner_steps")
 	}
 	return nil
 }
 
-// parseShard parses --shard K/N ("": the whole set, 0 and 0).
+// parseShard parses a shard K/N ("": the whole set, 0 and 0).
 func parseShard(s string) (k, n int, err error) {
 	if s == "" {
 		return 0, 0, nil
@@ -101,7 +103,7 @@ func parseShard(s string) (k, n int, err error) {
 	k, e1 := strconv.Atoi(ks)
 	n, e2 := strconv.Atoi(ns)
 	if !ok || e1 != nil || e2 != nil || n < 1 || k < 0 || k >= n {
-		return 0, 0, fmt.Errorf("%w: --shard wants K/N with 0 <= K < N, got %q", ErrConfig, s)
+		return 0, 0, optionErr(nil, fmt.Sprintf("%%s wants K/N with 0 <= K < N, got %q", s), "shard")
 	}
 	return k, n, nil
 }
@@ -117,7 +119,7 @@ func setData(c *Config, l launch.Peer) error {
 		return nil
 	}
 	if l.Data == "fashion-mnist" {
-		return fmt.Errorf("%w: %s is a language model and fashion-mnist is images: train it on text (--data %s)", ErrConfig, l.Model, train.TextDataUsage)
+		return optionErr(nil, fmt.Sprintf("%s is a language model and fashion-mnist is images: train it on text (%%s %s)", l.Model, train.TextDataUsage), "data")
 	}
 	c.Data, c.Seq, c.TokenWidth, c.EvalTokens, c.Vocab = l.Data, l.Seq, l.TokenWidth, l.EvalTokens, l.Vocab
 	if c.Seq == 0 && !strings.Contains(l.Model, ":") {
@@ -149,4 +151,12 @@ func fromField(v, def float64) float64 {
 		return def
 	}
 	return max(v, 0)
+}
+
+// optionErr is a configuration error about the peer's options fields (by
+// their launch.Peer JSON names, which a command renames to its flags):
+// text with a %s for each field, and its cause err (nil: none). It wraps
+// ErrConfig and a *launch.FieldError.
+func optionErr(err error, text string, fields ...string) error {
+	return fmt.Errorf("%w: %w", ErrConfig, &launch.FieldError{Fields: fields, Text: text, Err: err})
 }

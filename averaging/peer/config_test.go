@@ -2,6 +2,7 @@ package peer
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -51,7 +52,7 @@ func TestConfigFromNamesFlags(t *testing.T) {
 	for _, c := range cases {
 		l := ok
 		c.edit(&l)
-		if _, err := ConfigFrom(l); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+		if _, err := ConfigFrom(l); !errors.Is(err, ErrConfig) || !strings.Contains(asFlags(err), c.want) {
 			t.Errorf("%+v: got %v, want %q", l, err, c.want)
 		}
 	}
@@ -81,10 +82,20 @@ func TestLocalRunCheck(t *testing.T) {
 	for _, c := range cases {
 		r := ok
 		c.edit(&r)
-		if err := r.Check(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+		if err := r.Check(); !errors.Is(err, ErrConfig) || !strings.Contains(asFlags(err), c.want) {
 			t.Errorf("%+v: got %v, want %q", r, err, c.want)
 		}
 	}
+}
+
+// asFlags is err's message as a command shows it: the options of a
+// *launch.FieldError named as flags ("--inner-steps" for inner_steps).
+func asFlags(err error) string {
+	var fe *launch.FieldError
+	if errors.As(err, &fe) {
+		return fe.Renamed(func(f string) string { return "--" + strings.ReplaceAll(f, "_", "-") }).Error()
+	}
+	return fmt.Sprint(err)
 }
 
 // ToField writes an option so that ConfigFrom reads it back: 0 (none)

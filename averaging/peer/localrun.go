@@ -55,27 +55,27 @@ type LocalRun struct {
 	Metrics string
 }
 
-// Check refuses a run that cannot start, naming the flags; RunLocal
+// Check refuses a run that cannot start, naming the options; RunLocal
 // checks too.
 func (r *LocalRun) Check() error {
 	p := r.Peer
 	if _, err := optimizer.ParseAlgo(p.Algo); err != nil {
-		return fmt.Errorf("%w: --algo: %w", ErrConfig, err)
+		return optionErr(err, "%s", "algo")
 	}
 	if err := CheckOuter(p.Algo, p.InnerSteps, p.WarmupInnerSteps, p.Fragments, p.OverlapSteps, p.OuterLR); err != nil {
 		return err
 	}
 	switch {
 	case r.Peers < 1 || r.Peers > MaxLocalPeers:
-		return fmt.Errorf("%w: --peers must be in 1..%d, got %d", ErrConfig, MaxLocalPeers, r.Peers)
+		return optionErr(nil, fmt.Sprintf("%%s must be in 1..%d, got %d", MaxLocalPeers, r.Peers), "peers")
 	case r.SlowdownMin < 1 || r.SlowdownMax < r.SlowdownMin:
-		return fmt.Errorf("%w: --slowdown-min and --slowdown-max must satisfy 1 <= min <= max, got %v..%v", ErrConfig, r.SlowdownMin, r.SlowdownMax)
+		return optionErr(nil, fmt.Sprintf("%%s and %%s must satisfy 1 <= min <= max, got %v..%v", r.SlowdownMin, r.SlowdownMax), "slowdown_min", "slowdown_max")
 	case p.Duration < 0 || p.Steps < 0:
-		return fmt.Errorf("%w: --duration and --steps must not be negative", ErrConfig)
+		return optionErr(nil, "%s and %s must not be negative", "duration", "steps")
 	case p.Duration == 0 && p.Steps == 0:
-		return fmt.Errorf("%w: give the peers a --duration or a number of --steps", ErrConfig)
+		return optionErr(nil, "give the peers a %s or a number of %s", "duration", "steps")
 	case p.Limit < 0:
-		return fmt.Errorf("%w: --limit must not be negative, got %d", ErrConfig, p.Limit)
+		return optionErr(nil, fmt.Sprintf("%%s must not be negative, got %d", p.Limit), "limit")
 	}
 	return nil
 }

@@ -50,7 +50,7 @@ func (e *FieldError) Renamed(name func(field string) string) *FieldError {
 func (n Net) Seeds() ([]peer.AddrInfo, error) {
 	s, err := p2p.ParseAddrInfos(n.DHT)
 	if err != nil {
-		return nil, fieldErr(err, "%s", "dht")
+		return nil, NewFieldError(err, "%s", "dht")
 	}
 	return s, nil
 }
@@ -59,8 +59,8 @@ func (n Net) Seeds() ([]peer.AddrInfo, error) {
 // memory budget, or the DHT's default (0) without one.
 func (n Net) DHTMaxBytes() int { return int(n.MemoryMiB << 20 / 8) }
 
-// fieldErr is a FieldError about fields: text with a %s for each, and its
-// cause err (nil: none).
-func fieldErr(err error, text string, fields ...string) *FieldError {
+// NewFieldError is a FieldError about fields: text with a %s for each, and
+// its cause err (nil: none).
+func NewFieldError(err error, text string, fields ...string) *FieldError {
 	return &FieldError{Fields: fields, Text: text, Err: err}
 }

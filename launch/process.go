@@ -29,9 +29,9 @@ func (p Process) Check() error {
 	every := time.Duration(p.StatusEvery)
 	switch {
 	case every > 0 && (every < MinStatusEvery || every > metrics.MaxStatusPeriod):
-		return fieldErr(nil, fmt.Sprintf("%%s %v: want 0 (off) or between %v and %v", every, MinStatusEvery, metrics.MaxStatusPeriod), "status_every")
+		return NewFieldError(nil, fmt.Sprintf("%%s %v: want 0 (off) or between %v and %v", every, MinStatusEvery, metrics.MaxStatusPeriod), "status_every")
 	case len(p.Region) > MaxRegionBytes || !utf8.ValidString(p.Region) || strings.ContainsFunc(p.Region, func(r rune) bool { return !unicode.IsPrint(r) }):
-		return fieldErr(nil, fmt.Sprintf("%%s %q: want at most %d bytes of printable text", p.Region, MaxRegionBytes), "region")
+		return NewFieldError(nil, fmt.Sprintf("%%s %q: want at most %d bytes of printable text", p.Region, MaxRegionBytes), "region")
 	}
 	return nil
 }

@@ -234,7 +234,7 @@ func (c *NetConfig) validate() error {
 // names of launch.Net, which a command renames to its flags): text with a
 // %s for each field, and its cause err (nil: none). It wraps ErrConfig.
 func configErr(err error, text string, fields ...string) error {
-	return fmt.Errorf("%w: %w", ErrConfig, &launch.FieldError{Fields: fields, Text: text, Err: err})
+	return fmt.Errorf("%w: %w", ErrConfig, launch.NewFieldError(err, text, fields...))
 }
 
 func (c *NetConfig) reachability() (p2p.Reachability, error) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/skyhive/skyhive/alloc"
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/profile"
 	"github.com/skyhive/skyhive/progress"
@@ -62,15 +63,15 @@ type DemoConfig struct {
 func (cfg DemoConfig) Check() error {
 	switch {
 	case cfg.Workers < 2:
-		return fieldErr(nil, fmt.Sprintf("%%s must be at least 2, got %d", cfg.Workers), "workers")
+		return launch.NewFieldError(nil, fmt.Sprintf("%%s must be at least 2, got %d", cfg.Workers), "workers")
 	case cfg.Steps < 1 || cfg.Batch < 1 || cfg.Micro < 1:
-		return fieldErr(nil, "%s, %s and %s must be positive", "steps", "batch", "micro")
+		return launch.NewFieldError(nil, "%s, %s and %s must be positive", "steps", "batch", "micro")
 	case cfg.CompareIters < 5:
-		return fieldErr(nil, fmt.Sprintf("%%s must be at least 5, got %d", cfg.CompareIters), "compare_iters")
+		return launch.NewFieldError(nil, fmt.Sprintf("%%s must be at least 5, got %d", cfg.CompareIters), "compare_iters")
 	case cfg.Limit < 0:
-		return fieldErr(nil, fmt.Sprintf("%%s must not be negative, got %d", cfg.Limit), "limit")
+		return launch.NewFieldError(nil, fmt.Sprintf("%%s must not be negative, got %d", cfg.Limit), "limit")
 	case cfg.SlowdownMax < 1:
-		return fieldErr(nil, fmt.Sprintf("%%s must be at least 1, got %v", cfg.SlowdownMax), "slowdown_max")
+		return launch.NewFieldError(nil, fmt.Sprintf("%%s must be at least 1, got %v", cfg.SlowdownMax), "slowdown_max")
 	}
 	return nil
 }

@@ -20,12 +20,6 @@ import (
 // lmDataFields are the options of a language model's text.
 var lmDataFields = []string{"corpus_bytes", "vocab", "seq", "token_width", "eval_tokens"}
 
-// fieldErr is a *launch.FieldError: text with a %s for each field, and
-// its cause, if any.
-func fieldErr(err error, text string, fields ...string) *launch.FieldError {
-	return &launch.FieldError{Fields: fields, Text: text, Err: err}
-}
-
 // FromLaunch is the TrainConfig of a coordinator launched with a typed
 // config (the flags of `skyhive train pipeline` or a config file), checked:
 // TrainConfigFrom's options, those of the other kind of model than
@@ -74,11 +68,11 @@ func (cfg *TrainConfig) checkModel(given func(string) bool) error {
 	if !train.IsLanguageModel(cfg.Model) {
 		for _, name := range lmDataFields {
 			if given(name) {
-				return fieldErr(nil, fmt.Sprintf("%%s is for language models; %s is an image classifier (language models: %s)", cfg.Model, models.LMUsage()), name)
+				return launch.NewFieldError(nil, fmt.Sprintf("%%s is for language models; %s is an image classifier (language models: %s)", cfg.Model, models.LMUsage()), name)
 			}
 		}
 		if cfg.Limit < 0 {
-			return fieldErr(nil, fmt.Sprintf("%%s must not be negative, got %d", cfg.Limit), "limit")
+			return launch.NewFieldError(nil, fmt.Sprintf("%%s must not be negative, got %d", cfg.Limit), "limit")
 		}
 		return nil
 	}
@@ -88,11 +82,11 @@ func (cfg *TrainConfig) checkModel(given func(string) bool) error {
 	}
 	for _, name := range []string{"epochs", "limit", "data_dir", "compare"} {
 		if given(name) && train.IsTextData(dataset) {
-			return fieldErr(nil, "%s is for image models; a language model trains for %s on %s "+dataset, name, "steps", "data")
+			return launch.NewFieldError(nil, "%s is for image models; a language model trains for %s on %s "+dataset, name, "steps", "data")
 		}
 	}
 	if strings.HasPrefix(dataset, "tokens:") && !given("vocab") {
-		return fieldErr(nil, "%s "+dataset+": give the vocabulary of the token file with %s (50257 for GPT-2's tokenizer)", "data", "vocab")
+		return launch.NewFieldError(nil, "%s "+dataset+": give the vocabulary of the token file with %s (50257 for GPT-2's tokenizer)", "data", "vocab")
 	}
 	if strings.Contains(cfg.Model, ":") && !given("seq") {
 		cfg.Text.Seq = 0 // the spec's
@@ -109,11 +103,11 @@ func readPlan(path string) (*alloc.Plan, error) {
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fieldErr(err, "%s", "plan")
+		return nil, launch.NewFieldError(err, "%s", "plan")
 	}
 	plan := &alloc.Plan{}
 	if err := json.Unmarshal(b, plan); err != nil {
-		return nil, fieldErr(err, "%s "+path, "plan")
+		return nil, launch.NewFieldError(err, "%s "+path, "plan")
 	}
 	return plan, nil
 }
@@ -125,11 +119,11 @@ func checkCompare(strategies []string, rounds int) error {
 		return nil
 	}
 	if rounds < 1 {
-		return fieldErr(nil, fmt.Sprintf("%%s %d: want at least 1", rounds), "compare_rounds")
+		return launch.NewFieldError(nil, fmt.Sprintf("%%s %d: want at least 1", rounds), "compare_rounds")
 	}
 	for _, name := range strategies {
 		if !slices.Contains(alloc.StrategyNames(), name) {
-			return fieldErr(nil, fmt.Sprintf("%%s: unknown strategy %q (want some of %s)", name, strings.Join(alloc.StrategyNames(), ", ")), "compare")
+			return launch.NewFieldError(nil, fmt.Sprintf("%%s: unknown strategy %q (want some of %s)", name, strings.Join(alloc.StrategyNames(), ", ")), "compare")
 		}
 	}
 	return nil
@@ -150,7 +144,7 @@ func scenarioFromLaunch(c launch.Pipeline) (ScenarioConfig, error) {
 		}
 		caps, err := parseList(c.MemCaps, func(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) })
 		if err != nil || (caps != nil && len(caps) != c.Workers) {
-			return cfg, fieldErr(nil, fmt.Sprintf("%%s needs %d integers: %v", c.Workers, err), "mem_caps")
+			return cfg, launch.NewFieldError(nil, fmt.Sprintf("%%s needs %d integers: %v", c.Workers, err), "mem_caps")
 		}
 		cfg.MemCaps = caps
 	}
@@ -167,26 +161,26 @@ func links(c launch.Pipeline) (*netem.Profile, []string, error) {
 	emulate := c.Latency != 0 || c.Bandwidth != 0
 	regions, _ := parseList(c.WorkerRegions, func(s string) (string, error) { return s, nil })
 	if regions != nil && len(regions) != c.Workers && (c.Regions != "" || emulate) {
-		return nil, nil, fieldErr(nil, fmt.Sprintf("%%s has %d regions for %d workers", len(regions), c.Workers), "worker_regions")
+		return nil, nil, launch.NewFieldError(nil, fmt.Sprintf("%%s has %d regions for %d workers", len(regions), c.Workers), "worker_regions")
 	}
 	switch {
 	case c.Regions != "" && emulate:
-		return nil, nil, fieldErr(nil, "use either %s or %s/%s", "regions", "latency", "bandwidth")
+		return nil, nil, launch.NewFieldError(nil, "use either %s or %s/%s", "regions", "latency", "bandwidth")
 	case c.Regions != "":
 		prof, err := netem.LoadProfile(c.Regions)
 		if err != nil {
-			return nil, nil, fieldErr(err, "%s", "regions")
+			return nil, nil, launch.NewFieldError(err, "%s", "regions")
 		}
 		return prof, regions, nil
 	case emulate:
 		if c.Latency < 0 || c.Bandwidth < 0 {
-			return nil, nil, fieldErr(nil, "%s and %s must not be negative", "latency", "bandwidth")
+			return nil, nil, launch.NewFieldError(nil, "%s and %s must not be negative", "latency", "bandwidth")
 		}
 		inter := netem.LinkParams{Latency: time.Duration(c.Latency), Bandwidth: c.Bandwidth * 1e6}
 		return &netem.Profile{Regions: []string{"a", "b"}, Intra: netem.LinkParams{Latency: 500 * time.Microsecond, Bandwidth: 1e9},
 			Inter: [][]netem.LinkParams{{{}, inter}, {inter, {}}}}, regions, nil
 	case c.WorkerRegions != "" || c.CoordinatorRegion != "":
-		return nil, nil, fieldErr(nil, "%s and %s need %s or %s", "worker_regions", "coordinator_region", "regions", "latency")
+		return nil, nil, launch.NewFieldError(nil, "%s and %s need %s or %s", "worker_regions", "coordinator_region", "regions", "latency")
 	}
 	return nil, nil, nil
 }
@@ -212,16 +206,16 @@ func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
 func localSlowdowns(c launch.Pipeline) ([]float64, error) {
 	sl, err := parseList(c.Slowdowns, func(s string) (float64, error) { return strconv.ParseFloat(s, 64) })
 	if err != nil {
-		return nil, fieldErr(err, "%s", "slowdowns")
+		return nil, launch.NewFieldError(err, "%s", "slowdowns")
 	}
 	if sl != nil {
 		if len(sl) != c.Workers {
-			return nil, fieldErr(nil, fmt.Sprintf("%%s has %d values for %d workers", len(sl), c.Workers), "slowdowns")
+			return nil, launch.NewFieldError(nil, fmt.Sprintf("%%s has %d values for %d workers", len(sl), c.Workers), "slowdowns")
 		}
 		return sl, nil
 	}
 	if c.SlowdownMax < 1 {
-		return nil, fieldErr(nil, fmt.Sprintf("%%s must be at least 1, got %v", c.SlowdownMax), "slowdown_max")
+		return nil, launch.NewFieldError(nil, fmt.Sprintf("%%s must be at least 1, got %v", c.SlowdownMax), "slowdown_max")
 	}
 	return LocalSlowdowns(c.Workers, c.SlowdownMax, c.Seed), nil
 }

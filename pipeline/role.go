@@ -38,12 +38,12 @@ func DecodeLaunch(f launch.File, c *launch.Pipeline) (given func(field string) b
 func RunRole(ctx context.Context, cfg TrainConfig, stats, metricsAddr string, stdout, log io.Writer) error {
 	w, closeStats, err := jsonl.Open(stats)
 	if err != nil {
-		return fieldErr(err, "%s", "stats")
+		return launch.NewFieldError(err, "%s", "stats")
 	}
 	defer closeStats()
 	reg, stopMetrics, err := metrics.Start(ctx, metricsAddr, log)
 	if err != nil {
-		return fieldErr(err, "%s", "metrics")
+		return launch.NewFieldError(err, "%s", "metrics")
 	}
 	defer stopMetrics()
 	cfg.Stats = w
@@ -62,7 +62,7 @@ func RunDemo(ctx context.Context, cfg DemoConfig, stats string, asJSON bool, std
 	}
 	w, closeStats, err := jsonl.Open(stats)
 	if err != nil {
-		return fieldErr(err, "%s", "stats")
+		return launch.NewFieldError(err, "%s", "stats")
 	}
 	defer closeStats()
 	cfg.Stats = w

@@ -324,7 +324,7 @@ func TrainConfigFrom(c launch.Pipeline) (TrainConfig, error) {
 		return TrainConfig{}, err
 	}
 	if c.Workers <= 0 && c.JoinWait <= 0 {
-		return TrainConfig{}, fieldErr(nil, "train pipeline needs %s N (local processes) or %s N (workers on other machines)", "workers", "join_wait")
+		return TrainConfig{}, launch.NewFieldError(nil, "train pipeline needs %s N (local processes) or %s N (workers on other machines)", "workers", "join_wait")
 	}
 	cfg := TrainConfig{Model: c.Model, Data: c.Data, DataDir: c.DataDir, Limit: c.Limit,
 		Text:   TextData{CorpusBytes: c.CorpusBytes, TokenWidth: c.TokenWidth, Vocab: c.Vocab, Seq: c.Seq, EvalTokens: c.EvalTokens},

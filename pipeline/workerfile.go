@@ -110,7 +110,7 @@ func RunWorkerRole(ctx context.Context, w launch.Worker, host p2p.Config, log io
 	cfg.Reach = func(r p2p.Reach) { p2p.WriteReach(log, r) }
 	err := RunWorkerNode(ctx, cfg, WorkerNode{MetricsAddr: w.Metrics, Log: log})
 	if errors.Is(err, ErrCoordinatorAddr) {
-		return fieldErr(err, "%s", "join")
+		return launch.NewFieldError(err, "%s", "join")
 	}
 	return err
 }

@@ -35,19 +35,13 @@ type PlanConfig struct {
 	TimeLimit time.Duration
 }
 
-// fieldErr is a *launch.FieldError naming the options of a PlanConfig
-// (time_limit, micro_batches).
-func fieldErr(text string, fields ...string) *launch.FieldError {
-	return &launch.FieldError{Fields: fields, Text: text}
-}
-
 // Plan assigns cfg's model to the devices of its cluster with its
 // strategies (alloc.Compare) and returns the report, which says how each
 // fared (PlanReport.Err: whether each found a plan). Errors about the
 // options are *launch.FieldError.
 func Plan(ctx context.Context, cfg PlanConfig) (*alloc.PlanReport, error) {
 	if cfg.TimeLimit <= 0 {
-		return nil, fieldErr(fmt.Sprintf("%%s must be positive, got %v", cfg.TimeLimit), "time_limit")
+		return nil, launch.NewFieldError(nil, fmt.Sprintf("%%s must be positive, got %v", cfg.TimeLimit), "time_limit")
 	}
 	obj, err := alloc.ParseObjective(cfg.Objective)
 	if err != nil {
@@ -80,10 +74,10 @@ func (cfg PlanConfig) loadModel() (*alloc.Model, error) {
 	var err error
 	if cfg.Batch != 0 {
 		if cfg.Batch < 0 {
-			return nil, fieldErr(fmt.Sprintf("%%s must be positive, got %d", cfg.Batch), "batch")
+			return nil, launch.NewFieldError(nil, fmt.Sprintf("%%s must be positive, got %d", cfg.Batch), "batch")
 		}
 		if _, statErr := os.Stat(cfg.Model); statErr == nil {
-			return nil, fieldErr("%s applies to generator specs, and "+cfg.Model+" is a file (its batch is fixed)", "batch")
+			return nil, launch.NewFieldError(nil, "%s applies to generator specs, and "+cfg.Model+" is a file (its batch is fixed)", "batch")
 		}
 		m, err = alloc.GenerateModel(cfg.Model, cfg.Batch, 0)
 	} else {
@@ -93,7 +87,7 @@ func (cfg PlanConfig) loadModel() (*alloc.Model, error) {
 		return nil, err
 	}
 	if cfg.Micro < 0 {
-		return nil, fieldErr(fmt.Sprintf("%%s must not be negative, got %d", cfg.Micro), "micro_batches")
+		return nil, launch.NewFieldError(nil, fmt.Sprintf("%%s must not be negative, got %d", cfg.Micro), "micro_batches")
 	}
 	switch cfg.Schedule {
 	case "":
@@ -102,7 +96,7 @@ func (cfg PlanConfig) loadModel() (*alloc.Model, error) {
 		}
 	case "sequential":
 		if cfg.Micro > 1 {
-			return nil, fieldErr(fmt.Sprintf("%%s sequential runs one batch at a time, but %%s is %d", cfg.Micro), "schedule", "micro_batches")
+			return nil, launch.NewFieldError(nil, fmt.Sprintf("%%s sequential runs one batch at a time, but %%s is %d", cfg.Micro), "schedule", "micro_batches")
 		}
 		m.MicroBatches = 1
 	case "gpipe":
@@ -110,10 +104,10 @@ func (cfg PlanConfig) loadModel() (*alloc.Model, error) {
 			m.MicroBatches = cfg.Micro
 		}
 		if m.MicroBatches < 2 {
-			return nil, fieldErr("%s gpipe needs %s M with M ≥ 2 (the model does not set it)", "schedule", "micro_batches")
+			return nil, launch.NewFieldError(nil, "%s gpipe needs %s M with M ≥ 2 (the model does not set it)", "schedule", "micro_batches")
 		}
 	default:
-		return nil, fieldErr(fmt.Sprintf("unknown %%s %q (want sequential or gpipe)", cfg.Schedule), "schedule")
+		return nil, launch.NewFieldError(nil, fmt.Sprintf("unknown %%s %q (want sequential or gpipe)", cfg.Schedule), "schedule")
 	}
 	return m, nil
 }
@@ -123,7 +117,7 @@ func (cfg PlanConfig) strategies() ([]alloc.Strategy, error) {
 	names := alloc.StrategyNames()
 	if cfg.Strategy != "all" {
 		if !slices.Contains(names, cfg.Strategy) {
-			return nil, fieldErr(fmt.Sprintf("unknown %%s %q (want all or one of %s)", cfg.Strategy, strings.Join(names, ", ")), "strategy")
+			return nil, launch.NewFieldError(nil, fmt.Sprintf("unknown %%s %q (want all or one of %s)", cfg.Strategy, strings.Join(names, ", ")), "strategy")
 		}
 		names = []string{cfg.Strategy}
 	}

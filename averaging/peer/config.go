@@ -158,5 +158,5 @@ func fromField(v, def float64) float64 {
 // text with a %s for each field, and its cause err (nil: none). It wraps
 // ErrConfig and a *launch.FieldError.
 func optionErr(err error, text string, fields ...string) error {
-	return fmt.Errorf("%w: %w", ErrConfig, &launch.FieldError{Fields: fields, Text: text, Err: err})
+	return fmt.Errorf("%w: %w", ErrConfig, launch.NewFieldError(err, text, fields...))
 }

@@ -36,7 +36,7 @@ type RoleConfig struct {
 	// file give them.
 	Peer launch.Peer
 	// Host is the configuration of the peer's host, as Peer.Net makes it
-	// (launch.Net.HostConfig).
+	// (node.HostConfig).
 	Host p2p.Config
 	// Stdout receives the result; Stderr the progress bar (unless
 	// Peer.Quiet) and the notices (nil: discarded).

@@ -4,7 +4,7 @@ BIN     := bin/skyhive
 GOBIN   := $(shell $(GO) env GOPATH)/bin
 FUZZTIME ?= 3s
 
-.PHONY: setup build demo test lint unit fuzz bench slurm clean
+.PHONY: setup build demo test lint unit pytest fuzz bench slurm clean
 
 setup:
 	./scripts/setup.sh
@@ -15,9 +15,9 @@ build:
 demo: setup build
 	./$(BIN) demo
 
-# The test command: formatting, vet, staticcheck, unit tests, then each fuzz
-# target for a few seconds.
-test: setup lint unit fuzz
+# The test command: formatting, vet, staticcheck, unit tests, the Python
+# package's tests, then each fuzz target for a few seconds.
+test: setup lint unit pytest fuzz
 
 lint:
 	@bad=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -28,6 +28,11 @@ lint:
 
 unit:
 	$(GO) test -count=1 -timeout 30m ./...
+
+# The Python package's tests, with Debian's interpreter and PyTorch
+# (python3-torch), against the binary built here.
+pytest: build
+	SKYHIVE_BIN=$(CURDIR)/$(BIN) /usr/bin/python3 -m pytest -q python/tests
 
 fuzz:
 	./scripts/fuzz.sh $(FUZZTIME)

@@ -14,6 +14,7 @@ func All() []Suite {
 		pipelineSuite(),
 		moeSuite(),
 		hostileSuite(),
+		pytorchSuite(),
 	}
 }
 

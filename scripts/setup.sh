@@ -12,6 +12,9 @@ packages=(
   dict-gcide             # English text (GCIDE dictionary) for the language models (package text)
   prometheus             # promtool checks the /metrics exposition in the observability tests
   chromium               # headless browser the dashboard test drives
+  python3-torch          # PyTorch, for the Python package's tests (python/)
+  python3-numpy
+  python3-pytest         # runs the Python tests
 )
 
 missing=()

@@ -212,7 +212,9 @@ func (c *Config) complete(self peer.ID) error {
 		}
 	}
 	if c.GroupSize == 0 {
-		c.GroupSize = averaging.DefaultGroupSize(p)
+		// At least 2: a roster of one peer (training alone until others
+		// come, or a benchmark) has no groups to form, but a valid size.
+		c.GroupSize = max(averaging.DefaultGroupSize(p), 2)
 	}
 	if c.GroupSize < 2 {
 		return fmt.Errorf("averaging: group size %d, want at least 2", c.GroupSize)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -195,7 +196,7 @@ func Download(ctx context.Context, t p2p.Transport, candidates []peer.AddrInfo, 
 		return res, fmt.Errorf("averaging: the states of donors %v disagree (relative distance above %.2g)", shortIDs(from), cfg.MaxDivergence)
 	}
 	if len(keep) < cfg.MinAgree {
-		return res, fmt.Errorf("averaging: %d donors agree (%v), %d required", len(keep), shortIDs(from), cfg.MinAgree)
+		return res, fmt.Errorf("averaging: %d donors agree (%v), %d required%s", len(keep), shortIDs(from), cfg.MinAgree, failedNote(res.Failed))
 	}
 	res.BuffersReset = reset
 	// The counters are the lowest of the agreeing donors': a donor cannot
@@ -343,6 +344,19 @@ func relDistance(a, b []float32) float64 {
 		return 0
 	}
 	return math.Sqrt(d / min(na, nb))
+}
+
+// failedNote lists the donors that did not answer, and why, for an error.
+func failedNote(failed map[peer.ID]error) string {
+	if len(failed) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "; %d of the candidates failed:", len(failed))
+	for _, id := range slices.Sorted(maps.Keys(failed)) {
+		fmt.Fprintf(&b, " %s: %v;", shortIDs([]peer.ID{id})[0], failed[id])
+	}
+	return strings.TrimSuffix(b.String(), ";")
 }
 
 func shortIDs(ids []peer.ID) []string {

@@ -452,36 +452,15 @@ func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 	live := &liveState{}
 	defer startStatus(ctx, cfg, h, dn, live)()
 
-	avg := averaging.New(h, averaging.Config{Codec: cfg.Codec, Timeout: cfg.Timeout, Aggregation: cfg.Aggregation, MaxNormRatio: cfg.MaxNormRatio})
-	defer avg.Close()
-	ocfg := optimizer.Config{
-		Algo: cfg.Algo, GroupSize: cfg.GroupSize, Tau: cfg.Tau, Period: cfg.Period,
-		RunID: cfg.RunID, Matchmaking: cfg.Matchmaking, DHT: dn, RoundInterval: cfg.RoundInterval,
-		Model: sig, TargetBatchSize: cfg.TargetBatchSize,
-		InnerSteps: cfg.InnerSteps, WarmupInnerSteps: cfg.WarmupInnerSteps, OuterLR: cfg.OuterLR, OuterMomentum: cfg.OuterMomentum,
-		Fragments: cfg.Fragments, OverlapSteps: cfg.OverlapSteps,
-		Metrics: cfg.Metrics,
-	}
-	mm := averaging.NewMatchmaker(dn, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})
-	others, founder, err := waitForPeers(ctx, cfg, mm, dn, h.ID(), sig)
-	if err != nil {
-		return res, err
-	}
-	if cfg.Matchmaking == averaging.MatchRanks {
-		ocfg.Roster, ocfg.Rank = roster(others, h.AddrInfo())
-	}
 	inner := &timedOptimizer{Optimizer: su.inner}
-	opt, err := optimizer.New(avg, inner, ocfg)
+	m, err := join(ctx, cfg, n, inner, sig, ck, &res)
 	if err != nil {
 		return res, err
 	}
+	defer m.avg.Close()
+	opt := m.Opt
 	defer opt.Close()
 	live.setOptimizer(opt)
-
-	joinSwarm := !founder && bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT
-	if err := startState(ctx, cfg, opt, ck, dn, joinSwarm, &res); err != nil {
-		return res, err
-	}
 
 	if err := su.task.seed(batchSeed(cfg.Seed, h.ID())); err != nil {
 		return res, err
@@ -506,7 +485,7 @@ func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 		}
 	}
 	if cfg.Matchmaking == averaging.MatchRanks {
-		if err := startBarrier(ctx, cfg, dn, h.ID(), ocfg.Roster); err != nil {
+		if err := startBarrier(ctx, cfg, dn, h.ID(), m.roster); err != nil {
 			return res, err
 		}
 	}

@@ -82,15 +82,7 @@ func RunRole(ctx context.Context, rc RoleConfig) error {
 	}
 	c.Log, c.Reach, c.Stats = rc.Stderr, rc.Reach, stats
 	c.Host.Metrics, c.Metrics = reg.Registerer(), reg.Registerer()
-	if status := node.FromLaunch(c.Host, l.Net, l.Process, metrics.RolePeer).Status; status.Every > 0 {
-		c.Status = func(ctx context.Context, h *p2p.Host, d *dht.Node, live func() Live) {
-			stop := node.PublishStatus(ctx, rc.Stderr, h, d, status, func(s *metrics.Status) {
-				liveStatus(s, live(), c.RunID, string(c.Algo))
-			})
-			<-ctx.Done()
-			stop()
-		}
-	}
+	PublishStatus(&c, l, rc.Stderr)
 	res, err := Run(ctx, c)
 	if c.Progress != nil {
 		fmt.Fprintln(c.Progress)
@@ -99,6 +91,23 @@ func RunRole(ctx context.Context, rc RoleConfig) error {
 		return err
 	}
 	return res.Report(rc.Stdout, l.JSON)
+}
+
+// PublishStatus sets c.Status to publish the peer's signed status record
+// in the DHT every l.StatusEvery (none when 0), with its notices on log.
+func PublishStatus(c *Config, l launch.Peer, log io.Writer) {
+	status := node.FromLaunch(c.Host, l.Net, l.Process, metrics.RolePeer).Status
+	if status.Every <= 0 {
+		return
+	}
+	run, algo := c.RunID, string(c.Algo)
+	c.Status = func(ctx context.Context, h *p2p.Host, d *dht.Node, live func() Live) {
+		stop := node.PublishStatus(ctx, log, h, d, status, func(s *metrics.Status) {
+			liveStatus(s, live(), run, algo)
+		})
+		<-ctx.Done()
+		stop()
+	}
 }
 
 // liveStatus fills an averaging peer's status record from its numbers.

@@ -66,6 +66,7 @@ func newRootCmd() *cobra.Command {
 		newAttackCmd(),
 		newStatusCmd(),
 		newDashboardCmd(),
+		newDaemonCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

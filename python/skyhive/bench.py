@@ -1,0 +1,142 @@
+"""The bridge's benchmark: python3 -m skyhive.bench [--quick].
+
+Prints JSON lines in Skyhive's benchmark protocol (what `skyhive bench
+pytorch` relays), each measured side by side with its reference in this run:
+
+- step time of a convolutional network, where compute dominates, with
+  skyhive.Optimizer and no peers over the bare torch.optim optimizer;
+- the rate at which parameters and gradients cross into the daemon's shared
+  memory (when they are not kept there) over the machine's memcpy rate,
+  measured as a copy between two private tensors of the same size.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import torch
+
+from .daemon import find_binary
+from .optimizer import Optimizer
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def _dht(binary):
+    proc = subprocess.Popen([binary, "dht", "--listen", "/ip4/127.0.0.1/tcp/0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    addr, found = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            if not addr and "/p2p/" in line and "127.0.0.1" in line:
+                addr.append(line.strip().split()[-1])
+                found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not found.wait(30):
+        proc.kill()
+        raise RuntimeError("skyhive dht printed no address")
+    return proc, addr[0]
+
+
+def _cnn():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(64 * 8 * 8, 10))
+
+
+def _summary(xs):
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def _line(case, metric, unit, xs, baseline, bxs, note=""):
+    v, lo, hi = _summary(xs)
+    b = statistics.median(bxs)
+    out = {"suite": "pytorch", "case": case, "metric": metric, "value": v, "unit": unit, "min": lo, "max": hi,
+           "baseline": baseline, "baseline_value": b, "ratio": v / b if b else 0}
+    if note:
+        out["note"] = note
+    return out
+
+
+def step_overhead(dht, reps, steps, batch):
+    """Seconds per step, skyhive.Optimizer (alone) vs the bare optimizer, alternating."""
+    torch.manual_seed(1)
+    bare_model, our_model = _cnn(), _cnn()
+    our_model.load_state_dict(bare_model.state_dict())
+    bare = torch.optim.SGD(bare_model.parameters(), lr=0.01, momentum=0.9)
+    ours = Optimizer(our_model, optimizer=torch.optim.SGD(our_model.parameters(), lr=0.01, momentum=0.9), dht=dht,
+                     run_id=f"bench-{uuid.uuid4().hex[:8]}", algo="local", period=1 << 30, min_peers=1, listen=LOOPBACK)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+
+    def run(model, opt):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return (time.perf_counter() - t0) / steps
+
+    run(bare_model, bare), run(our_model, ours)  # warm-up
+    a, b = [], []
+    for _ in range(reps):
+        a.append(run(bare_model, bare))
+        b.append(run(our_model, ours))
+    ours.shutdown()
+    params = sum(p.numel() for p in our_model.parameters())
+    return _line("cnn-step", "step_time", "s", b, "bare torch.optim", a,
+                 f"{params} parameters, batch {batch}, skyhive.Optimizer with no peers (algo local)")
+
+
+def crossing(dht, reps, elements):
+    """GB/s at which parameters and gradients enter the shared memory (copied,
+    not kept there) vs a memcpy of the same bytes between private tensors."""
+    p = torch.nn.Parameter(torch.randn(elements))
+    p.grad = torch.randn(elements)
+    opt = Optimizer([("w", p)], optimizer=torch.optim.SGD([p], lr=0.01), dht=dht,
+                    run_id=f"bench-{uuid.uuid4().hex[:8]}", algo="local", min_peers=1, share_memory=False,
+                    listen=LOOPBACK)
+    src, dst = torch.randn(2 * elements), torch.empty(2 * elements)
+    nbytes = 2 * elements * 4
+    a, b = [], []
+    opt._push(), dst.copy_(src)  # warm-up: the shared pages are touched once
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        a.append(nbytes / (time.perf_counter() - t0) / 1e9)
+        t0 = time.perf_counter()
+        opt._push()
+        b.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    opt.shutdown()
+    return _line("crossing", "bandwidth", "GB/s", b, "memcpy", a,
+                 f"{elements} parameters and their gradients into the shared memory")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m skyhive.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a shorter run (under 30 s)")
+    ap.add_argument("--reps", type=int, default=7, help="measured repetitions of each (at least 5)")
+    ap.add_argument("--binary", help="the skyhive binary (default $SKYHIVE_BIN or PATH)")
+    a = ap.parse_args(argv)
+    reps = max(a.reps, 5)
+    proc, dht = _dht(find_binary(a.binary))
+    try:
+        for line in (step_overhead(dht, reps, 3 if a.quick else 8, 32),
+                     crossing(dht, reps, (4 if a.quick else 16) << 20)):
+            print(json.dumps(line), flush=True)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Helpers of the tests: a `skyhive dht` process and PyTorch peer processes on loopback."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(HERE)
+
+
+def binary():
+    path = os.environ.get("SKYHIVE_BIN") or os.path.join(os.path.dirname(PYTHON_DIR), "bin", "skyhive")
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"no skyhive binary at {path}: run make build (or set SKYHIVE_BIN)")
+    return path
+
+
+class DHT:
+    """A `skyhive dht` on loopback; addr is its multiaddr."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([binary(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addr, self.lines = None, []
+        found = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if self.addr is None and "/p2p/" in line and "127.0.0.1" in line:
+                    self.addr = line.strip().split()[-1]
+                    found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(30):
+            self.stop()
+            raise RuntimeError("skyhive dht printed no address:\n" + "".join(self.lines))
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_peers(configs, timeout=300):
+    """Runs worker.py once per config (a dict), in parallel processes, and
+    returns their JSON results; a failed peer fails the test with its output."""
+    procs = []
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               SKYHIVE_BIN=binary(), OMP_NUM_THREADS="1")
+    for c in configs:
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "worker.py"), json.dumps(c)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    deadline = time.monotonic() + timeout
+    out = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        if p.returncode != 0:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"peer exited with {p.returncode}:\n{stderr[-4000:]}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out

@@ -33,10 +33,19 @@ def reference(momentum):
 
 
 def swarm(dht, algo, momentum=0.0, **options):
-    run = f"test-{algo}-{uuid.uuid4().hex[:8]}"
-    cfgs = [dict(seed=7, data_seed=3, rank=r, peers=PEERS, steps=STEPS, batch=BATCH, lr=LR, momentum=momentum,
-                 dht=dht, run_id=run, algo=algo, options=options) for r in range(PEERS)]
-    return run_peers(cfgs)
+    """Runs the peers; a run in which a collective failed at some peer (it
+    then averages without the member it lost, so the replicas part) is
+    repeated once: the equivalence is about runs whose collectives all
+    succeed."""
+    for attempt in range(2):
+        run = f"test-{algo}-{uuid.uuid4().hex[:8]}"
+        cfgs = [dict(seed=7, data_seed=3, rank=r, peers=PEERS, steps=STEPS, batch=BATCH, lr=LR, momentum=momentum,
+                     dht=dht, run_id=run, algo=algo, options=options) for r in range(PEERS)]
+        results = run_peers(cfgs)
+        if all(r["stats"]["failures"] == 0 for r in results):
+            return results
+        print(f"{algo}: a collective failed in attempt {attempt + 1}:", [r["stats"] for r in results])
+    raise AssertionError(f"{algo}: collectives failed in both attempts: {[r['stats'] for r in results]}")
 
 
 def assert_close(results, want, tol=1e-5):
@@ -50,7 +59,6 @@ def assert_close(results, want, tol=1e-5):
 def test_allreduce_equals_one_process_on_the_union(dht):
     results = swarm(dht, "allreduce", momentum=0.9)
     assert_close(results, reference(0.9))
-    assert all(r["stats"]["failures"] == 0 for r in results)
 
 
 def test_diloco_one_inner_step_equals_synchronous_averaging(dht):

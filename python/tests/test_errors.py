@@ -2,6 +2,8 @@
 
 import os
 import signal
+import threading
+import time
 import uuid
 
 import pytest
@@ -106,3 +108,35 @@ def test_low_precision_and_views(dht):
         assert p.dtype in (torch.bfloat16, torch.float16)
         assert torch.allclose(p.detach().float(), w.to(p.dtype).float(), atol=1e-2)
     opt.shutdown()
+
+
+def test_binary_too_old(tmp_path):
+    old = tmp_path / "skyhive"
+    old.write_text('#!/bin/sh\necho \'Error: unknown command "daemon" for "skyhive"\' >&2\nexit 1\n')
+    old.chmod(0o755)
+    model = models.small_mlp()
+    with pytest.raises(skyhive.DaemonError, match="too old"):
+        skyhive.Optimizer(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), dht=["x"], binary=str(old))
+
+
+def test_another_model_in_the_run_is_refused(dht):
+    """Peers of one run must train the same model: the second to come is
+    told at once, the first when its wait for peers ends."""
+    binary()
+    run = f"test-{uuid.uuid4().hex[:8]}"
+    errors = {}
+
+    def join(name, model):
+        try:
+            skyhive.Optimizer(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), dht=dht, run_id=run,
+                              min_peers=2, wait_peers=4, listen=["/ip4/127.0.0.1/tcp/0"]).shutdown()
+        except skyhive.SkyhiveError as e:
+            errors[name] = e
+
+    first = threading.Thread(target=join, args=("first", models.small_mlp()))
+    first.start()
+    time.sleep(1.5)
+    join("second", torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)))
+    first.join(30)
+    assert isinstance(errors.get("second"), skyhive.SwarmError) and "model" in str(errors["second"]), errors
+    assert isinstance(errors.get("first"), skyhive.SwarmError), errors

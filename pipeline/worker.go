@@ -365,6 +365,9 @@ func (w *Worker) Run(ctx context.Context) error {
 			misses = 0
 			continue
 		}
+		if ctx.Err() != nil {
+			return ctx.Err() // stopping: the ping failed because of it
+		}
 		misses++
 		w.log.Warn("pipeline: coordinator heartbeat failed", "misses", misses, "err", err)
 		if misses >= w.cfg.HeartbeatMisses {

@@ -457,9 +457,8 @@ func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	defer m.avg.Close()
+	defer m.Close() // the optimizer, then the averager; n is closed above
 	opt := m.Opt
-	defer opt.Close()
 	live.setOptimizer(opt)
 
 	if err := su.task.seed(batchSeed(cfg.Seed, h.ID())); err != nil {

@@ -444,6 +444,11 @@ func (s *session) addOwned(c *chunk, sender int, x *[]float32, norm float64) (ke
 func (c *chunk) wait(ctx context.Context, closed <-chan struct{}) error {
 	select {
 	case <-c.done:
+		return nil // final: answer it even if the averager is closing
+	default:
+	}
+	select {
+	case <-c.done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

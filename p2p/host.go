@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -206,8 +207,12 @@ type Host struct {
 	seen     Reachability       // AutoNAT's last verdict (reachSub drained)
 	reachSub event.Subscription // AutoNAT's verdicts
 	handlers sync.WaitGroup     // running stream handlers
-	circuits []ma.Multiaddr     // relayed addresses of granted reservations
-	renewing sync.WaitGroup     // the reservation renewal loop
+	serving  sync.WaitGroup     // running call handlers (SetHandler), a subset of handlers
+	// answered is when a call was last answered with a large response
+	// (UnixNano), for Close's linger.
+	answered atomic.Int64
+	circuits []ma.Multiaddr // relayed addresses of granted reservations
+	renewing sync.WaitGroup // the reservation renewal loop
 
 	m *hostMetrics // nil without Config.Metrics
 
@@ -461,6 +466,9 @@ func (h *Host) NumConns(p peer.ID) int { return len(h.h.Network().ConnsToPeer(p)
 
 // Close stops the host: listeners, connections, running handlers (whose
 // ctx ends and whose streams are reset). It waits for handlers to return.
+// Calls already being served get up to closeGrace to finish and send
+// their responses first, so that a peer leaving right after a collective
+// still delivers the answers it owes (new requests are refused at once).
 func (h *Host) Close() error {
 	h.mu.Lock()
 	if h.closed {
@@ -469,6 +477,23 @@ func (h *Host) Close() error {
 	}
 	h.closed = true
 	h.mu.Unlock()
+	answered := make(chan struct{})
+	go func() {
+		h.serving.Wait()
+		close(answered)
+	}()
+	grace := time.NewTimer(closeGrace)
+	select {
+	case <-answered:
+	case <-grace.C:
+	}
+	grace.Stop()
+	// A large answer written just now may still be on its way; closing the
+	// connection under it while the caller's acknowledgements arrive would
+	// reset it.
+	if wait := time.Until(time.Unix(0, h.answered.Load()).Add(closeLinger)); wait > 0 {
+		time.Sleep(min(wait, closeLinger))
+	}
 	if h.m != nil {
 		h.m.reg.Unregister(h.m)
 	}
@@ -480,20 +505,44 @@ func (h *Host) Close() error {
 		h.adm.Close()
 	}
 	h.handlers.Wait()
+	<-answered
 	if err != nil {
 		return fmt.Errorf("p2p: close: %w", err)
 	}
 	return nil
 }
 
+// closeGrace bounds how long Close lets running call handlers finish, and
+// closeLinger is how long after answering a call with at least
+// lingerBytes it keeps the connections open.
+const (
+	closeGrace  = 2 * time.Second
+	closeLinger = 500 * time.Millisecond
+	lingerBytes = 64 << 10
+)
+
+// isClosing reports whether Close has begun.
+func (h *Host) isClosing() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.closed
+}
+
 // track registers a running handler; it reports false once the host closes.
-func (h *Host) track() bool {
+func (h *Host) track() bool { return h.trackAs(false) }
+
+// trackAs is track; call marks a call handler, which Close lets finish
+// first.
+func (h *Host) trackAs(call bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return false
 	}
 	h.handlers.Add(1)
+	if call {
+		h.serving.Add(1)
+	}
 	return true
 }
 

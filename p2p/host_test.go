@@ -691,3 +691,52 @@ func TestSimultaneousDials(t *testing.T) {
 		b.Close()
 	}
 }
+
+// A host that closes while it serves a call still answers it (a peer
+// leaving right after a collective delivers the means it owes), and refuses
+// calls that arrive after it began closing.
+func TestCloseAnswersCallsInFlight(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			a := newHost(t, tr, Config{})
+			cfg := Config{ListenAddrs: []string{listenAddr(tr)}}
+			b, err := New(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			entered, release := make(chan struct{}), make(chan struct{})
+			big := bytes.Repeat([]byte{7}, 4<<20)
+			b.SetHandler(slowProto, func(context.Context, peer.ID, []byte) ([]byte, error) {
+				close(entered)
+				<-release
+				return big, nil
+			})
+			ctx := ctxT(t, 20*time.Second)
+			info := b.AddrInfo()
+			got := make(chan error, 1)
+			go func() {
+				resp, err := a.Call(ctx, info, slowProto, []byte("x"))
+				if err == nil && !bytes.Equal(resp, big) {
+					err = fmt.Errorf("response of %d bytes, want %d", len(resp), len(big))
+				}
+				got <- err
+			}()
+			<-entered
+			closed := make(chan error, 1)
+			go func() { closed <- b.Close() }()
+			for !b.isClosing() {
+				time.Sleep(time.Millisecond)
+			}
+			close(release)
+			if err := <-got; err != nil {
+				t.Fatalf("the call served while the host closed: %v", err)
+			}
+			if err := <-closed; err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Call(ctx, info, slowProto, []byte("x")); err == nil {
+				t.Fatal("a closed host answered a call")
+			}
+		})
+	}
+}

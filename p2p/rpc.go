@@ -44,11 +44,12 @@ var ErrTooLarge = errors.New("p2p: message too large")
 // and reported to the caller as errors.
 func (h *Host) SetHandler(proto protocol.ID, hd Handler) {
 	h.h.SetStreamHandler(proto, func(s network.Stream) {
-		if !h.track() {
+		if !h.trackAs(true) {
 			s.Reset()
 			return
 		}
 		defer h.handlers.Done()
+		defer h.serving.Done()
 		if !h.gate(s.Conn().RemotePeer()) {
 			// Not a member: nothing is read; the caller learns why.
 			replyError(s, &idleWriter{s: s, timeout: h.cfg.IdleTimeout}, h.refusal(s.Conn().RemotePeer()))
@@ -106,6 +107,9 @@ func (h *Host) serveCall(s network.Stream, proto protocol.ID, hd Handler) {
 	if err := writeFrame(wr, statusOK, resp); err != nil {
 		s.Reset()
 		return
+	}
+	if len(resp) >= lingerBytes {
+		h.answered.Store(time.Now().UnixNano())
 	}
 	s.Close()
 }

@@ -80,6 +80,10 @@ type Message struct {
 	Params  []ParamSpec     `json:"params,omitempty"`
 	State   []ParamSpec     `json:"state,omitempty"`
 	Options json.RawMessage `json:"options,omitempty"`
+	// Twin, in hello, says the model is the PyTorch twin of a registry
+	// model; in shm, Init says the parameters hold its initial weights.
+	Twin *Twin `json:"twin,omitempty"`
+	Init bool  `json:"init,omitempty"`
 	// step: the examples the gradients were computed on.
 	Samples int `json:"samples,omitempty"`
 

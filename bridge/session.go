@@ -14,6 +14,7 @@ import (
 	"github.com/skyhive/skyhive/averaging/peer"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
+	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/node"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/tensor"
@@ -30,6 +31,9 @@ type session struct {
 	extra  int // elements of the state buffers
 	region *region
 	inner  *remoteInner
+	// sig is the model signature; init, if set, the twin's initial model.
+	sig  string
+	init *nn.Sequential
 }
 
 // trainingOptions are `skyhive peer`'s options for its own training loop,
@@ -108,8 +112,14 @@ func (s *session) run(ctx context.Context) error {
 		return s.fail(KindConfig, err)
 	}
 	defer s.region.close()
+	if s.init != nil {
+		dst := s.region.floats(0, s.total)
+		for _, p := range s.init.Params() {
+			dst = dst[copy(dst, p.Value.Data):]
+		}
+	}
 	fd := s.region.fd
-	if err := writeMessage(s.conn, Message{Op: OpShm, Elements: elems, Bytes: 4 * elems}, &fd); err != nil {
+	if err := writeMessage(s.conn, Message{Op: OpShm, Elements: elems, Bytes: 4 * elems, Init: s.init != nil}, &fd); err != nil {
 		return err
 	}
 	join, err := s.read()
@@ -133,7 +143,7 @@ func (s *session) run(ctx context.Context) error {
 	}
 	pc.Log = s.cfg.Log
 	peer.PublishStatus(&pc, l, s.cfg.Log)
-	sig := Signature(s.specs, s.total)
+	sig := s.sig
 	m, err := peer.Attach(ctx, pc, s.inner, sig)
 	if err != nil {
 		kind := KindSwarm
@@ -161,6 +171,17 @@ func (s *session) configure(h Message) (launch.Peer, peer.Config, error) {
 		return launch.Peer{}, peer.Config{}, err
 	}
 	s.specs, s.total = h.Params, total
+	s.sig = Signature(s.specs, s.total)
+	if h.Twin != nil {
+		sig, model, err := h.Twin.check(s.specs, s.total)
+		if err != nil {
+			return launch.Peer{}, peer.Config{}, err
+		}
+		s.sig = sig
+		if h.Twin.Init {
+			s.init = model
+		}
+	}
 	if len(h.State) > 0 {
 		// At most three buffers per parameter element (Adam with AMSGrad).
 		if s.extra, err = CheckParams(h.State, 3*total); err != nil {

@@ -8,6 +8,7 @@ package train
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"time"
 
@@ -106,6 +107,26 @@ func Tokenize(corpus Corpus, o TokenizeOptions) (LMData, error) {
 // tokens held out with seed.
 func TokenizeLM(corpus Corpus, vocab int, valFraction float64, seed uint64) (LMData, error) {
 	return Tokenize(corpus, TokenizeOptions{Vocab: vocab, ValFraction: valFraction, Seed: seed})
+}
+
+// Signature names the data's token ids, so that models trained on ids
+// that mean other things are not mixed: "bpe-HASH" (FNV-1a, 64 bits, of
+// the tokenizer's merges written "LEFT,RIGHT;"), or "tokens" for token
+// data, whose tokenizer Skyhive does not know.
+func (d LMData) Signature() string {
+	if d.Tokenizer == nil {
+		return "tokens"
+	}
+	return TokenizerSignature(d.Tokenizer)
+}
+
+// TokenizerSignature is LMData.Signature of data that tok encoded.
+func TokenizerSignature(tok *text.Tokenizer) string {
+	h := fnv.New64a()
+	for _, p := range tok.Merges() {
+		fmt.Fprintf(h, "%d,%d;", p.Left, p.Right)
+	}
+	return fmt.Sprintf("bpe-%016x", h.Sum64())
 }
 
 // CheckContext refuses data that cannot train or evaluate a context of

@@ -7,7 +7,6 @@ package peer
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"strings"
 
@@ -85,7 +84,7 @@ func newSetup(ctx context.Context, cfg Config) (*setup, error) {
 		task:  &imageTask{batch: cfg.Batch, train: trainSet, test: testSet},
 		model: model,
 		inner: optim.NewSGD(model.Params(), optim.SGDConfig{LR: cfg.LR, Momentum: cfg.Momentum}),
-		sig:   fmt.Sprintf("%s/%d", cfg.Model, nn.NumParams(model.Params())),
+		sig:   ModelSignature(cfg.Model, nn.NumParams(model.Params()), ""),
 	}, nil
 }
 
@@ -197,24 +196,22 @@ func newLMSetup(cfg Config) (*setup, error) {
 		task:  t,
 		model: model,
 		inner: &clippedAdamW{AdamW: adamw, clip: cfg.ClipNorm},
-		sig:   fmt.Sprintf("%s/%d/%s", spec, nn.NumParams(model.Params()), t.dataSignature()),
+		sig:   ModelSignature(spec, nn.NumParams(model.Params()), d.Signature()),
 		lm:    t,
 	}, nil
 }
 
-// dataSignature names the tokenizer in the model signature, so that peers
-// whose data or --vocab differ, and whose token ids therefore mean other
-// things, are not averaged together: "bpe-HASH" of the merges, or
-// "tokens" for token data.
-func (t *lmTask) dataSignature() string {
-	if t.data.Tokenizer == nil {
-		return "tokens"
+// ModelSignature is the model signature of a peer training the registry
+// model spec, of params parameters, on data (a language model's
+// train.LMData.Signature; "" for an image classifier): peers of a run must
+// share it. The daemon gives a PyTorch twin of a registry model the
+// signature a Go peer of the same model and data has, so that the two
+// average together.
+func ModelSignature(spec string, params int64, data string) string {
+	if data == "" {
+		return fmt.Sprintf("%s/%d", spec, params)
 	}
-	h := fnv.New64a()
-	for _, p := range t.data.Tokenizer.Merges() {
-		fmt.Fprintf(h, "%d,%d;", p.Left, p.Right)
-	}
-	return fmt.Sprintf("bpe-%016x", h.Sum64())
+	return fmt.Sprintf("%s/%d/%s", spec, params, data)
 }
 
 func (t *lmTask) seed(seed uint64) error {

@@ -70,6 +70,8 @@ func docRunFor(c docCommand) docRun {
 		return docRun{shrink: sized(c.args, "--steps=3", "--duration=40s")}
 	case path == "peer":
 		return docRun{shrink: sized(c.args, "--steps=3", "--duration=40s", "--min-peers=2"), copies: 2}
+	case path == "tokenize":
+		return docRun{shrink: lmShrink}
 	case path == "bench pytorch":
 		return docRun{skip: "needs the Python package on PYTHONPATH: python/tests/test_bench.py runs it (make pytest)"}
 	case strings.HasPrefix(path, "bench"):

@@ -67,6 +67,7 @@ func newRootCmd() *cobra.Command {
 		newStatusCmd(),
 		newDashboardCmd(),
 		newDaemonCmd(),
+		newTokenizeCmd(),
 		// Subcommands register here, one line each.
 	)
 	return root

@@ -1,12 +1,17 @@
 """Skyhive for PyTorch: train on a swarm of unreliable machines.
 
 skyhive.Optimizer wraps a torch.optim optimizer and averages the model with
-the other peers of a run through the skyhive daemon (the Go binary)."""
+the other peers of a run through the skyhive daemon (the Go binary).
+skyhive.models holds PyTorch twins of Skyhive's registry models, which read
+and write its checkpoints and average with Go peers; skyhive.data reads the
+tokens `skyhive tokenize` writes; skyhive.checkpoint reads and writes
+Skyhive's safetensors files."""
 
 from .errors import (ConfigError, DaemonError, NonFiniteError, SkyhiveError, StepError,
                      SwarmError)
+from . import checkpoint, data, models
 from .optimizer import Optimizer
 
 __all__ = ["Optimizer", "SkyhiveError", "DaemonError", "ConfigError", "SwarmError",
-           "NonFiniteError", "StepError"]
+           "NonFiniteError", "StepError", "checkpoint", "data", "models"]
 __version__ = "0.1.0"

@@ -15,11 +15,23 @@ _DURATIONS = {"round_interval", "timeout", "wait_peers", "join_timeout", "status
 _HIVEMIND = {"matchmaking_time": "round_interval", "averaging_timeout": "timeout"}
 
 
+def _twin(params):
+    """The twin description the daemon checks, if params is a twin of a
+    registry model (skyhive.models) that can average with Go peers."""
+    spec = getattr(params, "spec", None)
+    if not isinstance(params, torch.nn.Module) or not hasattr(params, "skyhive_parameters") or spec is None:
+        return None
+    data = getattr(params, "data_signature", None)
+    if ":" in spec and not data:
+        return None  # a GPT without its data's signature averages with PyTorch peers only
+    return {"model": spec, "data": data or ""}
+
+
 def _named(params, optimizer):
     if params is None:
         params = [p for g in optimizer.param_groups for p in g["params"]]
     if isinstance(params, torch.nn.Module):
-        params = params.named_parameters()
+        params = params.skyhive_parameters() if hasattr(params, "skyhive_parameters") else params.named_parameters()
     out = []
     for i, item in enumerate(params):
         name, p = item if isinstance(item, tuple) else (f"param.{i}", item)
@@ -79,7 +91,9 @@ class Optimizer:
 
     Args:
         params: the model, its named_parameters(), or its parameters (None:
-            those of ``optimizer``). Names make shape errors readable.
+            those of ``optimizer``). Names make shape errors readable. A twin
+            of a Skyhive model (skyhive.models) averages with Go peers of
+            the same model and data.
         optimizer: the torch.optim optimizer over the same parameters, or a
             callable that makes it from the parameters.
         dht: multiaddrs of a `skyhive dht` node or of peers of the swarm.
@@ -95,6 +109,9 @@ class Optimizer:
             training; with fixed ranks (all but wagma), exactly this many.
         daemon: socket of a running `skyhive daemon` to attach to.
         binary: the skyhive binary (default $SKYHIVE_BIN or PATH).
+        seed: with a twin of a Skyhive model (skyhive.models), start from
+            the weights a Go peer of this --seed starts from, so that the
+            model averages with Go peers of the run from the first round.
         share_memory: keep float32 CPU parameters and their gradients in the
             shared memory, so that a step copies nothing (False: copy them
             at each step, as parameters on a GPU or in fp16/bf16 are).
@@ -102,7 +119,8 @@ class Optimizer:
 
     def __init__(self, params=None, optimizer=None, *, dht, run_id=None, algo="wagma",
                  batch_size_per_step=None, target_batch_size=None, matchmaking_time=None,
-                 averaging_timeout=None, min_peers=2, daemon=None, binary=None, share_memory=True, **options):
+                 averaging_timeout=None, min_peers=2, daemon=None, binary=None, share_memory=True, seed=None,
+                 **options):
         if optimizer is None:
             raise ConfigError("give the optimizer to wrap: optimizer=torch.optim.AdamW(model.parameters())")
         if isinstance(optimizer, torch.optim.Optimizer):
@@ -119,6 +137,12 @@ class Optimizer:
         if missing:
             raise ConfigError(f"the optimizer does not update parameter {missing[0]} (and {len(missing) - 1} more): "
                               "make it over the same parameters")
+        self._twin = _twin(params)
+        if seed is not None:
+            if self._twin is None:
+                raise ConfigError("seed= starts a twin of a Skyhive model (skyhive.models; a GPT built with data=) "
+                                  "from the weights Go peers of --seed start from; this model is not one")
+            self._twin.update(init=True, seed=int(seed))
         self.opt = optimizer
         self.batch_size_per_step = batch_size_per_step
         self._params = [p for _, p in named]
@@ -143,7 +167,10 @@ class Optimizer:
         specs = [{"name": n, "shape": list(p.shape)} for n, p in named]
         bufs = [(n, p, _state_buffers(self.opt, p)) for n, p in named]
         state = [{"name": f"{n}.{b}", "shape": list(p.shape)} for n, p, bs in bufs for b in bs]
-        self._conn.send({"op": "hello", "version": VERSION, "params": specs, "state": state, "options": opts})
+        hello = {"op": "hello", "version": VERSION, "params": specs, "state": state, "options": opts}
+        if self._twin is not None:
+            hello["twin"] = self._twin
+        self._conn.send(hello)
         msg, fd = self._conn.recv(with_fd=True)
         if msg.get("op") != "shm" or fd is None:
             raise DaemonError(f"the daemon answered {msg.get('op')!r} without shared memory")
@@ -161,7 +188,10 @@ class Optimizer:
             gv = flat[total + off:total + off + n].view(p.shape)
             off += n
             with torch.no_grad():
-                pv.copy_(p.detach())
+                if msg.get("init"):
+                    p.copy_(pv)  # the Go model's initial weights
+                else:
+                    pv.copy_(p.detach())
             self._views.append((pv, gv))
             if self._share and p.device.type == "cpu" and p.dtype == torch.float32:
                 # The parameter and its gradient live in the shared memory:
@@ -350,6 +380,10 @@ class Optimizer:
                         p.data = pv.clone()
                     if p.grad is not None and p.grad.data_ptr() == gv.data_ptr():
                         p.grad = gv.clone()
+                for p, b, v in self._state_views:
+                    st = self.opt.state.get(p, {})
+                    if isinstance(st.get(b), torch.Tensor) and st[b].data_ptr() == v.data_ptr():
+                        st[b] = v.clone()
             try:
                 self._conn.send({"op": "close"})
                 self._conn.recv()

@@ -389,3 +389,86 @@ func TestPeerSubkeysOwned(t *testing.T) {
 		}
 	}
 }
+
+// TestCrowdingAKey replays issue 35's crowding attack: one stranger stores
+// thousands of long-lived subkeys under a key that honest peers declare
+// short-lived records under (an expert grid's prefix, the status key).
+// Each replica keeps at most KeyWriterMaxRecords of them, and even without
+// that bound a reader still gets every honest writer's record: answers are
+// shared among writers, not sorted by expiration.
+func TestCrowdingAKey(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		limit int // KeyWriterMaxRecords
+		kept  int // the attacker's items a replica keeps
+	}{{"quota", 0, 256}, {"fair answers", -1, 6 * MaxStoreBatch}} {
+		crowded := c.limit < 0 // without the quota the answers are full
+		t.Run(c.name, func(t *testing.T) {
+			s := newSwarm(t, 5, Config{BucketSize: 5, CacheSize: -1, KeyWriterMaxRecords: c.limit})
+			ctx := ctxT(t)
+			attacker, err := s.net.NewPeer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			const key = "ffn."
+			far := time.Now().Add(5 * time.Hour).UnixNano()
+			for i, p := range s.peers {
+				for b := range 6 {
+					es := make([]*entry, MaxStoreBatch)
+					for j := range es {
+						es[j] = &entry{Key: key, Subkey: fmt.Sprintf("junk-%d-%d", b, j), Value: make([]byte, 3000), Expiration: far}
+					}
+					rawCall(ctx, t, attacker, p.AddrInfo(), &request{Type: msgStore, Client: true, Entries: es})
+				}
+				s.nodes[i].mu.Lock()
+				held := len(s.nodes[i].store.get(key, time.Now().UnixNano()))
+				s.nodes[i].mu.Unlock()
+				if held != c.kept {
+					t.Fatalf("replica %d keeps %d of the attacker's items, want %d", i, held, c.kept)
+				}
+			}
+			for i := range 4 {
+				if _, err := s.nodes[i].Store(ctx, key, fmt.Sprintf("server-%d", i), []byte("alive"), time.Now().Add(time.Minute)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, st, err := s.nodes[4].GetStats(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Crowded != crowded {
+				t.Errorf("the reader was told the key is crowded: %v, want %v", st.Crowded, crowded)
+			}
+			for i := range 4 {
+				if _, ok := got[fmt.Sprintf("server-%d", i)]; !ok {
+					t.Errorf("a reader sees %d items but not server-%d's declaration", len(got), i)
+				}
+			}
+		})
+	}
+}
+
+func TestFitItemsSharesAnswersAmongWriters(t *testing.T) {
+	var es []*entry
+	for i := range 3 * MaxItems {
+		es = append(es, &entry{Subkey: fmt.Sprint("junk", i), Expiration: int64(1e18) + int64(i), from: "flooder"})
+	}
+	for i := range 3 {
+		es = append(es, &entry{Subkey: fmt.Sprint("honest", i), Expiration: 1, writer: fmt.Sprint("w", i)})
+	}
+	fit, cut := fitItems(es)
+	if !cut || len(fit) != MaxItems {
+		t.Fatalf("%d items, cut %v; want MaxItems, cut", len(fit), cut)
+	}
+	for i, e := range fit[:3] {
+		if e.writer == "" {
+			t.Fatalf("answer item %d is the flooder's; the honest writers' items go first", i)
+		}
+	}
+	if fit[3].Expiration != int64(1e18)+int64(3*MaxItems-1) {
+		t.Error("a writer's freshest item comes first")
+	}
+	if fit, cut := fitItems(es[3*MaxItems:]); cut || len(fit) != 3 {
+		t.Errorf("a small key: %d items, cut %v", len(fit), cut)
+	}
+}

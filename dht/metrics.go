@@ -39,6 +39,7 @@ type nodeMetrics struct {
 	requests                     map[msgType]prometheus.Counter
 	accepted                     prometheus.Counter
 	refused                      map[string]prometheus.Counter
+	answersCut, crowdedReads     prometheus.Counter
 }
 
 func newNodeMetrics(n *Node, reg prometheus.Registerer) (*nodeMetrics, error) {
@@ -58,10 +59,14 @@ func newNodeMetrics(n *Node, reg prometheus.Registerer) (*nodeMetrics, error) {
 	accepted := prometheus.NewCounter(prometheus.CounterOpts{Name: "skyhive_dht_stores_accepted_total",
 		Help: "Records other peers stored on this node."})
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "skyhive_dht_stores_refused_total",
-		Help: "Records other peers sent that this node refused, by reason: invalid (expired, too far ahead, bad signature), not_replica (not among the key's nearest, or pushed for caching), stale (a fresher one is stored), conflict (another writer's subkey, a plain value over a dictionary), quota (the peer's or address's share, or the storage, is full)."}, []string{"reason"})
+		Help: "Records other peers sent that this node refused, by reason: invalid (expired, too far ahead, bad signature), not_replica (not among the key's nearest, or pushed for caching), stale (a fresher one is stored), conflict (another writer's subkey, a plain value over a dictionary), quota (the peer's or address's share of the storage or of the key, or the storage, is full)."}, []string{"reason"})
+	cut := prometheus.NewCounter(prometheus.CounterOpts{Name: "skyhive_dht_answers_cut_total",
+		Help: "FIND_VALUE answers that left items out because their key holds more than one answer carries (shared fairly among the key's writers): a writer may be crowding the key."})
+	crowded := prometheus.NewCounter(prometheus.CounterOpts{Name: "skyhive_dht_crowded_reads_total",
+		Help: "Gets of this node that met a replica's answer near what one answer carries (half its items or bytes): a key crowded by many items, perhaps one writer's flood."})
 	m := &nodeMetrics{
-		n: n, reg: reg, accepted: accepted,
-		vecs:     []prometheus.Collector{lookups, lookupErrs, queries, duration, hops, requests, accepted, refused},
+		n: n, reg: reg, accepted: accepted, answersCut: cut, crowdedReads: crowded,
+		vecs:     []prometheus.Collector{lookups, lookupErrs, queries, duration, hops, requests, accepted, refused, cut, crowded},
 		requests: map[msgType]prometheus.Counter{}, refused: map[string]prometheus.Counter{},
 	}
 	// Every series exists from the start, at 0.

@@ -98,6 +98,14 @@ type Config struct {
 	// MaxBytes/2), counted only for public addresses unless
 	// LimitPrivateAddrs. Negative means no quota.
 	PeerMaxRecords, PeerMaxBytes, AddrMaxRecords, AddrMaxBytes int
+	// KeyWriterMaxRecords bounds the subkey items one writer (the peer
+	// whose signature they carry, else the one that sent them) may hold
+	// under one key (256), and KeyAddrMaxRecords those of all peers behind
+	// one IP address (1024; public addresses only unless
+	// LimitPrivateAddrs): a key that many peers declare under (an expert
+	// grid's prefix, the status key) cannot be crowded by one of them.
+	// Negative means no limit.
+	KeyWriterMaxRecords, KeyAddrMaxRecords int
 	// MaxPeersPerIP (2) and MaxPeersPerSubnet (BucketSize/4, at least 2)
 	// bound the routing-table peers of one bucket sharing an IP address or
 	// a subnet (/24 for IPv4, /48 for IPv6), so that a Sybil flood from a
@@ -164,6 +172,8 @@ func (c *Config) setDefaults() error {
 	def(&c.PeerMaxBytes, max(1, c.MaxBytes/4))
 	def(&c.AddrMaxRecords, max(1, c.MaxRecords/2))
 	def(&c.AddrMaxBytes, max(1, c.MaxBytes/2))
+	def(&c.KeyWriterMaxRecords, 256)
+	def(&c.KeyAddrMaxRecords, 1024)
 	def(&c.MaxPeersPerIP, 2)
 	def(&c.MaxPeersPerSubnet, max(2, c.BucketSize/4))
 	def(&c.MaxValueSize, 64<<10)
@@ -210,7 +220,8 @@ func (c *Config) storeLimits() limits {
 	pos := func(v int) int { return max(v, 0) }
 	return limits{items: c.MaxRecords, bytes: c.MaxBytes,
 		peerItems: pos(c.PeerMaxRecords), peerBytes: pos(c.PeerMaxBytes),
-		ipItems: pos(c.AddrMaxRecords), ipBytes: pos(c.AddrMaxBytes)}
+		ipItems: pos(c.AddrMaxRecords), ipBytes: pos(c.AddrMaxBytes),
+		keyWriterItems: pos(c.KeyWriterMaxRecords), keyIPItems: pos(c.KeyAddrMaxRecords)}
 }
 
 func (c *Config) cacheLimits() limits {
@@ -226,6 +237,10 @@ type Stats struct {
 	Hops int
 	// Queries is the number of RPCs sent; Failures how many failed.
 	Queries, Failures int
+	// Crowded reports that a replica's answer was near what one answer
+	// carries (half its items or bytes): the key holds many items, maybe
+	// a writer's flood, and answers share their room among its writers.
+	Crowded bool
 }
 
 // Node is one DHT participant. Its methods are safe for concurrent use.
@@ -550,8 +565,10 @@ func (n *Node) GetStats(ctx context.Context, key string) (map[string]Item, Stats
 	var (
 		found    [][]*entry
 		firstHop int
+		crowded  bool
 	)
 	l, err := n.iterate(ctx, kb.ConvertKey(key), req, msgFindValue, func(c *candidate, resp *response) bool {
+		crowded = crowded || nearlyFull(resp.Items)
 		var valid []*entry
 		for _, e := range resp.Items {
 			e.Key = key
@@ -569,6 +586,10 @@ func (n *Node) GetStats(ctx context.Context, key string) (map[string]Item, Stats
 		return len(found) >= n.cfg.Quorum
 	})
 	st := l.stats()
+	st.Crowded = crowded
+	if crowded && n.m != nil {
+		n.m.crowdedReads.Inc()
+	}
 	if firstHop > 0 {
 		st.Hops = firstHop
 	}
@@ -596,6 +617,19 @@ func (n *Node) GetStats(ctx context.Context, key string) (map[string]Item, Stats
 // message along with the peers.
 const itemBudget = MaxMessageSize - 256<<10
 
+// nearlyFull reports whether an answer holds half the items or bytes one
+// answer may carry.
+func nearlyFull(es []*entry) bool {
+	if len(es) >= MaxItems/2 {
+		return true
+	}
+	size := 0
+	for _, e := range es {
+		size += len(e.Subkey) + len(e.Value) + len(e.Signature) + 16
+	}
+	return size >= itemBudget/2
+}
+
 // handle answers one DHT request.
 func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, error) {
 	if n.isClosed() {
@@ -621,7 +655,11 @@ func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, e
 		if req.Key == "" {
 			return nil, errors.New("dht: empty key")
 		}
-		resp.Items = fitItems(n.localItems(req.Key))
+		var cut bool
+		resp.Items, cut = fitItems(n.localItems(req.Key))
+		if cut && n.m != nil {
+			n.m.answersCut.Inc()
+		}
 		resp.Peers = n.nearestInfos(kb.ConvertKey(req.Key), from)
 	case msgStore:
 		now := n.clk.Now()
@@ -657,15 +695,44 @@ func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, e
 	return encodeResponse(resp)
 }
 
-// fitItems keeps the freshest items that fit in one answer.
-func fitItems(es []*entry) []*entry {
-	slices.SortFunc(es, func(a, b *entry) int { return -cmp.Compare(a.Expiration, b.Expiration) })
-	size := 0
-	for i, e := range es {
-		size += len(e.Subkey) + len(e.Value) + len(e.Signature) + 16
-		if size > itemBudget || i == MaxItems {
-			return es[:i]
+// fitItems chooses the items of one answer, sharing it fairly among the
+// key's writers: in rounds, each writer's next freshest item, writers with
+// fewer items first (ties by name), until the answer is full. A writer's
+// volume or far expirations buy it no place before another writer's
+// first item. cut reports whether items were left out.
+func fitItems(es []*entry) (fit []*entry, cut bool) {
+	byWriter := map[string][]*entry{}
+	for _, e := range es {
+		w := e.writer
+		if w == "" {
+			w = "p:" + e.from
 		}
+		byWriter[w] = append(byWriter[w], e)
 	}
-	return es
+	writers := make([]string, 0, len(byWriter))
+	for w, items := range byWriter {
+		slices.SortFunc(items, func(a, b *entry) int { return -cmp.Compare(a.Expiration, b.Expiration) })
+		writers = append(writers, w)
+	}
+	slices.SortFunc(writers, func(a, b string) int {
+		return cmp.Or(cmp.Compare(len(byWriter[a]), len(byWriter[b])), cmp.Compare(a, b))
+	})
+	size := 0
+	for round := 0; len(writers) > 0; round++ {
+		left := writers[:0]
+		for _, w := range writers {
+			items := byWriter[w]
+			e := items[round]
+			size += len(e.Subkey) + len(e.Value) + len(e.Signature) + 16
+			if size > itemBudget || len(fit) == MaxItems {
+				return fit, true
+			}
+			fit = append(fit, e)
+			if round+1 < len(items) {
+				left = append(left, w)
+			}
+		}
+		writers = left
+	}
+	return fit, false
 }

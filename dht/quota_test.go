@@ -3,6 +3,7 @@ package dht
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"testing"
 )
 
@@ -100,6 +101,18 @@ func checkStorage(t *testing.T, s *storage) {
 		if len(rec.items) == 0 {
 			t.Fatalf("empty record under %q", key)
 		}
+		writers, keyIPs := map[string]int{}, map[string]int{}
+		for _, e := range rec.items {
+			if w := writerOf(e); w != "" {
+				writers[w]++
+			}
+			if e.ip != "" {
+				keyIPs[e.ip]++
+			}
+		}
+		if !maps.Equal(writers, rec.writers) || !maps.Equal(keyIPs, rec.ips) {
+			t.Fatalf("key %q: counted writers %v and addresses %v, tracked %v %v", key, writers, keyIPs, rec.writers, rec.ips)
+		}
 		if rec.items[""] != nil && len(rec.items) > 1 {
 			t.Fatalf("key %q holds a plain value and subkeys", key)
 		}
@@ -170,7 +183,8 @@ func FuzzStorage(f *testing.F) {
 	f.Add([]byte{1, 0x81, 2, 0x82, 3, 0x83, 4, 0x84, 0xc0, 0xc1, 0xf0, 0xf1})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		s := newLimitedStorage(limits{items: 24, bytes: 24 * (entryOverhead + 16),
-			peerItems: 8, peerBytes: 8 * (entryOverhead + 12), ipItems: 14, ipBytes: 14 * (entryOverhead + 14)})
+			peerItems: 8, peerBytes: 8 * (entryOverhead + 12), ipItems: 14, ipBytes: 14 * (entryOverhead + 14),
+			keyWriterItems: 3, keyIPItems: 5})
 		var now int64
 		for i := 0; i+1 < len(ops); i += 2 {
 			op, arg := ops[i], ops[i+1]

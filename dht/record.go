@@ -72,6 +72,22 @@ func newer(a, b *entry) bool {
 // dictionary of subkeys.
 type keyRecord struct {
 	items map[string]*entry
+	// writers and ips count the key's items by writer (writerOf) and by
+	// sending address group, for the per-key quotas.
+	writers, ips map[string]int
+}
+
+// writerOf names who an item counts against under its key: the peer
+// whose signature it carries, else the peer that sent it; "" for the
+// node's own unsigned records, which count against nobody.
+func writerOf(e *entry) string {
+	if e.writer != "" {
+		return "w:" + e.writer
+	}
+	if e.from != "" {
+		return "p:" + e.from
+	}
+	return ""
 }
 
 func (r *keyRecord) plain() *entry { return r.items[""] }
@@ -89,6 +105,10 @@ type limits struct {
 	items, bytes         int // whole storage
 	peerItems, peerBytes int // per sending peer
 	ipItems, ipBytes     int // per sending address group
+	// keyWriterItems and keyIPItems bound the subkey items one writer, and
+	// the peers behind one address group, may hold under one key, so
+	// that nobody crowds a key that many peers declare under.
+	keyWriterItems, keyIPItems int
 }
 
 // usage is what one peer or address group stores.
@@ -184,6 +204,9 @@ func (s *storage) put(e *entry, now int64) error {
 	if err := s.checkQuota(e, gone); err != nil {
 		return err
 	}
+	if err := s.checkKeyQuota(e, gone); err != nil {
+		return err
+	}
 	for _, g := range gone {
 		s.remove(g.Key, g.Subkey)
 	}
@@ -192,10 +215,11 @@ func (s *storage) put(e *entry, now int64) error {
 	}
 	rec := s.keys[e.Key]
 	if rec == nil {
-		rec = &keyRecord{items: make(map[string]*entry, 1)}
+		rec = &keyRecord{items: make(map[string]*entry, 1), writers: map[string]int{}, ips: map[string]int{}}
 		s.keys[e.Key] = rec
 	}
 	rec.items[e.Subkey] = e
+	rec.count(e, 1)
 	s.account(e, 1)
 	heap.Push(&s.exp, expRef{exp: e.Expiration, key: e.Key, subkey: e.Subkey})
 	s.compact()
@@ -226,6 +250,48 @@ func (s *storage) checkQuota(e *entry, gone []*entry) error {
 		return fmt.Errorf("%w: address %s holds its %d items / %d bytes", ErrQuota, e.ip, s.lim.ipItems, s.lim.ipBytes)
 	}
 	return nil
+}
+
+// checkKeyQuota fails if storing e (and dropping gone) takes its writer
+// or its address group over their share of e's key.
+func (s *storage) checkKeyQuota(e *entry, gone []*entry) error {
+	rec := s.keys[e.Key]
+	if rec == nil || e.from == "" {
+		return nil
+	}
+	over := func(count map[string]int, id string, of func(*entry) string, limit int) bool {
+		if limit <= 0 || id == "" {
+			return false
+		}
+		n := count[id] + 1
+		for _, g := range gone {
+			if of(g) == id {
+				n--
+			}
+		}
+		return n > limit
+	}
+	if over(rec.writers, writerOf(e), writerOf, s.lim.keyWriterItems) {
+		return fmt.Errorf("%w: the writer holds its %d items under key %q", ErrQuota, s.lim.keyWriterItems, e.Key)
+	}
+	if over(rec.ips, e.ip, func(g *entry) string { return g.ip }, s.lim.keyIPItems) {
+		return fmt.Errorf("%w: address %s holds its %d items under key %q", ErrQuota, e.ip, s.lim.keyIPItems, e.Key)
+	}
+	return nil
+}
+
+// count adds (sign 1) or subtracts (sign -1) e from the key's counters.
+func (r *keyRecord) count(e *entry, sign int) {
+	if w := writerOf(e); w != "" {
+		if r.writers[w] += sign; r.writers[w] <= 0 {
+			delete(r.writers, w)
+		}
+	}
+	if e.ip != "" {
+		if r.ips[e.ip] += sign; r.ips[e.ip] <= 0 {
+			delete(r.ips, e.ip)
+		}
+	}
 }
 
 func (s *storage) full(e *entry) bool {
@@ -379,6 +445,7 @@ func (s *storage) remove(key, subkey string) {
 		return
 	}
 	delete(rec.items, subkey)
+	rec.count(e, -1)
 	s.account(e, -1)
 	if len(rec.items) == 0 {
 		delete(s.keys, key)

@@ -12,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/skyhive/skyhive/dht"
+	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/moe"
 	"github.com/skyhive/skyhive/p2p"
 )
@@ -47,8 +48,12 @@ const (
 // that does not is not attacked by them; ErrNotApplicable), records with a forged writer's signature, records that
 // expire far in the future, a 4 GiB length prefix, and two the node may
 // absorb within its bounds: a storage flood of 1 MiB STOREs from each
-// identity (bounded by the per-peer and per-address quotas) and PINGs that
-// ask each identity into the routing table (bounded per address).
+// identity (bounded by the per-peer and per-address quotas), PINGs that
+// ask each identity into the routing table (bounded per address), and
+// long-lived subkeys under the keys many peers declare under (the status
+// key, the declared experts' prefixes), which would crowd the honest
+// declarations out of readers' answers (bounded per writer and address
+// under each key, and answers shared among writers).
 func DHTAttacks(t DHTTarget) []Attack {
 	a := newDHTAttacker(t)
 	to := a.to
@@ -59,6 +64,7 @@ func DHTAttacks(t DHTTarget) []Attack {
 		{Name: "dht-far-future", Bytes: 128, Send: a.farFuture},
 		{Name: "dht-storage-flood", Bytes: floodRecords * (floodValueBytes + 32), Absorbed: true, Send: a.storageFlood},
 		{Name: "dht-sybil-ping", Bytes: 128, Absorbed: true, Send: a.sybilPing},
+		{Name: "dht-crowd-key", Bytes: floodRecords * 96, Absorbed: true, Send: a.crowdKey},
 		{Name: "huge-length-prefix", Bytes: 4, Send: func(ctx context.Context, h *p2p.Host) error {
 			return sendLengthPrefix(ctx, h, to, dht.ProtocolID, math.MaxUint32)
 		}},
@@ -204,6 +210,24 @@ func (a *dhtAttacker) storageFlood(ctx context.Context, h *p2p.Host) error {
 	value := randomBytes(floodValueBytes)
 	for i := range recs {
 		recs[i] = dht.RawRecord{Key: fmt.Sprintf("hostile.junk.%s.%d", h.ID().ShortString(), base+uint64(i)), Value: value, Expiration: exp}
+	}
+	return a.store(ctx, h, true, recs...)
+}
+
+// crowdKey stores floodRecords long-lived subkeys under a key that
+// honest peers declare under, in turn the status key and the declared
+// dictionaries' keys.
+func (a *dhtAttacker) crowdKey(ctx context.Context, h *p2p.Host) error {
+	keys := []string{metrics.StatusKey, "ffn."}
+	for _, d := range a.dicts {
+		keys = append(keys, d.Key)
+	}
+	n := a.junk.Add(floodRecords)
+	key := keys[n/floodRecords%uint64(len(keys))]
+	exp := time.Now().Add(a.maxTTL / 2)
+	recs := make([]dht.RawRecord, floodRecords)
+	for i := range recs {
+		recs[i] = dht.RawRecord{Key: key, Subkey: fmt.Sprintf("crowd.%s.%d", h.ID().ShortString(), n+uint64(i)), Value: []byte("junk"), Expiration: exp}
 	}
 	return a.store(ctx, h, true, recs...)
 }

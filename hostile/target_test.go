@@ -29,7 +29,7 @@ func testPeer(t *testing.T) peer.AddrInfo {
 // TestAttacksFitTheRoles: each role a target plays brings its attacks
 // (and a slow sender for each request/response protocol it serves), the
 // averaging attacks come once for all members, and only registrations,
-// storage floods and Sybil pings may be absorbed.
+// storage floods, crowded keys and Sybil pings may be absorbed.
 func TestAttacksFitTheRoles(t *testing.T) {
 	server := Target{Peer: testPeer(t), Roles: []string{RoleExpertServer, RoleDHT},
 		Experts: []moe.Spec{{UID: "ffn.3", Hidden: 32, InputDims: 2}}}
@@ -43,7 +43,7 @@ func TestAttacksFitTheRoles(t *testing.T) {
 	count := map[string]int{}
 	for _, a := range fast {
 		count[a.Name]++
-		if a.Absorbed != (a.Name == "dht-storage-flood" || a.Name == "dht-sybil-ping" || a.Name == "pipeline-register-fake-worker") {
+		if a.Absorbed != (a.Name == "dht-storage-flood" || a.Name == "dht-sybil-ping" || a.Name == "dht-crowd-key" || a.Name == "pipeline-register-fake-worker") {
 			t.Errorf("%s: absorbed %v", a.Name, a.Absorbed)
 		}
 		if a.Send == nil || a.Bytes <= 0 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/skyhive/skyhive/averaging/peer"
 	"github.com/skyhive/skyhive/hostile"
+	"github.com/skyhive/skyhive/metrics"
 )
 
 const loopback = "/ip4/127.0.0.1/tcp/0"
@@ -151,6 +152,27 @@ func TestAttackProgram(t *testing.T) {
 	}
 	attacker := startCLI(t, &report, args...)
 	attackErr := attacker.wait(t, 3*time.Minute)
+
+	// The attack crowded the status key with long-lived records
+	// (dht-crowd-key); skyhive status still shows every averaging peer.
+	var status syncBuffer
+	if err := runCLI(t.Context(), &status, "status", "--listen", loopback, "--dht", dhtAddr, "--json", "--timeout", "10s"); err != nil {
+		t.Errorf("status after the attack: %v\n%s", err, status.String())
+	} else {
+		var rep metrics.StatusReport
+		if err := json.Unmarshal([]byte(status.String()), &rep); err != nil {
+			t.Errorf("status --json: %v", err)
+		}
+		shown := map[string]bool{}
+		for _, s := range rep.Peers {
+			shown[s.Peer] = true
+		}
+		for _, p := range peers {
+			if !shown[p.id] {
+				t.Errorf("skyhive status after the attack shows %d records but not %s", len(rep.Peers), p.name)
+			}
+		}
+	}
 
 	// Peak memory, read while every victim still runs.
 	for _, v := range victims {

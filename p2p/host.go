@@ -126,8 +126,10 @@ type Config struct {
 	// HandlerTimeout bounds a handler's run; its ctx ends then (default 5 min).
 	HandlerTimeout time.Duration
 	// MinRequestRate is the slowest a call's request may arrive, in bytes
-	// per second after the first IdleTimeout (default 64 KiB/s): a request
-	// of n bytes must be read within IdleTimeout + n/MinRequestRate.
+	// per second after the first IdleTimeout (default 64 KiB/s), whatever
+	// size it announces: by time t after it began, at least
+	// (t − IdleTimeout)·MinRequestRate bytes must have arrived, or the
+	// stream is cut.
 	MinRequestRate int
 
 	// MemoryBudget sizes libp2p's resource manager, which bounds the

@@ -77,10 +77,11 @@ func (h *Host) serveCall(s network.Stream, proto protocol.ID, hd Handler) {
 		replyError(s, wr, fmt.Sprintf("request of %d bytes exceeds the limit of %d", n, h.cfg.MaxMessageBytes))
 		return
 	}
-	// The whole request must arrive within the idle timeout plus its size
-	// at MinRequestRate: a sender trickling bytes just inside the idle
-	// timeout cannot hold the handler and its buffer for long.
-	rd.until = time.Now().Add(h.cfg.IdleTimeout + time.Duration(float64(n)/float64(h.cfg.MinRequestRate)*float64(time.Second)))
+	// After the first IdleTimeout the request must keep arriving at
+	// MinRequestRate at least, whatever size it announced: a sender
+	// trickling bytes just inside the idle timeout is cut within about
+	// IdleTimeout, and cannot hold the handler and its buffer for long.
+	rd.floor, rd.start = h.cfg.MinRequestRate, time.Now()
 	req, err := readN(rd, int(n))
 	if err != nil {
 		s.Reset()
@@ -317,18 +318,33 @@ func unexpectedEOF(err error) error {
 type idleReader struct {
 	s       network.Stream
 	timeout time.Duration
-	until   time.Time // if set, no read goes past it
+	// floor, if set, is the rate in bytes per second the data must keep
+	// up with from start on, after a first timeout: no read goes past
+	// start + timeout + got/floor.
+	floor int
+	start time.Time
+	got   int64
 }
 
 func (r *idleReader) Read(p []byte) (int, error) {
 	dl := time.Now().Add(r.timeout)
-	if !r.until.IsZero() && r.until.Before(dl) {
-		dl = r.until
+	if r.floor > 0 {
+		due := r.start.Add(r.timeout + time.Duration(float64(r.got)/float64(r.floor)*float64(time.Second)))
+		dl = minTime(dl, due)
 	}
 	if err := r.s.SetReadDeadline(dl); err != nil {
 		return 0, err
 	}
-	return r.s.Read(p)
+	n, err := r.s.Read(p)
+	r.got += int64(n)
+	return n, err
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // idleWriter writes in pieces, refreshing the write deadline before each,

@@ -210,6 +210,7 @@ type Host struct {
 	reachSub event.Subscription // AutoNAT's verdicts
 	handlers sync.WaitGroup     // running stream handlers
 	serving  sync.WaitGroup     // running call handlers (SetHandler), a subset of handlers
+	slow     map[peer.ID]int    // calls cut for arriving too slowly, per peer (noteSlow)
 	// answered is when a call was last answered with a large response
 	// (UnixNano), for Close's linger.
 	answered atomic.Int64
@@ -522,6 +523,35 @@ const (
 	closeLinger = 500 * time.Millisecond
 	lingerBytes = 64 << 10
 )
+
+// Peers whose calls are cut for arriving below MinRequestRate slowStrikes
+// times are blocked for slowBlockFor: their streams are then refused at
+// once instead of holding a handler for an idle timeout each. slowTracked
+// bounds the peers counted (the table restarts when full).
+const (
+	slowStrikes  = 3
+	slowBlockFor = 10 * time.Minute
+	slowTracked  = 4096
+)
+
+// noteSlow counts a call of p cut for arriving too slowly and blocks p at
+// its slowStrikes-th.
+func (h *Host) noteSlow(p peer.ID, proto protocol.ID) {
+	h.mu.Lock()
+	if h.slow == nil || len(h.slow) >= slowTracked {
+		h.slow = map[peer.ID]int{}
+	}
+	h.slow[p]++
+	strikes := h.slow[p]
+	if strikes >= slowStrikes {
+		delete(h.slow, p)
+	}
+	h.mu.Unlock()
+	if strikes >= slowStrikes {
+		h.warnPeer("p2p: blocking a peer whose requests arrive too slowly", "peer", p, "proto", proto, "cut", strikes, "for", slowBlockFor)
+		h.blocks.Block(p, slowBlockFor)
+	}
+}
 
 // isClosing reports whether Close has begun.
 func (h *Host) isClosing() bool {

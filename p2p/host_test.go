@@ -741,3 +741,51 @@ func TestCloseAnswersCallsInFlight(t *testing.T) {
 		})
 	}
 }
+
+// trickle opens a call stream from a to b that announces 1 MiB and sends
+// a byte every 50 ms until b cuts it; it fails the test after 20 s.
+func trickle(t *testing.T, ctx context.Context, a, b *Host) {
+	t.Helper()
+	s, err := a.LibP2P().NewStream(ctx, b.ID(), slowProto)
+	if err != nil {
+		return // refused at once: cut too
+	}
+	defer s.Reset()
+	if _, err := s.Write([]byte{0, 16, 0, 0}); err != nil {
+		return
+	}
+	for start := time.Now(); time.Since(start) < 20*time.Second; time.Sleep(50 * time.Millisecond) {
+		if _, err := s.Write([]byte{1}); err != nil {
+			return
+		}
+	}
+	t.Fatal("a trickled request was held for 20 s")
+}
+
+// TestSlowPeerBlocked: a peer whose requests are cut for arriving too
+// slowly three times is blocked, so its streams stop holding handlers;
+// other peers are still served.
+func TestSlowPeerBlocked(t *testing.T) {
+	a, b := pair(t, "tcp", Config{}, Config{IdleTimeout: 300 * time.Millisecond, MinRequestRate: 1 << 20})
+	b.SetHandler(slowProto, echo)
+	ctx := ctxT(t, 20*time.Second)
+	if err := a.Connect(ctx, b.AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range slowStrikes {
+		if b.BlockList().Blocked(a.ID()) {
+			t.Fatalf("blocked after %d cuts, want %d", i, slowStrikes)
+		}
+		trickle(t, ctx, a, b)
+		time.Sleep(50 * time.Millisecond) // the cut is counted after the reset
+	}
+	for start := time.Now(); !b.BlockList().Blocked(a.ID()); time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("not blocked after %d cuts", slowStrikes)
+		}
+	}
+	c := newHost(t, "tcp", Config{})
+	if resp, err := c.Call(ctx, b.AddrInfo(), echoProto, []byte("hi")); err != nil || string(resp) != "hi" {
+		t.Fatalf("another peer's call: %q, %v", resp, err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -85,6 +86,10 @@ func (h *Host) serveCall(s network.Stream, proto protocol.ID, hd Handler) {
 	req, err := readN(rd, int(n))
 	if err != nil {
 		s.Reset()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			h.noteSlow(from, proto)
+		}
 		return
 	}
 	ctx, cancel := context.WithTimeout(h.ctx, h.cfg.HandlerTimeout)

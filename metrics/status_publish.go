@@ -195,15 +195,38 @@ func (m *rateMeter) update(now time.Time, n int64) float64 {
 // valid ones at now (see ParseStatus) and how many it dropped. No records
 // at all is not an error.
 func ReadStatus(ctx context.Context, g Getter, now time.Time) ([]Status, int, error) {
-	items, err := g.Get(ctx, StatusKey)
+	ss, dropped, _, err := readStatus(ctx, g, now)
+	return ss, dropped, err
+}
+
+// statsGetter is a Getter that also describes its lookups (dht.Node).
+type statsGetter interface {
+	GetStats(ctx context.Context, key string) (map[string]dht.Item, dht.Stats, error)
+}
+
+// readStatus is ReadStatus that also says whether a replica's answer was
+// near what one answer carries (dht.Stats.Crowded), when g can tell.
+func readStatus(ctx context.Context, g Getter, now time.Time) ([]Status, int, bool, error) {
+	var (
+		items   map[string]dht.Item
+		crowded bool
+		err     error
+	)
+	if sg, ok := g.(statsGetter); ok {
+		var st dht.Stats
+		items, st, err = sg.GetStats(ctx, StatusKey)
+		crowded = st.Crowded
+	} else {
+		items, err = g.Get(ctx, StatusKey)
+	}
 	if errors.Is(err, dht.ErrNotFound) {
-		return nil, 0, nil
+		return nil, 0, crowded, nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("metrics: read status records: %w", err)
+		return nil, 0, crowded, fmt.Errorf("metrics: read status records: %w", err)
 	}
 	ss, dropped := ParseStatus(items, now)
-	return ss, dropped, nil
+	return ss, dropped, crowded, nil
 }
 
 // Live holds numbers a training loop updates for its status record and a

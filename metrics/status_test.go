@@ -389,3 +389,34 @@ func TestReadStatusFromDHT(t *testing.T) {
 		t.Fatalf("after expiry: %d records, %d dropped, %v; want 0, 3", len(ss), dropped, err)
 	}
 }
+
+// crowdedGetter answers like a DHT node whose replicas' answers were near
+// their limit.
+type crowdedGetter struct{ items map[string]dht.Item }
+
+func (g crowdedGetter) Get(ctx context.Context, key string) (map[string]dht.Item, error) {
+	items, _, err := g.GetStats(ctx, key)
+	return items, err
+}
+
+func (g crowdedGetter) GetStats(context.Context, string) (map[string]dht.Item, dht.Stats, error) {
+	return g.items, dht.Stats{Crowded: true}, nil
+}
+
+func TestStatusReportSaysTheKeyIsCrowded(t *testing.T) {
+	now := time.Now()
+	b, err := Encode(sample("12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBDWez9kSCVe2Xo", now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := crowdedGetter{items: map[string]dht.Item{"12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBDWez9kSCVe2Xo": {Value: b, Expiration: now.Add(time.Minute)}}}
+	r, err := ReadStatusReport(context.Background(), g, now)
+	if err != nil || !r.Crowded {
+		t.Fatalf("report %+v, %v: want it crowded", r, err)
+	}
+	var out strings.Builder
+	r.WriteTable(&out)
+	if !strings.Contains(out.String(), "warning: the status key holds more records") {
+		t.Errorf("the table does not warn:\n%s", out.String())
+	}
+}

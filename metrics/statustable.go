@@ -18,6 +18,11 @@ type StatusReport struct {
 	Time    time.Time `json:"time"`
 	Peers   []Status  `json:"peers"`
 	Dropped int       `json:"dropped"`
+	// Crowded says a DHT replica's answer for the status key was near
+	// what one answer carries: the key holds very many records, perhaps a
+	// peer's flood (answers are shared among writers, so live peers
+	// still show).
+	Crowded bool `json:"crowded,omitempty"`
 }
 
 // WriteTable prints the records as a table, each peer's last sighting
@@ -43,6 +48,9 @@ func (r StatusReport) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "; %d invalid, forged or expired records left out", r.Dropped)
 	}
 	fmt.Fprintln(w)
+	if r.Crowded {
+		fmt.Fprintln(w, "warning: the status key holds more records than one DHT answer carries (a peer may be flooding it); answers are shared among the records' writers, so every live peer should still show")
+	}
 }
 
 // ago rounds a duration for people: 850ms, 12s, 3m4s, 2h5m.
@@ -69,9 +77,9 @@ func orDash(s string) string {
 // into a report; its Peers is empty, not nil, without records, as JSON
 // shows them.
 func ReadStatusReport(ctx context.Context, g Getter, now time.Time) (StatusReport, error) {
-	peers, dropped, err := ReadStatus(ctx, g, now)
+	peers, dropped, crowded, err := readStatus(ctx, g, now)
 	if peers == nil {
 		peers = []Status{}
 	}
-	return StatusReport{Time: now.UTC(), Peers: peers, Dropped: dropped}, err
+	return StatusReport{Time: now.UTC(), Peers: peers, Dropped: dropped, Crowded: crowded}, err
 }

@@ -625,10 +625,13 @@ func nearlyFull(es []*entry) bool {
 	}
 	size := 0
 	for _, e := range es {
-		size += len(e.Subkey) + len(e.Value) + len(e.Signature) + 16
+		size += answerBytes(e)
 	}
 	return size >= itemBudget/2
 }
+
+// answerBytes is what an item takes of an answer's itemBudget.
+func answerBytes(e *entry) int { return len(e.Subkey) + len(e.Value) + len(e.Signature) + 16 }
 
 // handle answers one DHT request.
 func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, error) {
@@ -703,10 +706,7 @@ func (n *Node) handle(ctx context.Context, from peer.ID, data []byte) ([]byte, e
 func fitItems(es []*entry) (fit []*entry, cut bool) {
 	byWriter := map[string][]*entry{}
 	for _, e := range es {
-		w := e.writer
-		if w == "" {
-			w = "p:" + e.from
-		}
+		w := writerOf(e)
 		byWriter[w] = append(byWriter[w], e)
 	}
 	writers := make([]string, 0, len(byWriter))
@@ -723,7 +723,7 @@ func fitItems(es []*entry) (fit []*entry, cut bool) {
 		for _, w := range writers {
 			items := byWriter[w]
 			e := items[round]
-			size += len(e.Subkey) + len(e.Value) + len(e.Signature) + 16
+			size += answerBytes(e)
 			if size > itemBudget || len(fit) == MaxItems {
 				return fit, true
 			}

@@ -51,16 +51,13 @@ func ExportTokens(corpus Corpus, o TokenizeOptions, dir string) (TokenExport, er
 	if err != nil {
 		return TokenExport{}, err
 	}
-	if o.ValFraction == 0 {
-		o.ValFraction = 0.1
-	}
 	width := 2
 	if d.Vocab > 1<<16 {
 		width = 4
 	}
 	e := TokenExport{
 		Format: "skyhive-tokens", Version: 1, Data: corpus.Name, Vocab: d.Vocab, TokenWidth: width,
-		Seed: o.Seed, ValFraction: o.ValFraction, TrainTokens: len(d.Train), ValTokens: len(d.Val),
+		Seed: o.Seed, ValFraction: o.valFraction(), TrainTokens: len(d.Train), ValTokens: len(d.Val),
 		Signature: d.Signature(),
 	}
 	if d.Tokenizer != nil {

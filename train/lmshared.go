@@ -49,6 +49,14 @@ type TokenizeOptions struct {
 	Log io.Writer
 }
 
+// valFraction is the share held out: ValFraction, 0.1 when 0.
+func (o TokenizeOptions) valFraction() float64 {
+	if o.ValFraction == 0 {
+		return 0.1
+	}
+	return o.ValFraction
+}
+
 // Tokenize is the language-model data path of every command: a text corpus
 // is encoded with a byte-level BPE of o.Vocab tokens trained on it (or with
 // o.Tokenizer), token data is taken as it is after checking every id
@@ -57,9 +65,7 @@ type TokenizeOptions struct {
 // same tokenizer and split in every process.
 func Tokenize(corpus Corpus, o TokenizeOptions) (LMData, error) {
 	var d LMData
-	if o.ValFraction == 0 {
-		o.ValFraction = 0.1
-	}
+	o.ValFraction = o.valFraction()
 	t0 := time.Now()
 	var ids []int32
 	switch {
@@ -117,13 +123,8 @@ func (d LMData) Signature() string {
 	if d.Tokenizer == nil {
 		return "tokens"
 	}
-	return TokenizerSignature(d.Tokenizer)
-}
-
-// TokenizerSignature is LMData.Signature of data that tok encoded.
-func TokenizerSignature(tok *text.Tokenizer) string {
 	h := fnv.New64a()
-	for _, p := range tok.Merges() {
+	for _, p := range d.Tokenizer.Merges() {
 		fmt.Fprintf(h, "%d,%d;", p.Left, p.Right)
 	}
 	return fmt.Sprintf("bpe-%016x", h.Sum64())

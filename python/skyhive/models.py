@@ -123,7 +123,16 @@ class Decoder(nn.Module):
         return x + self.drop(self.ffn(self.ln2(x)))
 
 
-class GPT(nn.Module):
+class _Twin(nn.Module):
+    """What every twin has: skyhive_names, its parameters' Skyhive names
+    in the order of parameters()."""
+
+    def skyhive_parameters(self):
+        """(Skyhive name, parameter) pairs in Skyhive's order."""
+        return list(zip(self.skyhive_names, self.parameters()))
+
+
+class GPT(_Twin):
     """The twin of Skyhive's GPT: ids [batch, seq] (seq ≤ config's) to
     next-token logits [batch, seq, vocab], with a head tied to the token
     table unless untied.
@@ -188,12 +197,8 @@ class GPT(nn.Module):
         self.train(was)
         return total / n
 
-    def skyhive_parameters(self):
-        """(Skyhive name, parameter) pairs in Skyhive's order."""
-        return list(zip(self.skyhive_names, self.parameters()))
 
-
-class MLP(nn.Module):
+class MLP(_Twin):
     """The twin of Skyhive's image MLPs: standardized images [batch, 784]
     to logits [batch, 10] (Linear+ReLU(+Dropout) layers, then a linear
     output layer)."""
@@ -219,9 +224,6 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.layers(x)
-
-    def skyhive_parameters(self):
-        return list(zip(self.skyhive_names, self.parameters()))
 
 
 def parse(spec, vocab=None, seq=None):

@@ -15,6 +15,13 @@ const (
 	// it (it was stopped) or declines it (it will not join), so that they
 	// stop waiting for it at once.
 	LeaveProtocol = "/skyhive/averaging/leave/1.0.0"
+	// RosterProtocol is how the peers of a fixed roster (rank
+	// matchmaking, package averaging/peer) agree on it and start
+	// together: asked with the run ID, a peer answers, in JSON, the
+	// roster it proposes ("peers", sorted peer IDs), whether that is
+	// final ("final") and whether it can take its first step ("ready").
+	// Answering proves a peer alive before the barrier.
+	RosterProtocol = "/skyhive/averaging/roster/1.0.0"
 )
 
 // Hard limits of the message formats.

@@ -3,8 +3,13 @@ package hostile
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"sync"
 	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/p2p"
@@ -27,6 +32,9 @@ type Options struct {
 	Duration   time.Duration
 	// JSON prints the report as JSON, and the start line on stderr.
 	JSON bool
+	// SquatRun, instead of the floods, squats the fixed roster of this
+	// run (RosterSquat) for Duration, joining the DHT through Targets.
+	SquatRun string
 }
 
 // DefaultOptions are the options of `skyhive attack` without flags, but
@@ -59,6 +67,9 @@ func (o Options) Run(ctx context.Context, stdout, stderr io.Writer) error {
 	if err != nil {
 		return &launch.FieldError{Fields: []string{"target"}, Text: "%s", Err: err}
 	}
+	if o.SquatRun != "" {
+		return o.squat(ctx, peers, stdout)
+	}
 	if o.SlowRate == 0 {
 		o.SlowRate = -1 // RunConfig: none
 	}
@@ -88,3 +99,42 @@ func (o Options) Run(ctx context.Context, stdout, stderr io.Writer) error {
 	}
 	return r.Err()
 }
+
+// squat runs two RosterSquats of o.SquatRun through the DHT nodes peers,
+// one that answers as a member and one that only lists itself, and
+// prints their tallies.
+func (o Options) squat(ctx context.Context, peers []peer.AddrInfo, stdout io.Writer) error {
+	tallies := make([]SquatTally, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range tallies {
+		h, err := p2p.New(ctx, p2p.Config{ListenAddrs: o.Listen})
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		fmt.Fprintf(stdout, "squatting run %q's roster as %s (%s) for %v\n", o.SquatRun, h.ID(), squatKinds[i], o.Duration)
+		wg.Go(func() {
+			tallies[i], errs[i] = RosterSquat{Host: h, DHT: peers, RunID: o.SquatRun, Silent: i == 1}.Run(ctx, o.Duration)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if o.JSON {
+		return json.NewEncoder(stdout).Encode(map[string]SquatTally{squatKinds[0]: tallies[0], squatKinds[1]: tallies[1]})
+	}
+	for i, t := range tallies {
+		last := "never"
+		if !t.LastHeld.IsZero() {
+			last = t.LastHeld.Format(time.RFC3339)
+		}
+		fmt.Fprintf(stdout, "%s: copied model signature %s; answered %d roster questions; held %d requests (%d bytes) unanswered, the last %s\n",
+			squatKinds[i], t.Signature, t.Questions, t.Held, t.HeldBytes, last)
+	}
+	return nil
+}
+
+// squatKinds name the two squatters' tallies.
+var squatKinds = [2]string{"member", "listing"}

@@ -26,6 +26,7 @@ type Member struct {
 
 	avg        *averaging.Averager
 	roster     []averaging.Member // rank matchmaking only
+	gate       *rosterGate        // rank matchmaking only
 	ownNode    bool
 	stopStatus func()
 }
@@ -60,7 +61,7 @@ func Attach(ctx context.Context, cfg Config, inner optim.Optimizer, sig string) 
 	live.setOptimizer(m.Opt)
 	m.stopStatus = startStatus(context.WithoutCancel(ctx), cfg, n.Host(), n.DHT(), live)
 	if cfg.Matchmaking == averaging.MatchRanks {
-		if err := startBarrier(ctx, cfg, n.DHT(), n.ID(), m.roster); err != nil {
+		if err := startBarrier(ctx, cfg, n.Host(), m.gate, m.roster); err != nil {
 			m.Close()
 			return nil, err
 		}
@@ -76,6 +77,9 @@ func (m *Member) Close() error {
 	}
 	err := m.Opt.Close()
 	m.avg.Close()
+	if m.gate != nil {
+		m.gate.close()
+	}
 	if m.ownNode {
 		err = errors.Join(err, m.Node.Close())
 	}
@@ -103,15 +107,26 @@ func join(ctx context.Context, cfg Config, n *node.Node, inner optim.Optimizer, 
 		avg.Close()
 		return nil, err
 	}
+	var gate *rosterGate
 	if cfg.Matchmaking == averaging.MatchRanks {
-		ocfg.Roster, ocfg.Rank = roster(others, h.AddrInfo())
+		gate = openRosterGate(h, cfg.RunID)
+		peers, err := formRoster(ctx, cfg, h, gate, mm, dn, sig)
+		if err != nil {
+			gate.close()
+			avg.Close()
+			return nil, err
+		}
+		ocfg.Roster, ocfg.Rank = roster(peers, h.ID())
 	}
 	opt, err := optimizer.New(avg, inner, ocfg)
 	if err != nil {
+		if gate != nil {
+			gate.close()
+		}
 		avg.Close()
 		return nil, err
 	}
-	m := &Member{Opt: opt, Node: n, avg: avg, roster: ocfg.Roster}
+	m := &Member{Opt: opt, Node: n, avg: avg, roster: ocfg.Roster, gate: gate}
 	joinSwarm := !founder && bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT
 	if err := startState(ctx, cfg, opt, ck, dn, joinSwarm, res); err != nil {
 		m.Close()

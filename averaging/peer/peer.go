@@ -89,7 +89,8 @@ type Config struct {
 	MinAgree     int
 	// MinPeers is how many peers of the run, this one included, must be
 	// listed in the DHT before training starts (2); with rank
-	// matchmaking the roster is exactly this many. WaitPeers bounds the
+	// matchmaking the roster is the peers that answer and agree on it
+	// (RosterProtocol), at least this many. WaitPeers bounds the
 	// wait (1 min).
 	MinPeers  int
 	WaitPeers time.Duration
@@ -484,7 +485,7 @@ func run(ctx context.Context, cfg Config, n *node.Node) (Result, error) {
 		}
 	}
 	if cfg.Matchmaking == averaging.MatchRanks {
-		if err := startBarrier(ctx, cfg, dn, h.ID(), m.roster); err != nil {
+		if err := startBarrier(ctx, cfg, h, m.gate, m.roster); err != nil {
 			return res, err
 		}
 	}
@@ -583,10 +584,6 @@ func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, nod
 				optimizer.ErrModelMismatch, cfg.RunID, mismatched[0].Model, sig)
 		}
 		if len(same)+1 >= cfg.MinPeers {
-			if cfg.Matchmaking == averaging.MatchRanks && len(same)+1 > cfg.MinPeers {
-				return nil, false, fmt.Errorf("%w: run %q lists %d peers but rank matchmaking wants exactly the minimum of %d; use a new run ID",
-					ErrConfig, cfg.RunID, len(same)+1, cfg.MinPeers)
-			}
 			return same, founder, nil
 		}
 		notice.update(cfg.RunID, len(same)+1, cfg.MinPeers)
@@ -600,53 +597,16 @@ func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, nod
 	}
 }
 
-// startBarrier makes the peers of a fixed roster take their first step
-// together: each marks itself ready in the DHT once it can step, and waits
-// until every member is. Rounds of a fixed roster are in lockstep, so a
-// member that started later than an all-reduce's wait would stay a round
-// behind the others and never average with them again.
-func startBarrier(ctx context.Context, cfg Config, node *dht.Node, self libp2ppeer.ID, roster []averaging.Member) error {
-	key := cfg.RunID + "/ready"
-	deadline := time.Now().Add(cfg.WaitPeers)
-	stored := false
-	for {
-		sctx, cancel := context.WithTimeout(ctx, max(cfg.RoundInterval, time.Second))
-		if !stored {
-			_, err := node.Store(sctx, key, self.String(), []byte{1}, time.Now().Add(cfg.WaitPeers+time.Minute))
-			stored = err == nil
-		}
-		items, _ := node.Get(sctx, key)
-		cancel()
-		ready := 0
-		for _, m := range roster {
-			if _, ok := items[m.Peer.ID.String()]; ok || m.Peer.ID == self {
-				ready++
-			}
-		}
-		if ready == len(roster) && stored {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: %d of the %d peers of run %q were ready to step within %v", ErrNoSwarm, ready, len(roster), cfg.RunID, cfg.WaitPeers)
-		}
-		if err := clock.Sleep(ctx, 200*time.Millisecond); err != nil {
-			return err
-		}
-	}
-}
-
-// roster orders the run's peers by ID and returns them with this peer's rank.
-func roster(others []averaging.PeerInfo, self libp2ppeer.AddrInfo) ([]averaging.Member, int) {
-	infos := []libp2ppeer.AddrInfo{self}
-	for _, p := range others {
-		infos = append(infos, p.Addr)
-	}
+// roster orders the roster's peers by ID and returns them with this
+// peer's rank.
+func roster(peers []libp2ppeer.AddrInfo, self libp2ppeer.ID) ([]averaging.Member, int) {
+	infos := slices.Clone(peers)
 	slices.SortFunc(infos, func(a, b libp2ppeer.AddrInfo) int { return strings.Compare(string(a.ID), string(b.ID)) })
 	ms := make([]averaging.Member, len(infos))
 	rank := 0
 	for i, in := range infos {
 		ms[i] = averaging.Member{Peer: in, Weight: 1}
-		if in.ID == self.ID {
+		if in.ID == self {
 			rank = i
 		}
 	}

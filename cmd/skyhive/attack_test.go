@@ -262,3 +262,69 @@ func TestAttackProgram(t *testing.T) {
 		t.Errorf("pipeline under attack: %s", m[0])
 	}
 }
+
+// TestRosterSquatters runs `skyhive attack --squat-run` against two
+// `skyhive peer` processes that train with DiLoCo over a fixed roster
+// (rank matchmaking): one stranger copies the run's listing and model
+// signature, answers the roster questions as a member would and holds
+// every contribution it is sent; another only copies the listing. Before
+// the roster's liveness check and agreement, the first peer exited ("lists
+// 3 peers") and the other waited on a stranger; now both train to the
+// end, leave out the one that does not answer, and drop the one that
+// holds contributions after it missed their first all-reduces.
+func TestRosterSquatters(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("trains two peer processes beside two strangers for 45 s")
+	}
+	needFashionMNIST(t)
+	dir := t.TempDir()
+	_, dhtAddr := startDHTProcess(t)
+	var report syncBuffer
+	squat := startCLIWith(t, &report, &report, "attack", "--target", dhtAddr, "--listen", loopback, "--squat-run", "squatted",
+		"--duration", "45s", "--json")
+	waitFor(t, "the squatters to start", 20*time.Second, func() bool { return strings.Count(report.String(), "squatting") == 2 })
+
+	const steps, inner = 60, 5
+	peers := map[string]*proc{}
+	for _, name := range []string{"a", "b"} {
+		peers[name] = startCLI(t, nil, "peer", "--dht", dhtAddr, "--listen", loopback, "--run-id", "squatted",
+			"--algo", "diloco", "--inner-steps", fmt.Sprint(inner), "--matchmaking", "ranks", "--min-peers", "2",
+			"--timeout", "2s", "--steps", fmt.Sprint(steps), "--batch", "64", "--limit", "5000", "--eval-examples", "1000",
+			"--json", "--quiet", "--stats", filepath.Join(dir, name+".jsonl"))
+		if name == "a" {
+			// Peers started by hand half a second apart: the member
+			// squatter, which copies the first listing it sees, is
+			// listed too before their roster settles.
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	for name, p := range peers {
+		if err := p.wait(t, 3*time.Minute); err != nil {
+			t.Fatalf("peer %s: %v\n%s", name, err, tail(p.stderr.String()))
+		}
+		snaps, err := peer.ReadSnapshots(filepath.Join(dir, name+".jsonl"))
+		if err != nil || len(snaps) == 0 {
+			t.Fatalf("peer %s: no stats: %v", name, err)
+		}
+		r := snaps[len(snaps)-1]
+		t.Logf("peer %s: %d steps, %d outer steps, %d dead, %d failed collectives, accuracy %.3f", name, r.Stats.Steps, r.Stats.OuterSteps, r.Stats.Dead, r.Stats.Failures, r.Accuracy)
+		if r.Stats.Steps != steps || r.Stats.OuterSteps != steps/inner {
+			t.Errorf("peer %s: %d steps and %d outer steps, want %d and %d", name, r.Stats.Steps, r.Stats.OuterSteps, steps, steps/inner)
+		}
+		if r.Stats.Failures >= steps/inner {
+			t.Errorf("peer %s: %d of %d collectives failed: the squatter was never dropped", name, r.Stats.Failures, steps/inner)
+		}
+	}
+	if err := squat.wait(t, 2*time.Minute); err != nil {
+		t.Fatalf("attack: %v\n%s", err, tail(report.String()))
+	}
+	var tallies map[string]hostile.SquatTally
+	out := report.String()
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &tallies); err != nil {
+		t.Fatalf("attack report: %v\n%s", err, out)
+	}
+	t.Logf("squatters: %+v", tallies)
+	if m := tallies["member"]; m.Questions == 0 || m.Signature == "" {
+		t.Errorf("the member squatter took no part (%+v): the test attacked nothing", m)
+	}
+}

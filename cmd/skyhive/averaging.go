@@ -68,7 +68,7 @@ func newPeerCmd() *cobra.Command {
 			"unigram's. Peers with another model, context or tokenizer are not averaged with.",
 		Example: "  skyhive dht --listen /ip4/0.0.0.0/tcp/4001              # prints its /p2p address\n" +
 			"  skyhive peer --dht /ip4/10.0.0.1/tcp/4001/p2p/12D3Koo... --algo wagma --duration 10m\n" +
-			"  skyhive peer --dht ADDR --algo allreduce --min-peers 4   # rank-based: exactly 4 peers\n" +
+			"  skyhive peer --dht ADDR --algo allreduce --min-peers 4   # rank-based: a fixed roster of at least 4\n" +
 			"  skyhive peer --dht ADDR --model gpt-mini --data gcide --duration 30m   # a GPT on the dictionary\n" +
 			"  srun skyhive peer --dht ADDR --shard $SLURM_PROCID/$SLURM_NTASKS   # see examples/slurm",
 		Args: cobra.NoArgs,
@@ -90,7 +90,7 @@ func (f *peerFlags) register(fl *pflag.FlagSet) {
 	c := &f.cfg
 	f.net.register(fl, "DHT peers of the swarm to join: multiaddrs ending in /p2p/PEER_ID (required)")
 	fl.StringVar(&c.RunID, "run-id", d.RunID, "run name in DHT keys; every peer of a run must use the same")
-	fl.StringVar(&c.Matchmaking, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (fixed roster of exactly --min-peers peers; default for allreduce and local)")
+	fl.StringVar(&c.Matchmaking, "matchmaking", "", "how groups form: dht (Moshpit-style groups every round, peers may join and leave; default for wagma) or ranks (a fixed roster: the peers of the run that answer and agree on it before training, at least --min-peers; default for allreduce and local)")
 	fl.IntVar(&c.GroupSize, "group-size", 0, "group size (0: 3 with dht matchmaking, round(sqrt(peers)) with ranks)")
 	registerAveragingFlags(fl, c)
 	fl.StringVar(&c.Aggregation, "aggregation", d.Aggregation, "how a group combines contributions: mean, or for open swarms centered-clip or trimmed-mean (robust to a minority of bad contributions; slower)")

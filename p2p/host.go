@@ -131,6 +131,12 @@ type Config struct {
 	// (t − IdleTimeout)·MinRequestRate bytes must have arrived, or the
 	// stream is cut.
 	MinRequestRate int
+	// RequestMemory bounds the bytes of the calls' requests this host reads
+	// or handles at once, across protocols (0: no bound beyond
+	// MaxMessageBytes per call); one peer may hold at most a quarter of
+	// it. A request that does not fit is refused as busy from its length
+	// prefix, before its bytes are read.
+	RequestMemory int64
 
 	// MemoryBudget sizes libp2p's resource manager, which bounds the
 	// connections and streams (and their buffers) in total, per peer and per
@@ -211,6 +217,7 @@ type Host struct {
 	handlers sync.WaitGroup     // running stream handlers
 	serving  sync.WaitGroup     // running call handlers (SetHandler), a subset of handlers
 	slow     map[peer.ID]int    // calls cut for arriving too slowly, per peer (noteSlow)
+	reqs     requestBytes       // requests being read or handled (RequestMemory)
 	// answered is when a call was last answered with a large response
 	// (UnixNano), for Close's linger.
 	answered atomic.Int64

@@ -789,3 +789,65 @@ func TestSlowPeerBlocked(t *testing.T) {
 		t.Fatalf("another peer's call: %q, %v", resp, err)
 	}
 }
+
+// RequestMemory bounds the request bytes a host reads or handles at once,
+// and one peer's share of them: a peer whose requests fill its quarter is
+// told the host is busy before its next request's bytes are read, while
+// another peer is still served; the bytes come back when the handlers
+// return.
+func TestRequestMemoryShared(t *testing.T) {
+	const limit = 4 << 20
+	a, b := pair(t, "tcp", Config{}, Config{RequestMemory: limit})
+	c := newHost(t, "tcp", Config{})
+	release := make(chan struct{})
+	held := make(chan struct{}, 8)
+	b.SetHandler(slowProto, func(ctx context.Context, _ peer.ID, req []byte) ([]byte, error) {
+		held <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return []byte{byte(len(req) >> 20)}, nil
+	})
+	ctx := ctxT(t, 20*time.Second)
+	req := make([]byte, 600<<10)
+	// a's first request holds 600 KiB of its 1 MiB share.
+	first := make(chan error, 1)
+	go func() {
+		_, err := a.Call(ctx, b.AddrInfo(), slowProto, req)
+		first <- err
+	}()
+	<-held
+	if _, err := a.Call(ctx, b.AddrInfo(), slowProto, req); err == nil || !strings.Contains(err.Error(), "busy") || !strings.Contains(err.Error(), "share") {
+		t.Fatalf("a's second request over its share: %v, want busy", err)
+	}
+	// Another peer is served meanwhile.
+	other := make(chan error, 1)
+	go func() {
+		_, err := c.Call(ctx, b.AddrInfo(), slowProto, req)
+		other <- err
+	}()
+	<-held
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("a's first request: %v", err)
+	}
+	if err := <-other; err != nil {
+		t.Fatalf("c's request: %v", err)
+	}
+	if _, err := a.Call(ctx, b.AddrInfo(), slowProto, req); err != nil {
+		t.Fatalf("a's request after its share came back: %v", err)
+	}
+	// The handler's bytes come back once it has answered; the loop's
+	// bound only turns a leak into a failure.
+	var total int64
+	for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(10 * time.Millisecond) {
+		b.mu.Lock()
+		total = b.reqs.total
+		b.mu.Unlock()
+		if total == 0 {
+			return
+		}
+	}
+	t.Fatalf("%d request bytes still counted", total)
+}

@@ -78,6 +78,12 @@ func (h *Host) serveCall(s network.Stream, proto protocol.ID, hd Handler) {
 		replyError(s, wr, fmt.Sprintf("request of %d bytes exceeds the limit of %d", n, h.cfg.MaxMessageBytes))
 		return
 	}
+	release, err := h.reserveRequest(from, int64(n))
+	if err != nil {
+		replyError(s, wr, err.Error())
+		return
+	}
+	defer release()
 	// After the first IdleTimeout the request must keep arriving at
 	// MinRequestRate at least, whatever size it announced: a sender
 	// trickling bytes just inside the idle timeout is cut within about

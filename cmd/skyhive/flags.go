@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/skyhive/skyhive/data"
+	"github.com/skyhive/skyhive/internal/memlimit"
 	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/node"
@@ -207,15 +208,17 @@ func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
 	fl.Int64Var(&c.MemoryMiB, "memory-budget", 0, "MiB of memory this process should stay within: Go's soft memory limit; a quarter of it bounds libp2p's connections and streams, an eighth the DHT records this peer stores (0: no limit; libp2p gets an eighth of the machine's memory, the DHT 128 MiB)")
 }
 
-// config is the host configuration the flags describe. With
-// --memory-budget it also sets the process's soft memory limit.
+// config is the host configuration the flags describe. It also sets the
+// process's soft memory limit to the smaller of --memory-budget and what
+// the kernel's limits leave (RLIMIT_AS, the cgroup's memory.max), so that
+// the garbage collector reclaims memory before the process runs out.
 func (c *connectFlags) config() (p2p.Config, error) {
 	cfg, err := node.HostConfig(c.Net)
 	if err != nil {
 		return cfg, flagError(err)
 	}
-	if c.MemoryMiB > 0 {
-		debug.SetMemoryLimit(c.MemoryMiB << 20)
+	if b := memlimit.Min(c.MemoryMiB<<20, memlimit.Available().Heap()); b > 0 {
+		debug.SetMemoryLimit(b)
 	}
 	return cfg, nil
 }

@@ -54,8 +54,15 @@ func startCLI(t *testing.T, stdout io.Writer, args ...string) *proc {
 // unlike proc.stderr, may be read while the process runs).
 func startCLIWith(t *testing.T, stdout, stderr io.Writer, args ...string) *proc {
 	t.Helper()
+	return startProgram(t, stdout, stderr, append([]string{os.Args[0]}, args...))
+}
+
+// startProgram starts argv, whose program is the test binary or runs it
+// (as prlimit does), as startCLIWith does.
+func startProgram(t *testing.T, stdout, stderr io.Writer, argv []string) *proc {
+	t.Helper()
 	p := &proc{done: make(chan struct{})}
-	p.cmd = exec.Command(os.Args[0], args...)
+	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Env = append(os.Environ(), envAsCLI+"=1")
 	p.cmd.Stdout = &p.stdout
 	if stdout != nil {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/skyhive/skyhive/internal/memlimit"
 	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
@@ -83,16 +84,23 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 	if err != nil {
 		return err
 	}
-	n, err := startNode(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer n.Close()
 	lazy := lazyByDefault(len(uids), s.ExpertType, s.Hidden)
 	if s.Lazy != nil {
 		lazy = *s.Lazy
 	}
+	plan, err := planMemory(s, len(uids), lazy)
+	if err != nil {
+		return err
+	}
+	n, err := startNode(ctx, cfg, plan.Requests)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
 	fmt.Fprintf(cfg.Stderr, "expert server hosting %d %s experts (hidden %d, %s)\n", len(uids), s.ExpertType, s.Hidden, expertMemory(len(uids), s.ExpertType, s.Hidden, lazy))
+	if plan.Budget > 0 {
+		fmt.Fprintf(cfg.Stderr, "%s (%s)\n", plan, plan.source)
+	}
 	if cfg.Announce != nil {
 		cfg.Announce(ctx, n.Host())
 	}
@@ -105,7 +113,7 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 		Transport: n.Host(), DHT: n.DHT(), Experts: uids, Type: s.ExpertType, Hidden: s.Hidden, Heads: s.Heads,
 		MinBatch: s.MinBatch, MaxBatch: s.MaxBatch, BatchTimeout: time.Duration(s.BatchTimeout), Workers: s.ParallelBatches,
 		LR: s.LR, ClipNorm: s.Clip, StepRows: s.StepRows, MaxSeqLen: s.MaxSeqLen,
-		RequestMemory: s.RequestMemory << 20, QueueMemory: queueMemory(s) << 20, ZeroInit: s.ZeroInit, Seed: s.Seed, Lazy: lazy,
+		RequestMemory: s.RequestMemory << 20, QueueMemory: queueMemory(s) << 20, MemoryBudget: plan.Budget, ZeroInit: s.ZeroInit, Seed: s.Seed, Lazy: lazy,
 		Limits:       WireLimits(s.MaxBatch, s.Hidden),
 		DeclareEvery: time.Duration(s.DeclareEvery), CheckpointPath: s.Checkpoint, CheckpointEvery: time.Duration(s.CheckpointEvery),
 		Logger:  slog.New(logs),
@@ -121,12 +129,44 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 	return serveStats(ctx, cfg, srv, logs)
 }
 
-// startNode starts the server's node; ctx ending is returned as is.
-func startNode(ctx context.Context, cfg RoleConfig) (*node.Node, error) {
+// rolePlan is a server's memory plan and what bounds its budget.
+type rolePlan struct {
+	MemoryPlan
+	source string
+}
+
+// planMemory plans the process's memory (PlanMemory) within the smaller of
+// the --memory-budget and the kernel's limits (package memlimit); the
+// plan's Budget is 0 when neither is set.
+func planMemory(s launch.Server, experts int, lazy bool) (rolePlan, error) {
+	avail := memlimit.Available()
+	budget := memlimit.Min(s.MemoryMiB<<20, avail.Heap())
+	if budget <= 0 {
+		return rolePlan{}, nil
+	}
+	source := "--memory-budget"
+	if budget != s.MemoryMiB<<20 {
+		source = "the process's " + avail.Source
+	}
+	var weights int64
+	if !lazy {
+		weights = expertBytes(experts, s.ExpertType, s.Hidden)
+	}
+	p, err := PlanMemory(budget, weights)
+	if err != nil {
+		return rolePlan{}, fmt.Errorf("%s: %w", source, err)
+	}
+	return rolePlan{p, source}, nil
+}
+
+// startNode starts the server's node, its host reading at most
+// requestBytes of requests at once (0: no bound); ctx ending is returned
+// as is.
+func startNode(ctx context.Context, cfg RoleConfig, requestBytes int64) (*node.Node, error) {
 	ncfg := cfg.Node
 	if ncfg.Host != nil {
 		h := *ncfg.Host
-		h.MaxMessageBytes = roleMessageBytes
+		h.MaxMessageBytes, h.RequestMemory = roleMessageBytes, requestBytes
 		ncfg.Host = &h
 	} else {
 		ncfg.Net.MaxMessageBytes = roleMessageBytes

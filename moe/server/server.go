@@ -126,6 +126,11 @@ type Config struct {
 	// are refused as busy. A server's memory thus stays below its weights
 	// plus QueueMemory plus Workers × RequestMemory.
 	QueueMemory int64
+	// MemoryBudget, when set, is the memory the whole process may use
+	// (package memlimit finds the kernel's limits): RequestMemory and
+	// QueueMemory are lowered to fit it (PlanMemory), and the experts
+	// (all of them, unless Lazy) must leave room for requests.
+	MemoryBudget int64
 	// Codec encodes responses (CodecNone).
 	Codec wire.Codec
 
@@ -239,6 +244,18 @@ func (c *Config) defaults() error {
 	}
 	if c.QueueMemory <= 0 {
 		c.QueueMemory = DefaultQueueMemory
+	}
+	if c.MemoryBudget > 0 {
+		var experts int64
+		if !c.Lazy {
+			experts = expertBytes(len(c.Experts), c.Type, c.Hidden)
+		}
+		p, err := PlanMemory(c.MemoryBudget, experts)
+		if err != nil {
+			return fmt.Errorf("moe/server: %w", err)
+		}
+		c.QueueMemory = min(c.QueueMemory, p.Queue)
+		c.RequestMemory = min(c.RequestMemory, p.Work/int64(c.Workers))
 	}
 	if c.FailRate < 0 || c.FailRate >= 1 {
 		return fmt.Errorf("moe/server: FailRate %v not in [0, 1)", c.FailRate)

@@ -27,9 +27,11 @@ type Options struct {
 	// Identities, Rate, SlowRate and Duration are RunConfig's; SlowRate 0
 	// starts no slow senders.
 	Identities int
-	Rate       float64
-	SlowRate   float64
-	Duration   time.Duration
+	// SlowIdentities is RunConfig's (0: its default).
+	SlowIdentities int
+	Rate           float64
+	SlowRate       float64
+	Duration       time.Duration
 	// JSON prints the report as JSON, and the start line on stderr.
 	JSON bool
 	// SquatRun, instead of the floods, squats the fixed roster of this
@@ -78,7 +80,7 @@ func (o Options) Run(ctx context.Context, stdout, stderr io.Writer) error {
 		progress = stderr
 	}
 	c := RunConfig{
-		Targets: peers, Identities: o.Identities, Rate: o.Rate, SlowRate: o.SlowRate, Duration: o.Duration,
+		Targets: peers, Identities: o.Identities, SlowIdentities: o.SlowIdentities, Rate: o.Rate, SlowRate: o.SlowRate, Duration: o.Duration,
 		NewHost: func(ctx context.Context) (*p2p.Host, error) {
 			return p2p.New(ctx, p2p.Config{ListenAddrs: o.Listen})
 		},

@@ -13,8 +13,9 @@ import (
 	"github.com/skyhive/skyhive/p2p"
 )
 
-// slowIdentities is how many identities send the slow attacks.
-const slowIdentities = 2
+// defaultSlowIdentities is how many identities send the slow attacks
+// unless RunConfig.SlowIdentities says otherwise.
+const defaultSlowIdentities = 2
 
 // RunConfig is one run of the hostile peer against real peers.
 type RunConfig struct {
@@ -24,10 +25,14 @@ type RunConfig struct {
 	// closes them.
 	NewHost func(ctx context.Context) (*p2p.Host, error)
 	// Identities is how many identities send the quick attacks (default
-	// 4). Slow senders have two identities of their own, so that a victim
+	// 4). Slow senders have identities of their own, so that a victim
 	// must cut them off by its request deadline, not because another
 	// attack from the same identity got it blocked.
 	Identities int
+	// SlowIdentities is how many identities of their own the slow senders
+	// have (default 2); many of them can together hold more streams of a
+	// protocol than libp2p lets one peer open.
+	SlowIdentities int
 	// Rate is the quick attacks' requests per second (default 100), and
 	// SlowRate the slow senders started per second (default 1; negative:
 	// none).
@@ -76,16 +81,19 @@ func Run(ctx context.Context, c RunConfig) (Report, error) {
 	if c.Duration <= 0 {
 		c.Duration = 30 * time.Second
 	}
+	if c.SlowIdentities <= 0 {
+		c.SlowIdentities = defaultSlowIdentities
+	}
 	if c.MaxInflight <= 0 {
 		c.MaxInflight = max(64, int(2*c.Rate))
 	}
-	hosts := make([]*p2p.Host, 0, c.Identities+slowIdentities)
+	hosts := make([]*p2p.Host, 0, c.Identities+c.SlowIdentities)
 	defer func() {
 		for _, h := range hosts {
 			h.Close()
 		}
 	}()
-	for range c.Identities + slowIdentities {
+	for range c.Identities + c.SlowIdentities {
 		h, err := c.NewHost(ctx)
 		if err != nil {
 			return Report{}, fmt.Errorf("hostile: identity: %w", err)

@@ -137,6 +137,13 @@ type Config struct {
 	// it. A request that does not fit is refused as busy from its length
 	// prefix, before its bytes are read.
 	RequestMemory int64
+	// MaxPendingPerPeer and MaxPendingPerAddr bound the call requests of
+	// one protocol this host reads at once from one peer and from one
+	// address (an IPv4 address or IPv6 /64): a further stream is told the
+	// host is busy at once, so that slow requests from one source cannot
+	// hold all of libp2p's streams of the protocol (defaults
+	// DefaultMaxPendingPerPeer, DefaultMaxPendingPerAddr).
+	MaxPendingPerPeer, MaxPendingPerAddr int
 
 	// MemoryBudget sizes libp2p's resource manager, which bounds the
 	// connections and streams (and their buffers) in total, per peer and per
@@ -164,6 +171,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MinRequestRate <= 0 {
 		c.MinRequestRate = DefaultMinRequestRate
+	}
+	if c.MaxPendingPerPeer <= 0 {
+		c.MaxPendingPerPeer = DefaultMaxPendingPerPeer
+	}
+	if c.MaxPendingPerAddr <= 0 {
+		c.MaxPendingPerAddr = DefaultMaxPendingPerAddr
 	}
 	if c.MaxStreamBytes <= 0 {
 		c.MaxStreamBytes = DefaultMaxStreamBytes
@@ -218,6 +231,7 @@ type Host struct {
 	serving  sync.WaitGroup     // running call handlers (SetHandler), a subset of handlers
 	slow     map[peer.ID]int    // calls cut for arriving too slowly, per peer (noteSlow)
 	reqs     requestBytes       // requests being read or handled (RequestMemory)
+	pending  pendingReads       // requests being read, per protocol (MaxPendingPer…)
 	// answered is when a call was last answered with a large response
 	// (UnixNano), for Close's linger.
 	answered atomic.Int64

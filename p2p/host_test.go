@@ -851,3 +851,59 @@ func TestRequestMemoryShared(t *testing.T) {
 	}
 	t.Fatalf("%d request bytes still counted", total)
 }
+
+// A peer may have MaxPendingPerPeer requests of a protocol arriving at
+// once, and an address MaxPendingPerAddr: a further stream is told the
+// host is busy before anything is read, while another peer's and another
+// protocol's calls are served.
+func TestPendingReadsBounded(t *testing.T) {
+	a, b := pair(t, "tcp", Config{}, Config{MaxPendingPerPeer: 2, MaxPendingPerAddr: 3})
+	c := newHost(t, "tcp", Config{})
+	b.SetHandler(slowProto, echo)
+	ctx := ctxT(t, 20*time.Second)
+	if err := a.Connect(ctx, b.AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+	// Two requests from a that announce 1 KiB and send nothing more.
+	for range 2 {
+		s, err := a.LibP2P().NewStream(ctx, b.ID(), slowProto)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Reset()
+		if _, err := s.Write([]byte{0, 0, 4, 0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy := func(h *Host, want string) {
+		t.Helper()
+		// The held streams reach b's handler goroutines soon after they
+		// open; the loop's bound only turns a hang into a failure.
+		var err error
+		for start := time.Now(); time.Since(start) < 5*time.Second; time.Sleep(20 * time.Millisecond) {
+			if _, err = h.Call(ctx, b.AddrInfo(), slowProto, []byte("x")); err != nil {
+				break
+			}
+		}
+		if err == nil || !strings.Contains(err.Error(), "busy") || !strings.Contains(err.Error(), want) {
+			t.Fatalf("call over the bound: %v, want busy (%s)", err, want)
+		}
+	}
+	busy(a, "your requests")
+	if _, err := a.Call(ctx, b.AddrInfo(), echoProto, []byte("x")); err != nil {
+		t.Fatalf("another protocol from the same peer: %v", err)
+	}
+	// c shares a's address (loopback): it may have one more.
+	if _, err := c.Call(ctx, b.AddrInfo(), slowProto, []byte("x")); err != nil {
+		t.Fatalf("another peer: %v", err)
+	}
+	s, err := c.LibP2P().NewStream(ctx, b.ID(), slowProto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Reset()
+	if _, err := s.Write([]byte{0, 0, 4, 0}); err != nil {
+		t.Fatal(err)
+	}
+	busy(c, "your address")
+}

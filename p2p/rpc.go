@@ -84,12 +84,18 @@ func (h *Host) serveCall(s network.Stream, proto protocol.ID, hd Handler) {
 		return
 	}
 	defer release()
+	arrived, err := h.enterRead(s, proto)
+	if err != nil {
+		replyError(s, wr, err.Error())
+		return
+	}
 	// After the first IdleTimeout the request must keep arriving at
 	// MinRequestRate at least, whatever size it announced: a sender
 	// trickling bytes just inside the idle timeout is cut within about
 	// IdleTimeout, and cannot hold the handler and its buffer for long.
 	rd.floor, rd.start = h.cfg.MinRequestRate, time.Now()
 	req, err := readN(rd, int(n))
+	arrived()
 	if err != nil {
 		s.Reset()
 		var ne net.Error

@@ -42,6 +42,7 @@ error. Attack only peers you run: the flood is meant to hurt.`,
 	fl.StringSliceVar(&o.Targets, "target", nil, "multiaddr of a peer to attack, ending in /p2p/ID (repeat for several)")
 	fl.StringSliceVar(&o.Listen, "listen", o.Listen, "multiaddrs the attacker's identities listen on")
 	fl.IntVar(&o.Identities, "identities", o.Identities, "identities (peer IDs) the attacks come from")
+	fl.IntVar(&o.SlowIdentities, "slow-identities", 2, "identities of their own the slow senders come from")
 	fl.Float64Var(&o.Rate, "rate", o.Rate, "quick hostile requests per second, in all")
 	fl.Float64Var(&o.SlowRate, "slow-rate", o.SlowRate, "slow senders started per second during the first half of --duration (0: none)")
 	fl.DurationVar(&o.Duration, "duration", o.Duration, "how long to send quick requests")

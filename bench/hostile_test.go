@@ -8,7 +8,8 @@ import (
 )
 
 // TestHostileQuick runs the hostile suite with tiny sizes and short
-// phases: it must report, for the expert server and the averaging group,
+// phases: it must report, for the expert server, the averaging group and
+// the DHT node (where IPv6 loopback exists),
 // the honest throughput with its no-attack baseline and against the flood
 // aimed at a decoy, and hostile requests that were sent and refused, none
 // accepted.
@@ -26,9 +27,18 @@ func TestHostileQuick(t *testing.T) {
 		}
 		got[r.Case+" "+r.Metric] = r
 	}
-	for _, want := range []struct{ prefix, metric string }{
-		{"expert-server/", "honest_samples_per_s"},
-		{"averaging-group/", "honest_allreduces_per_s"},
+	for _, want := range []struct {
+		prefix, metric string
+		refuses        bool // the quick phases are long enough for refusals
+		absorbs        bool // the victim may take some within its bounds
+	}{
+		{"expert-server/", "honest_samples_per_s", true, false},
+		{"averaging-group/", "honest_allreduces_per_s", true, false},
+		{"dht/crowd-key", "honest_declarations_per_s", true, true},
+		// Slow senders are cut after the victim's idle timeout, or
+		// refused beyond 128 from one address: neither in 0.4 s at
+		// 200/s.
+		{"dht/slow-streams", "honest_declarations_per_s", false, false},
 	} {
 		var tput, decoy, refused, rate *Result
 		for k, r := range got {
@@ -57,13 +67,13 @@ func TestHostileQuick(t *testing.T) {
 		if decoy.Value != tput.Value || decoy.BaselineValue <= 0 || decoy.Ratio <= 0 {
 			t.Errorf("%s throughput against the decoy flood: %+v", want.prefix, *decoy)
 		}
-		if refused.Value < 1 || refused.BaselineValue < refused.Value || refused.Baseline != "hostile_sent" {
+		if (want.refuses && refused.Value < 1) || refused.BaselineValue < refused.Value || refused.Baseline != "hostile_sent" {
 			t.Errorf("%s: no hostile request refused: %+v", want.prefix, *refused)
 		}
-		if strings.Contains(refused.Note, "ACCEPTED") || !strings.Contains(refused.Note, ", 0 accepted") {
+		if strings.Contains(refused.Note, "ACCEPTED") || (!want.absorbs && !strings.Contains(refused.Note, ", 0 accepted")) {
 			t.Errorf("%s: a hostile request was accepted: %s", want.prefix, refused.Note)
 		}
-		if rate.Value <= 0 || rate.BaselineValue != c.Rate {
+		if rate.Value <= 0 || rate.BaselineValue <= 0 {
 			t.Errorf("%s rate: %+v", want.prefix, *rate)
 		}
 	}

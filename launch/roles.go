@@ -59,6 +59,11 @@ type Net struct {
 	MemberToken string `json:"member_token,omitempty"`
 	// MemoryMiB is the process's memory budget in MiB (0: none).
 	MemoryMiB int64 `json:"memory_budget,omitempty"`
+	// PendingPerAddress bounds the call requests of one protocol this
+	// process reads at once from one address (0: p2p's default, 128;
+	// raise it when many honest peers share an address, as behind one
+	// NAT).
+	PendingPerAddress int `json:"pending_per_address,omitempty"`
 }
 
 // Process holds the options every long-running role's process has: its

@@ -125,6 +125,8 @@ type NetConfig struct {
 	// MaxStreamBytes one direction of a streamed call (0: p2p's defaults).
 	MaxMessageBytes int   `json:"max_message_bytes,omitempty"`
 	MaxStreamBytes  int64 `json:"max_stream_bytes,omitempty"`
+	// PendingPerAddress is p2p.Config.MaxPendingPerAddr (0: its default).
+	PendingPerAddress int `json:"pending_per_address,omitempty"`
 }
 
 // DHTConfig is the node's DHT membership.
@@ -211,7 +213,7 @@ func (c *NetConfig) zero() bool {
 	return len(c.Listen) == 0 && len(c.Announce) == 0 && c.Identity == "" && len(c.Relays) == 0 &&
 		!c.RelayClient && !c.RelayService && !c.HolePunching && !c.AutoNAT && c.Reachability == "" &&
 		c.SwarmSecret == "" && c.SwarmKey == "" && c.MemberToken == "" &&
-		c.MemoryBudget == 0 && c.MaxMessageBytes == 0 && c.MaxStreamBytes == 0
+		c.MemoryBudget == 0 && c.MaxMessageBytes == 0 && c.MaxStreamBytes == 0 && c.PendingPerAddress == 0
 }
 
 func (c *NetConfig) validate() error {
@@ -224,8 +226,8 @@ func (c *NetConfig) validate() error {
 	if _, err := c.admission(false); err != nil {
 		return err
 	}
-	if c.MemoryBudget < 0 || c.MaxMessageBytes < 0 || c.MaxStreamBytes < 0 {
-		return configErr(nil, "%s, %s or %s: negative", "memory_budget", "max_message_bytes", "max_stream_bytes")
+	if c.MemoryBudget < 0 || c.MaxMessageBytes < 0 || c.MaxStreamBytes < 0 || c.PendingPerAddress < 0 {
+		return configErr(nil, "%s, %s, %s or %s: negative", "memory_budget", "max_message_bytes", "max_stream_bytes", "pending_per_address")
 	}
 	return nil
 }
@@ -295,6 +297,7 @@ func (c *NetConfig) HostConfig() (p2p.Config, error) {
 		ListenAddrs: c.Listen, AnnounceAddrs: c.Announce, IdentityFile: c.Identity,
 		RelayClient: c.RelayClient, RelayService: c.RelayService, HolePunching: c.HolePunching, AutoNAT: c.AutoNAT,
 		MemoryBudget: c.MemoryBudget, MaxMessageBytes: c.MaxMessageBytes, MaxStreamBytes: c.MaxStreamBytes,
+		MaxPendingPerAddr: c.PendingPerAddress,
 	}
 	cfg.Reachability, _ = c.reachability()
 	cfg.StaticRelays, _ = p2p.ParseAddrInfos(c.Relays)

@@ -35,6 +35,6 @@ func HostConfig(n launch.Net) (p2p.Config, error) {
 	c := NetConfig{Listen: n.Listen, Announce: n.Announce, Identity: n.Identity, Relays: n.Relays,
 		RelayClient: true, RelayService: n.RelayService, HolePunching: n.HolePunching, AutoNAT: n.AutoNAT,
 		Reachability: n.Reachability, SwarmSecret: n.SwarmSecret, SwarmKey: n.SwarmKey, MemberToken: n.MemberToken,
-		MemoryBudget: n.MemoryMiB << 20 / 4}
+		MemoryBudget: n.MemoryMiB << 20 / 4, PendingPerAddress: n.PendingPerAddress}
 	return c.HostConfig()
 }

@@ -205,6 +205,7 @@ func (c *connectFlags) register(fl *pflag.FlagSet, dht string) {
 	fl.StringVar(&c.SwarmSecret, "swarm-secret", "", "close the swarm: only peers that know this secret file may talk to this one (skyhive keygen secret)")
 	fl.StringVar(&c.SwarmKey, "swarm-key", "", "close the swarm: only peers with a member token signed by this swarm key may talk to this one (the .pub file of skyhive keygen swarm; needs --member-token)")
 	fl.StringVar(&c.MemberToken, "member-token", "", "this peer's member token for --swarm-key (skyhive keygen token)")
+	fl.IntVar(&c.PendingPerAddress, "pending-per-address", 0, "call requests of one protocol read at once from one address before further ones are told this peer is busy (0: 128; raise it when many honest peers share one address, as behind a NAT)")
 	fl.Int64Var(&c.MemoryMiB, "memory-budget", 0, "MiB of memory this process should stay within: Go's soft memory limit; a quarter of it bounds libp2p's connections and streams, an eighth the DHT records this peer stores (0: no limit; libp2p gets an eighth of the machine's memory, the DHT 128 MiB)")
 }
 

@@ -144,7 +144,7 @@ func planMemory(s launch.Server, experts int, lazy bool) (rolePlan, error) {
 	if budget <= 0 {
 		return rolePlan{}, nil
 	}
-	source := "--memory-budget"
+	source := "the memory budget"
 	if budget != s.MemoryMiB<<20 {
 		source = "the process's " + avail.Source
 	}

@@ -21,6 +21,12 @@ import (
 // those the crowding attack fills (the experts' grid prefix).
 const hostileDHTKey = "ffn."
 
+// hostileDHTTTL is the victims' longest expiration in the DHT cases: the
+// crowd, stored for half of it, is gone a second after the flood stops,
+// so that every phase without attack reads a key free of it, as it would
+// be before an attack.
+const hostileDHTTTL = 2 * time.Second
+
 // hostileSlowIdentities is how many identities the slow senders of the
 // DHT case have: together they could open more streams of the DHT
 // protocol than libp2p lets it hold, were they not bounded per address.
@@ -58,7 +64,7 @@ func hostileDHT(ctx context.Context, o Options, c hostileConfig, attackers []*p2
 			return nil, nil, err
 		}
 		closers = append(closers, h.Close)
-		n, err := dht.New(h, dht.Config{ClientMode: client})
+		n, err := dht.New(h, dht.Config{ClientMode: client, MaxTTL: hostileDHTTTL})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -116,7 +122,7 @@ func hostileDHT(ctx context.Context, o Options, c hostileConfig, attackers []*p2
 		return slices.DeleteFunc(as, func(a hostile.Attack) bool { return a.Name != name })
 	}
 	crowdAt := func(h *p2p.Host) *hostile.Flood {
-		return &hostile.Flood{Hosts: attackers, Attacks: only(hostile.DHTAttacks(hostile.DHTTarget{Node: v4(h)}), "dht-crowd-key"),
+		return &hostile.Flood{Hosts: attackers, Attacks: only(hostile.DHTAttacks(hostile.DHTTarget{Node: v4(h), MaxTTL: hostileDHTTTL}), "dht-crowd-key"),
 			Rate: c.Rate / 40, MaxInflight: c.MaxInflight}
 	}
 	slowAt := func(h *p2p.Host) *hostile.Flood {
@@ -132,12 +138,13 @@ func hostileDHT(ctx context.Context, o Options, c hostileConfig, attackers []*p2
 		victimsFormat string
 	}{
 		{"dht/crowd-key", crowdAt(vh), crowdAt(dh), len(attackers), c.Rate / 40,
-			"Honest peer: stores its record under %q and reads the key until it finds it, one at a time over IPv6; the attacker stores 256 six-hour subkeys of junk under the same key per request from IPv4 (dht-crowd-key); %d honest failures."},
+			"Honest peer: stores its record under %q and reads the key until it finds it, one at a time over IPv6; the attacker stores 256 subkeys of junk under the same key per request from IPv4 (dht-crowd-key), expiring in 1 s (half the victims' 2 s longest expiration, so that the key is free of them in the phases without attack); %d honest failures."},
 		{"dht/slow-streams", slowAt(vh), slowAt(dh), hostileSlowIdentities, c.Rate,
 			"Honest peer: stores its record under %q and reads the key until it finds it, one at a time over IPv6; the attacker opens streams of the DHT protocol that announce 64 KiB and send a byte every 250 ms (slow-loris), each held until the phase ends; %d honest failures."},
 	} {
 		kc := c
 		kc.Identities, kc.Rate = k.identities, k.rate
+		kc.Settle = max(c.Settle, 3*hostileDHTTTL/4) // the crowd of the last phase expires
 		p, err := alternate(ctx, o, k.name, kc, &w, k.flood, k.decoy)
 		if err != nil {
 			return nil, err
@@ -153,7 +160,7 @@ func hostileDHT(ctx context.Context, o Options, c hostileConfig, attackers []*p2
 func declareAndFind(ctx context.Context, n *dht.Node, subkey string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := n.Store(ctx, hostileDHTKey, subkey, []byte("honest"), time.Now().Add(time.Minute)); err != nil {
+	if _, err := n.Store(ctx, hostileDHTKey, subkey, []byte("honest"), time.Now().Add(3*hostileDHTTTL/4)); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	items, err := n.Get(ctx, hostileDHTKey)

@@ -502,40 +502,50 @@ func merge(now int64, sets ...[]*entry) []*entry {
 	type cand struct {
 		e     *entry
 		votes int
+		set   int // the last set (1-based) that voted for it
 	}
-	bySub := map[string]map[string]*cand{} // subkey → writer → best item
-	for _, set := range sets {
-		seen := map[itemRef]bool{}
+	cands := map[itemRef]*cand{}  // (subkey, writer) → best item
+	bySub := map[string][]*cand{} // subkey → its writers' candidates
+	for i, set := range sets {
 		for _, e := range set {
 			if e.Expiration <= now {
 				continue
 			}
-			ws := bySub[e.Subkey]
-			if ws == nil {
-				ws = map[string]*cand{}
-				bySub[e.Subkey] = ws
-			}
-			c := ws[e.writer]
+			r := itemRef{e.Subkey, e.writer}
+			c := cands[r]
 			if c == nil {
 				c = &cand{e: e}
-				ws[e.writer] = c
+				cands[r] = c
+				bySub[e.Subkey] = append(bySub[e.Subkey], c)
 			} else if newer(e, c.e) {
 				c.e = e
 			}
-			if r := (itemRef{e.Subkey, e.writer}); !seen[r] {
-				seen[r] = true
+			if c.set != i+1 {
+				c.set = i + 1
 				c.votes++
 			}
 		}
 	}
-	m := newMerger()
-	for _, ws := range bySub {
-		var best *cand
+	best := func(ws []*cand) *cand {
+		var b *cand
 		for _, c := range ws {
-			if best == nil || c.votes > best.votes || c.votes == best.votes && newer(c.e, best.e) {
-				best = c
+			if b == nil || c.votes > b.votes || c.votes == b.votes && newer(c.e, b.e) {
+				b = c
 			}
 		}
+		return b
+	}
+	if bySub[""] == nil {
+		// Subkey items alone: the storage's rules keep the best of each.
+		out := make([]*entry, 0, len(bySub))
+		for _, ws := range bySub {
+			out = append(out, best(ws).e)
+		}
+		return out
+	}
+	m := newMerger()
+	for _, ws := range bySub {
+		best := best(ws)
 		// In any order a plain value loses to a dictionary: it cannot
 		// replace one, and a subkey item replaces it.
 		_ = m.put(best.e, now)

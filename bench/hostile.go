@@ -106,6 +106,9 @@ func runHostile(ctx context.Context, o Options, c hostileConfig) ([]Result, erro
 type workload struct {
 	progress, errs atomic.Int64
 	firstErr       atomic.Value
+	// newRound, if set, is called before each round's phases (the
+	// warm-up's too).
+	newRound func()
 }
 
 func (w *workload) fail(err error) {
@@ -149,10 +152,16 @@ func alternate(ctx context.Context, o Options, name string, c hostileConfig, w *
 		return float64(w.progress.Load()-p0) / time.Since(t0).Seconds(), nil
 	}
 	var p phases
+	if w.newRound != nil {
+		w.newRound()
+	}
 	if err := sleep(c.Phase); err != nil { // warm-up
 		return p, err
 	}
 	for r := range c.Rounds {
+		if w.newRound != nil {
+			w.newRound()
+		}
 		a, err := measure(nil)
 		if err != nil {
 			return p, err

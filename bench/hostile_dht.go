@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -17,15 +18,12 @@ import (
 	"github.com/skyhive/skyhive/p2p"
 )
 
-// hostileDHTKey is the key the honest DHT workload declares under, one of
-// those the crowding attack fills (the experts' grid prefix).
-const hostileDHTKey = "ffn."
-
-// hostileDHTTTL is the victims' longest expiration in the DHT cases: the
-// crowd, stored for half of it, is gone a second after the flood stops,
-// so that every phase without attack reads a key free of it, as it would
-// be before an attack.
-const hostileDHTTTL = 2 * time.Second
+// hostileDHTKey is the key the honest DHT workload declares under in
+// round r: a fresh key each round, so that the phases without attack read
+// a key no crowd has reached yet (a crowd stays for the records' hours),
+// and the crowding attack fills the round's key, as an attacker that
+// watches what peers read would.
+func hostileDHTKey(r int64) string { return fmt.Sprintf("ffn.r%d.", r) }
 
 // hostileSlowIdentities is how many identities the slow senders of the
 // DHT case have: together they could open more streams of the DHT
@@ -64,7 +62,7 @@ func hostileDHT(ctx context.Context, o Options, c hostileConfig, attackers []*p2
 			return nil, nil, err
 		}
 		closers = append(closers, h.Close)
-		n, err := dht.New(h, dht.Config{ClientMode: client, MaxTTL: hostileDHTTTL})
+		n, err := dht.New(h, dht.Config{ClientMode: client})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -98,12 +96,13 @@ func hostileDHT(ctx context.Context, o Options, c hostileConfig, attackers []*p2
 		}
 		closers = append(closers, slowHosts[i].Close)
 	}
-	var w workload
+	var round atomic.Int64
+	w := workload{newRound: func() { round.Add(1) }}
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for wctx.Err() == nil {
-			err := declareAndFind(wctx, cn, ch.ID().String())
+			err := declareAndFind(wctx, cn, hostileDHTKey(round.Load()), ch.ID().String())
 			switch {
 			case err == nil:
 				w.progress.Add(1)
@@ -122,7 +121,8 @@ func hostileDHT(ctx context.Context, o Options, c hostileConfig, attackers []*p2
 		return slices.DeleteFunc(as, func(a hostile.Attack) bool { return a.Name != name })
 	}
 	crowdAt := func(h *p2p.Host) *hostile.Flood {
-		return &hostile.Flood{Hosts: attackers, Attacks: only(hostile.DHTAttacks(hostile.DHTTarget{Node: v4(h), MaxTTL: hostileDHTTTL}), "dht-crowd-key"),
+		return &hostile.Flood{Hosts: attackers, Attacks: only(hostile.DHTAttacks(hostile.DHTTarget{Node: v4(h),
+			CrowdKeys: func() []string { return []string{hostileDHTKey(round.Load())} }}), "dht-crowd-key"),
 			Rate: c.Rate / 40, MaxInflight: c.MaxInflight}
 	}
 	slowAt := func(h *p2p.Host) *hostile.Flood {
@@ -138,32 +138,31 @@ func hostileDHT(ctx context.Context, o Options, c hostileConfig, attackers []*p2
 		victimsFormat string
 	}{
 		{"dht/crowd-key", crowdAt(vh), crowdAt(dh), len(attackers), c.Rate / 40,
-			"Honest peer: stores its record under %q and reads the key until it finds it, one at a time over IPv6; the attacker stores 256 subkeys of junk under the same key per request from IPv4 (dht-crowd-key), expiring in 1 s (half the victims' 2 s longest expiration, so that the key is free of them in the phases without attack); %d honest failures."},
+			"Honest peer: stores its record under %s and reads the key until it finds it, one at a time over IPv6, a fresh key each round; the attacker stores 256 three-hour subkeys of junk per request under the round's key from IPv4 (dht-crowd-key), so the key is crowded from the round's attack phase on; %d honest failures."},
 		{"dht/slow-streams", slowAt(vh), slowAt(dh), hostileSlowIdentities, c.Rate,
-			"Honest peer: stores its record under %q and reads the key until it finds it, one at a time over IPv6; the attacker opens streams of the DHT protocol that announce 64 KiB and send a byte every 250 ms (slow-loris), each held until the phase ends; %d honest failures."},
+			"Honest peer: stores its record under %s and reads the key until it finds it, one at a time over IPv6; the attacker opens streams of the DHT protocol that announce 64 KiB and send a byte every 250 ms (slow-loris), each held until the phase ends; %d honest failures."},
 	} {
 		kc := c
 		kc.Identities, kc.Rate = k.identities, k.rate
-		kc.Settle = max(c.Settle, 3*hostileDHTTTL/4) // the crowd of the last phase expires
 		p, err := alternate(ctx, o, k.name, kc, &w, k.flood, k.decoy)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, hostileResults(kc, k.name, "honest_declarations_per_s", "declarations/s", p, k.flood.Tally(),
-			fmt.Sprintf(k.victimsFormat, hostileDHTKey, w.errs.Load()))...)
+			fmt.Sprintf(k.victimsFormat, "ffn.rN.", w.errs.Load()))...)
 	}
 	return out, nil
 }
 
-// declareAndFind stores the honest peer's record under hostileDHTKey and
+// declareAndFind stores the honest peer's record under key and
 // reads the key until the record is there (at most 2 s).
-func declareAndFind(ctx context.Context, n *dht.Node, subkey string) error {
+func declareAndFind(ctx context.Context, n *dht.Node, key, subkey string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := n.Store(ctx, hostileDHTKey, subkey, []byte("honest"), time.Now().Add(3*hostileDHTTTL/4)); err != nil {
+	if _, err := n.Store(ctx, key, subkey, []byte("honest"), time.Now().Add(time.Minute)); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-	items, err := n.Get(ctx, hostileDHTKey)
+	items, err := n.Get(ctx, key)
 	if err != nil {
 		return fmt.Errorf("get: %w", err)
 	}

@@ -29,6 +29,11 @@ type DHTTarget struct {
 	// Owner is the peer that wrote Declared (for forged signatures); a
 	// random identity without it.
 	Owner peer.ID
+	// CrowdKeys, if set, gives the keys the crowding attack fills, asked
+	// before each request, as an attacker that watches what peers read
+	// would choose them (default: the status key, the experts' prefix and
+	// the dictionaries of Declared).
+	CrowdKeys func() []string
 	// MaxTTL is the longest expiration the node accepts (dht.DefaultMaxTTL
 	// without it); the erasure uses almost all of it, the far-future
 	// records ten times it.
@@ -77,13 +82,15 @@ type dhtAttacker struct {
 	dicts  []moe.Record // the declared dictionaries' subkeys, attacked in turn
 	maxTTL time.Duration
 	owner  peer.ID
-	turn   atomic.Uint64
-	junk   atomic.Uint64 // numbers the junk records' keys
+	// crowdKeys is DHTTarget.CrowdKeys.
+	crowdKeys func() []string
+	turn      atomic.Uint64
+	junk      atomic.Uint64 // numbers the junk records' keys
 }
 
 // newDHTAttacker fills in t's defaults.
 func newDHTAttacker(t DHTTarget) *dhtAttacker {
-	a := &dhtAttacker{to: t.Node, maxTTL: t.MaxTTL, owner: t.Owner}
+	a := &dhtAttacker{to: t.Node, maxTTL: t.MaxTTL, owner: t.Owner, crowdKeys: t.CrowdKeys}
 	decl := t.Declared
 	if len(decl) == 0 {
 		decl = []moe.Record{{Key: "ffn.", Subkey: "0"}}
@@ -221,6 +228,12 @@ func (a *dhtAttacker) crowdKey(ctx context.Context, h *p2p.Host) error {
 	keys := []string{metrics.StatusKey, "ffn."}
 	for _, d := range a.dicts {
 		keys = append(keys, d.Key)
+	}
+	if a.crowdKeys != nil {
+		keys = a.crowdKeys()
+	}
+	if len(keys) == 0 {
+		return ErrNotApplicable
 	}
 	n := a.junk.Add(floodRecords)
 	key := keys[n/floodRecords%uint64(len(keys))]

@@ -63,7 +63,7 @@ const (
 
 func echo(_ context.Context, _ peer.ID, req []byte) ([]byte, error) { return req, nil }
 
-func pair(t *testing.T, transport string, client, server Config) (*Host, *Host) {
+func pair(t testing.TB, transport string, client, server Config) (*Host, *Host) {
 	a := newHost(t, transport, client)
 	b := newHost(t, transport, server)
 	b.SetHandler(echoProto, echo)

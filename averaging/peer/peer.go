@@ -561,10 +561,7 @@ func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, nod
 	founder, first := false, true
 	notice := newWaitNotice(cfg.Log)
 	for {
-		actx, cancel := context.WithTimeout(ctx, cfg.RoundInterval)
-		_ = mm.Announce(actx, 0)
-		infos, _ := averaging.FindPeers(actx, node, cfg.RunID)
-		cancel()
+		infos := announceAndList(ctx, cfg, mm, node)
 		var same []averaging.PeerInfo
 		mismatched = mismatched[:0]
 		for _, p := range infos {
@@ -595,6 +592,17 @@ func waitForPeers(ctx context.Context, cfg Config, mm *averaging.Matchmaker, nod
 			return nil, false, err
 		}
 	}
+}
+
+// announceAndList lists this peer under the run (as about to start) and
+// returns the run's listings, within one round interval; failures leave
+// the list short, and the callers poll again.
+func announceAndList(ctx context.Context, cfg Config, mm *averaging.Matchmaker, node *dht.Node) []averaging.PeerInfo {
+	actx, cancel := context.WithTimeout(ctx, cfg.RoundInterval)
+	defer cancel()
+	_ = mm.Announce(actx, 0)
+	infos, _ := averaging.FindPeers(actx, node, cfg.RunID)
+	return infos
 }
 
 // roster orders the roster's peers by ID and returns them with this

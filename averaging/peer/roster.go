@@ -202,10 +202,7 @@ func formRoster(ctx context.Context, cfg Config, h *p2p.Host, g *rosterGate, mm 
 	same := 0 // polls in a row that found live unchanged
 	notice := newWaitNotice(cfg.Log)
 	for {
-		actx, cancel := context.WithTimeout(ctx, cfg.RoundInterval)
-		_ = mm.Announce(actx, 0)
-		infos, _ := averaging.FindPeers(actx, node, cfg.RunID)
-		cancel()
+		infos := announceAndList(ctx, cfg, mm, node)
 		var cands []libp2ppeer.AddrInfo
 		for _, p := range infos {
 			if p.Addr.ID != self && p.Model == sig && len(cands) < averaging.MaxGroupSize-1 {

@@ -102,29 +102,33 @@ func join(ctx context.Context, cfg Config, n *node.Node, inner optim.Optimizer, 
 		Metrics: cfg.Metrics,
 	}
 	mm := averaging.NewMatchmaker(dn, h, averaging.MatchConfig{Run: cfg.RunID, Interval: cfg.RoundInterval, Model: sig})
-	others, founder, err := waitForPeers(ctx, cfg, mm, dn, h.ID(), sig)
-	if err != nil {
-		avg.Close()
-		return nil, err
-	}
 	var gate *rosterGate
-	if cfg.Matchmaking == averaging.MatchRanks {
-		gate = openRosterGate(h, cfg.RunID)
-		peers, err := formRoster(ctx, cfg, h, gate, mm, dn, sig)
-		if err != nil {
-			gate.close()
-			avg.Close()
-			return nil, err
-		}
-		ocfg.Roster, ocfg.Rank = roster(peers, h.ID())
-	}
-	opt, err := optimizer.New(avg, inner, ocfg)
-	if err != nil {
+	fail := func(err error) (*Member, error) {
 		if gate != nil {
 			gate.close()
 		}
 		avg.Close()
 		return nil, err
+	}
+	if cfg.Matchmaking == averaging.MatchRanks {
+		// Answer roster questions from the moment this peer is listed:
+		// a listing that does not answer is left out of the roster.
+		gate = openRosterGate(h, cfg.RunID)
+	}
+	others, founder, err := waitForPeers(ctx, cfg, mm, dn, h.ID(), sig)
+	if err != nil {
+		return fail(err)
+	}
+	if gate != nil {
+		peers, err := formRoster(ctx, cfg, h, gate, mm, dn, sig)
+		if err != nil {
+			return fail(err)
+		}
+		ocfg.Roster, ocfg.Rank = roster(peers, h.ID())
+	}
+	opt, err := optimizer.New(avg, inner, ocfg)
+	if err != nil {
+		return fail(err)
 	}
 	m := &Member{Opt: opt, Node: n, avg: avg, roster: ocfg.Roster, gate: gate}
 	joinSwarm := !founder && bestRound(others) > 0 && cfg.Matchmaking == averaging.MatchDHT

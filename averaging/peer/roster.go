@@ -28,6 +28,10 @@ const RosterProtocol protocol.ID = averaging.RosterProtocol
 // agreed: peers of a run started a few seconds apart join one roster.
 const rosterSettlePolls = 3
 
+// rosterQuietPolls is how many polls a listing that did not answer is
+// not asked again.
+const rosterQuietPolls = 5
+
 // rosterProbeTimeout bounds one question to a candidate.
 const rosterProbeTimeout = 2 * time.Second
 
@@ -84,14 +88,14 @@ func (g *rosterGate) setReady() {
 	g.ans.Ready = true
 }
 
-// ask asks each of ps (at most 16 at a time) for its roster answer; those
+// ask asks each of ps (at most 64 at a time) for its roster answer; those
 // that do not answer as peers of run are left out of the map.
 func ask(ctx context.Context, h *p2p.Host, run string, ps []libp2ppeer.AddrInfo) map[libp2ppeer.ID]rosterAnswer {
 	var (
 		mu  sync.Mutex
 		out = map[libp2ppeer.ID]rosterAnswer{}
 		wg  sync.WaitGroup
-		sem = make(chan struct{}, 16)
+		sem = make(chan struct{}, 64)
 	)
 	for _, p := range ps {
 		wg.Go(func() {
@@ -200,16 +204,25 @@ func formRoster(ctx context.Context, cfg Config, h *p2p.Host, g *rosterGate, mm 
 	addrs := map[libp2ppeer.ID]libp2ppeer.AddrInfo{self: h.AddrInfo()}
 	var last []libp2ppeer.ID
 	same := 0 // polls in a row that found live unchanged
+	// quiet holds listings that did not answer, with the poll before
+	// which they are not asked again: a flood of listings that never
+	// answer slows one poll, not every poll.
+	quiet := map[libp2ppeer.ID]int{}
 	notice := newWaitNotice(cfg.Log)
-	for {
+	for poll := 0; ; poll++ {
 		infos := announceAndList(ctx, cfg, mm, node)
 		var cands []libp2ppeer.AddrInfo
 		for _, p := range infos {
-			if p.Addr.ID != self && p.Model == sig && len(cands) < averaging.MaxGroupSize-1 {
+			if p.Addr.ID != self && p.Model == sig && quiet[p.Addr.ID] <= poll && len(cands) < averaging.MaxGroupSize-1 {
 				cands = append(cands, p.Addr)
 			}
 		}
 		answers := ask(ctx, h, cfg.RunID, cands)
+		for _, p := range cands {
+			if _, ok := answers[p.ID]; !ok {
+				quiet[p.ID] = poll + rosterQuietPolls
+			}
+		}
 		live := []libp2ppeer.ID{self}
 		for _, p := range cands {
 			if _, ok := answers[p.ID]; ok {

@@ -34,7 +34,9 @@ func TestHostileQuick(t *testing.T) {
 	}{
 		{"expert-server/", "honest_samples_per_s", true, false},
 		{"averaging-group/", "honest_allreduces_per_s", true, false},
-		{"dht/crowd-key", "honest_declarations_per_s", true, true},
+		// A fresh key each round: the first request of each identity is
+		// absorbed within its quota, and the quick phases send few more.
+		{"dht/crowd-key", "honest_declarations_per_s", false, true},
 		// Slow senders are cut after the victim's idle timeout, or
 		// refused beyond 128 from one address: neither in 0.4 s at
 		// 200/s.

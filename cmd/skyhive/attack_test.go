@@ -274,14 +274,14 @@ func TestAttackProgram(t *testing.T) {
 // holds contributions after it missed their first all-reduces.
 func TestRosterSquatters(t *testing.T) {
 	if testing.Short() || raceEnabled {
-		t.Skip("trains two peer processes beside two strangers for 45 s")
+		t.Skip("trains two peer processes beside two strangers for 30 s")
 	}
 	needFashionMNIST(t)
 	dir := t.TempDir()
 	_, dhtAddr := startDHTProcess(t)
 	var report syncBuffer
 	squat := startCLIWith(t, &report, &report, "attack", "--target", dhtAddr, "--listen", loopback, "--squat-run", "squatted",
-		"--duration", "45s", "--json")
+		"--duration", "30s", "--json")
 	waitFor(t, "the squatters to start", 20*time.Second, func() bool { return strings.Count(report.String(), "squatting") == 2 })
 
 	const steps, inner = 60, 5

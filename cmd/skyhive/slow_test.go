@@ -52,7 +52,7 @@ func TestSlowStreamsDoNotStarveHonestPeers(t *testing.T) {
 	}
 	var report syncBuffer
 	attack := startCLIWith(t, &report, &report, "attack", "--target", dhtAddr, "--target", srvAddr, "--listen", loopback,
-		"--identities", "1", "--rate", "1", "--slow-identities", "64", "--slow-rate", "1000", "--duration", "40s", "--json")
+		"--identities", "1", "--rate", "1", "--slow-identities", "64", "--slow-rate", "1000", "--duration", "25s", "--json")
 
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -91,7 +91,7 @@ func TestSlowStreamsDoNotStarveHonestPeers(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	var worst time.Duration
 	var slow []string
-	for i := 0; i < 60; i++ {
+	for i := 0; i < 36; i++ {
 		op := func(name string, f func(ctx context.Context) error) {
 			octx, ocancel := context.WithTimeout(ctx, 2*time.Second)
 			defer ocancel()

@@ -18,12 +18,14 @@ import (
 // Python package's benchmark (python3 -m skyhive.bench) against this
 // binary: a compute-bound step with skyhive.Optimizer over the bare
 // optimizer, and the rate at which tensors enter the shared memory over
-// memcpy.
+// memcpy; then an expert server with a PyTorch executor against the same
+// expert in Go (pytorchExpert).
 func pytorchSuite() Suite {
 	return Suite{
-		Name:  "pytorch",
-		Short: "PyTorch through the daemon: step time with skyhive.Optimizer vs bare torch.optim; tensors into shared memory vs memcpy (needs python3-torch)",
-		Run:   runPyTorch,
+		Name: "pytorch",
+		Short: "PyTorch through the daemon: step time with skyhive.Optimizer vs bare torch.optim; tensors into shared memory vs memcpy; " +
+			"an expert server with a PyTorch executor vs the same expert in Go, and the bridge's share of its calls (needs python3-torch)",
+		Run: runPyTorch,
 	}
 }
 
@@ -78,7 +80,11 @@ func runPyTorch(ctx context.Context, o Options) ([]Result, error) {
 	if len(res) == 0 {
 		return nil, errors.New("bench pytorch: the Python benchmark printed no result")
 	}
-	return res, nil
+	ex, err := pytorchExpert(ctx, o)
+	if err != nil {
+		return res, err
+	}
+	return append(res, ex...), nil
 }
 
 func isDir(p string) bool {

@@ -112,19 +112,29 @@ var ErrProtocol = errors.New("bridge: protocol error")
 // ReadMessage reads one framed message, refusing one over MaxMessageBytes
 // before reading it.
 func ReadMessage(r io.Reader) (Message, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return Message{}, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n == 0 || n > MaxMessageBytes {
-		return Message{}, fmt.Errorf("%w: message of %d bytes (at most %d)", ErrProtocol, n, MaxMessageBytes)
-	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(r, b); err != nil {
+	b, err := readFrame(r)
+	if err != nil {
 		return Message{}, err
 	}
 	return DecodeMessage(b)
+}
+
+// readFrame reads one frame's body, refusing one over MaxMessageBytes
+// before reading it.
+func readFrame(r io.Reader) ([]byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n == 0 || n > MaxMessageBytes {
+		return nil, fmt.Errorf("%w: message of %d bytes (at most %d)", ErrProtocol, n, MaxMessageBytes)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // DecodeMessage decodes one message body.
@@ -140,8 +150,11 @@ func DecodeMessage(b []byte) (Message, error) {
 }
 
 // EncodeMessage frames m.
-func EncodeMessage(m Message) ([]byte, error) {
-	b, err := json.Marshal(m)
+func EncodeMessage(m Message) ([]byte, error) { return encodeFrame(m) }
+
+// encodeFrame frames the JSON encoding of v.
+func encodeFrame(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return nil, err
 	}

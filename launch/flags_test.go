@@ -23,6 +23,11 @@ var allowedFlagLiterals = map[string]bool{
 	// its own (python3 -m skyhive.bench), not a skyhive role.
 	"bench/pytorch.go: --reps":  true,
 	"bench/pytorch.go: --quick": true,
+	// The executor is a Python program (python3 -m skyhive.executor)
+	// that a role starts with its two inherited descriptors.
+	"bridge/executor.go: --control-fd": true,
+	"bridge/executor.go: --shm-fd":     true,
+	"bridge/executor.go: --shm-bytes":  true,
 }
 
 // TestNoFlagStringsOutsideCmd: only the command (cmd/) builds command

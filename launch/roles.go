@@ -226,6 +226,13 @@ type Server struct {
 	StepRows        int      `json:"step_rows,omitempty"`
 	ZeroInit        bool     `json:"zero_init,omitempty"`
 	Seed            uint64   `json:"seed,omitempty"`
+	// Executor is "go" (Skyhive's experts) or "python" (the experts
+	// Module builds, computed by a PyTorch executor on Device, run by
+	// the interpreter Python).
+	Executor        string   `json:"executor,omitempty"`
+	Module          string   `json:"module,omitempty"`
+	Python          string   `json:"python,omitempty"`
+	Device          string   `json:"device,omitempty"`
 	Lazy            *bool    `json:"lazy,omitempty"`
 	Checkpoint      string   `json:"checkpoint,omitempty"`
 	CheckpointEvery Duration `json:"checkpoint_every,omitempty"`

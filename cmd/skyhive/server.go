@@ -39,7 +39,8 @@ func newServerCmd() *cobra.Command {
 			"over the stats RPC; --json prints them as JSON lines, --stats FILE appends them to FILE.",
 		Example: "  skyhive server --experts 'ffn.[0:16].[0:16]' --dht /ip4/127.0.0.1/tcp/4001/p2p/12D3...\n" +
 			"  skyhive server --experts 'ffn.[0:16].[0:16]' --hidden 1024 --lazy --dht /ip4/127.0.0.1/tcp/4001/p2p/12D3...\n" +
-			"  skyhive server --experts 'ffn.[0:4].[0:4]' --hidden 64 --checkpoint experts.safetensors",
+			"  skyhive server --experts 'ffn.[0:4].[0:4]' --hidden 64 --checkpoint experts.safetensors\n" +
+			"  skyhive server --experts 'ffn.[0:4].[0:4]' --executor python --module mypkg.experts:make_ffn --device cuda",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runServerRole(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f.config(cmd.Flags()))
@@ -69,6 +70,10 @@ func (f *serverFlags) register(fl *pflag.FlagSet) {
 	fl.IntVar(&c.MaxSeqLen, "max-seq-len", c.MaxSeqLen, "longest sequence a transformer expert accepts")
 	fl.Int64Var(&c.RequestMemory, "request-memory", 0, "working memory one request or batch may need, in MiB, estimated before it runs (0: 1024 or what the largest valid request needs)")
 	fl.Int64Var(&c.QueueMemory, "queue-memory", server.DefaultQueueMemory>>20, "MiB of request tensors queued or running at once; beyond it requests are refused as busy")
+	fl.StringVar(&c.Executor, "executor", c.Executor, "what computes the experts: go (Skyhive's own experts) or python (a PyTorch executor running --module)")
+	fl.StringVar(&c.Module, "module", "", "with --executor python: the function that builds one expert, package.module:function; it is called with the hidden size and returns a torch.nn.Module")
+	fl.StringVar(&c.Python, "python", "", "with --executor python: the interpreter that imports torch, the skyhive package and --module (default: $SKYHIVE_PYTHON, else python3)")
+	fl.StringVar(&c.Device, "device", c.Device, "with --executor python: auto (CUDA when there is a GPU), cpu, cuda or cuda:N")
 	fl.BoolVar(&c.ZeroInit, "zero-init", false, "start each FFN expert as the identity (zero output layer)")
 	fl.IntVar(&c.StepRows, "step-rows", c.StepRows, "backward rows an expert accumulates per optimizer step (1: a step per backward batch)")
 	fl.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the initial weights (with each expert's UID)")

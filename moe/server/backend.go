@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
@@ -24,6 +25,9 @@ type expert struct {
 	mu     sync.Mutex
 	module nn.Module // nil until first use when Config.Lazy
 	opt    *optim.AdamW
+	// built says the expert exists in Config.Executor (module and opt
+	// stay nil then).
+	built bool
 	// pendingRows and pendingBatches count the backward batches whose
 	// gradients are accumulated but not yet applied (Config.StepRows).
 	pendingRows, pendingBatches int
@@ -63,6 +67,42 @@ func (e *expert) materialize() {
 	e.opt = optim.NewAdamW(e.module.Params(), optim.AdamWConfig{
 		LR: e.cfg.LR, WeightDecay: e.cfg.WeightDecay, NoDecay: optim.NoDecayVectors,
 	})
+}
+
+// weights returns a copy of e's parameters and optimizer state; ok is
+// false while e does not exist yet (Config.Lazy). The caller holds e.mu.
+func (e *expert) weights() (params map[string]*tensor.Tensor, st optim.State, ok bool, err error) {
+	if e.cfg.Executor != nil {
+		params, st, err = e.executorState()
+		return params, st, params != nil, err
+	}
+	if e.module == nil {
+		return nil, optim.State{}, false, nil
+	}
+	return nn.ExportParams(e.module.Params()), e.opt.State(), true, nil
+}
+
+// finiteWeights is weights when e exists and every value is finite. The
+// caller holds e.mu.
+func (e *expert) finiteWeights() (map[string]*tensor.Tensor, optim.State, bool) {
+	params, st, ok, err := e.weights()
+	if err != nil || !ok || !tensorsFinite(params) || !tensorsFinite(st.Tensors) {
+		return nil, optim.State{}, false
+	}
+	return params, st, true
+}
+
+// reset gives e its initial weights and a fresh optimizer. The caller
+// holds e.mu.
+func (e *expert) reset() error {
+	e.pendingRows, e.pendingBatches = 0, 0
+	if e.cfg.Executor != nil {
+		e.built = false
+		return e.build(context.Background())
+	}
+	e.module, e.opt = nil, nil
+	e.materialize()
+	return nil
 }
 
 // Expert types.

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/moe"
-	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/tensor"
 	"github.com/skyhive/skyhive/wire"
 )
@@ -191,16 +190,6 @@ func (c *Config) checkWork(shape []int, backward bool) error {
 func allFinite(data []float32) bool {
 	for _, v := range data {
 		if v-v != 0 { // NaN - NaN and Inf - Inf are NaN
-			return false
-		}
-	}
-	return true
-}
-
-// paramsFinite reports whether every parameter value is finite.
-func paramsFinite(ps []*nn.Param) bool {
-	for _, p := range ps {
-		if !allFinite(p.Value.Data) {
 			return false
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -181,12 +182,15 @@ func (s *Server) Save(path string) error {
 	for _, uid := range s.order {
 		e := s.experts[uid]
 		e.mu.Lock()
-		if e.module == nil {
+		params, st, ok, err := e.weights()
+		if err != nil {
+			e.mu.Unlock()
+			return fmt.Errorf("moe/server: checkpoint not written: %w", err)
+		}
+		if !ok {
 			e.mu.Unlock()
 			continue
 		}
-		params := nn.ExportParams(e.module.Params())
-		st := e.opt.State()
 		if !tensorsFinite(params) || !tensorsFinite(st.Tensors) {
 			if prev == nil && prevErr == nil {
 				prev, prevErr = checkpoint.Load(path)
@@ -268,12 +272,15 @@ func keepPrevious(path string) error {
 func (s *Server) restore(e *expert, f *checkpoint.File) (map[string]*tensor.Tensor, optim.State, bool) {
 	e.pendingRows, e.pendingBatches = 0, 0
 	if f != nil {
-		if err := s.loadExpert(e, f); err == nil && paramsFinite(e.module.Params()) && tensorsFinite(e.opt.State().Tensors) {
-			return nn.ExportParams(e.module.Params()), e.opt.State(), true
+		if err := s.loadExpert(e, f); err == nil {
+			if params, st, ok := e.finiteWeights(); ok {
+				return params, st, true
+			}
 		}
 	}
-	e.module, e.opt = nil, nil
-	e.materialize()
+	if err := e.reset(); err != nil {
+		s.cfg.Logger.Error("expert not restored", "expert", e.uid, "err", err)
+	}
 	return nil, optim.State{}, false
 }
 
@@ -307,7 +314,7 @@ func (s *Server) load(path string) error {
 		e := s.experts[uid]
 		e.mu.Lock()
 		err := s.loadExpert(e, f)
-		if err == nil && !(paramsFinite(e.module.Params()) && tensorsFinite(e.opt.State().Tensors)) {
+		if _, _, finite := e.finiteWeights(); err == nil && !finite {
 			if prev == nil {
 				prev, _ = checkpoint.Load(path + PrevSuffix)
 			}
@@ -333,6 +340,20 @@ func (s *Server) loadExpert(e *expert, f *checkpoint.File) error {
 	step, err := strconv.ParseInt(stepStr, 10, 64)
 	if err != nil {
 		return fmt.Errorf("moe/server: checkpoint step of %s: %w", uid, err)
+	}
+	if e.cfg.Executor != nil {
+		params := map[string]*tensor.Tensor{}
+		st := optim.State{Step: step, Tensors: map[string]*tensor.Tensor{}}
+		for name, t := range f.Tensors {
+			if rest, ok := strings.CutPrefix(name, uid+"/"); ok {
+				if o, ok := strings.CutPrefix(rest, "opt/"); ok {
+					st.Tensors[o] = t
+				} else {
+					params[rest] = t
+				}
+			}
+		}
+		return e.loadExecutor(params, st)
 	}
 	e.materialize()
 	params := map[string]*tensor.Tensor{}

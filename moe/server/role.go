@@ -1,14 +1,17 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"time"
 
+	"github.com/skyhive/skyhive/bridge"
 	"github.com/skyhive/skyhive/internal/memlimit"
 	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
@@ -32,7 +35,7 @@ const DefaultHidden = 64
 // decides by the experts' memory and the memory budget.
 func Defaults() launch.Server {
 	return launch.Server{
-		Experts: "ffn.[0:4].[0:4]", ExpertType: TypeFFN, Hidden: DefaultHidden,
+		Experts: "ffn.[0:4].[0:4]", ExpertType: TypeFFN, Hidden: DefaultHidden, Executor: ExecutorGo, Device: "auto",
 		MinBatch: 1, MaxBatch: 4096, BatchTimeout: launch.Duration(2 * time.Millisecond), ParallelBatches: 1,
 		LR: 1e-3, Clip: DefaultClipNorm, MaxSeqLen: DefaultMaxSeqLen, StepRows: 1, Seed: 1,
 		CheckpointEvery: launch.Duration(5 * time.Minute), DeclareEvery: launch.Duration(30 * time.Second),
@@ -84,11 +87,15 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 	if err != nil {
 		return err
 	}
-	lazy := lazyByDefault(len(uids), s.ExpertType, s.Hidden)
+	if err := checkExecutor(s); err != nil {
+		return err
+	}
+	python := s.Executor == ExecutorPython
+	lazy := !python && lazyByDefault(len(uids), s.ExpertType, s.Hidden)
 	if s.Lazy != nil {
 		lazy = *s.Lazy
 	}
-	plan, err := planMemory(s, len(uids), lazy)
+	plan, err := planMemory(s, len(uids), lazy || python) // an executor's experts live in its process
 	if err != nil {
 		return err
 	}
@@ -97,7 +104,16 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 		return err
 	}
 	defer n.Close()
-	fmt.Fprintf(cfg.Stderr, "expert server hosting %d %s experts (hidden %d, %s)\n", len(uids), s.ExpertType, s.Hidden, expertMemory(len(uids), s.ExpertType, s.Hidden, lazy))
+	var exec *bridge.Executor
+	if python {
+		if exec, err = startExecutor(ctx, cfg); err != nil {
+			return err
+		}
+		defer exec.Close()
+		fmt.Fprintf(cfg.Stderr, "expert server hosting %d experts built by %s (hidden %d) in a PyTorch %s executor on %s\n", len(uids), s.Module, s.Hidden, exec.Torch(), exec.Device())
+	} else {
+		fmt.Fprintf(cfg.Stderr, "expert server hosting %d %s experts (hidden %d, %s)\n", len(uids), s.ExpertType, s.Hidden, expertMemory(len(uids), s.ExpertType, s.Hidden, lazy))
+	}
 	if plan.Budget > 0 {
 		fmt.Fprintf(cfg.Stderr, "%s (%s)\n", plan, plan.source)
 	}
@@ -109,7 +125,7 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 	}
 	logs := newQuietHandler(slog.NewTextHandler(cfg.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), s.Verbose)
 	defer logs.flush(context.Background())
-	srv, err := NewContext(ctx, Config{
+	scfg := Config{
 		Transport: n.Host(), DHT: n.DHT(), Experts: uids, Type: s.ExpertType, Hidden: s.Hidden, Heads: s.Heads,
 		MinBatch: s.MinBatch, MaxBatch: s.MaxBatch, BatchTimeout: time.Duration(s.BatchTimeout), Workers: s.ParallelBatches,
 		LR: s.LR, ClipNorm: s.Clip, StepRows: s.StepRows, MaxSeqLen: s.MaxSeqLen,
@@ -118,7 +134,11 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 		DeclareEvery: time.Duration(s.DeclareEvery), CheckpointPath: s.Checkpoint, CheckpointEvery: time.Duration(s.CheckpointEvery),
 		Logger:  slog.New(logs),
 		Metrics: n.Metrics(),
-	})
+	}
+	if exec != nil {
+		scfg.Executor = exec
+	}
+	srv, err := NewContext(ctx, scfg)
 	if err != nil {
 		return err
 	}
@@ -126,7 +146,25 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 	if err := n.StartStatus(func(st *metrics.Status) { serverStatus(st, srv.Stats()) }); err != nil {
 		return errors.Join(err, srv.Close())
 	}
-	return serveStats(ctx, cfg, srv, logs)
+	if exec == nil {
+		return serveStats(ctx, cfg, srv, logs)
+	}
+	// An executor that dies takes the experts with it: the server stops
+	// (trainers route around it as around any dead server).
+	run, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-exec.Done():
+			cancel()
+		case <-run.Done():
+		}
+	}()
+	err = serveStats(run, cfg, srv, logs)
+	if gone := exec.Err(); gone != nil && ctx.Err() == nil {
+		return fmt.Errorf("%w; the server stopped: fix the module or the machine and start it again (its checkpoint, if any, is from before)", gone)
+	}
+	return err
 }
 
 // rolePlan is a server's memory plan and what bounds its budget.
@@ -273,4 +311,51 @@ func expertMemory(n int, typ string, hidden int, lazy bool) string {
 		return fmt.Sprintf("created on first use, up to %.0f MiB", mib)
 	}
 	return fmt.Sprintf("%.0f MiB", mib)
+}
+
+// Executors of `skyhive server --executor`.
+const (
+	ExecutorGo     = "go"
+	ExecutorPython = "python"
+)
+
+// checkExecutor checks the executor's options.
+func checkExecutor(s launch.Server) error {
+	switch s.Executor {
+	case "", ExecutorGo:
+		if s.Module != "" {
+			return fmt.Errorf("module %s given without --executor python", s.Module)
+		}
+	case ExecutorPython:
+		if s.Module == "" {
+			return errors.New("the python executor needs --module package.module:function, the function that builds one expert")
+		}
+		if s.ZeroInit {
+			return errors.New("zero-init applies to Skyhive's Go experts: start a PyTorch expert as the identity in its module's function (drop --zero-init)")
+		}
+	default:
+		return fmt.Errorf("executor %q: want go or python (--executor)", s.Executor)
+	}
+	return nil
+}
+
+// startExecutor starts the PyTorch executor of a server, its output on
+// the server's stderr; its shared memory holds a request's largest input,
+// output gradient and output, and the largest parameter tensor of an FFN
+// expert of this hidden size.
+func startExecutor(ctx context.Context, cfg RoleConfig) (*bridge.Executor, error) {
+	s := cfg.Server
+	c := Config{Type: s.ExpertType, Hidden: s.Hidden, MaxBatch: s.MaxBatch, MaxSeqLen: s.MaxSeqLen}
+	if c.MaxSeqLen == 0 {
+		c.MaxSeqLen = DefaultMaxSeqLen
+	}
+	elems := max(3*c.maxInputElements(), 16*int64(s.Hidden)*int64(s.Hidden))
+	if elems > 1<<31 {
+		return nil, fmt.Errorf("a batch of %d rows of hidden %d needs %d MiB of shared memory per call: lower --max-batch", s.MaxBatch, s.Hidden, elems>>18)
+	}
+	fmt.Fprintf(cfg.Stderr, "starting the PyTorch executor (%s -m skyhive.executor, module %s)\n", cmp.Or(s.Python, os.Getenv("SKYHIVE_PYTHON"), "python3"), s.Module)
+	return bridge.StartExecutor(ctx, bridge.ExecutorConfig{
+		Module: s.Module, Python: s.Python, Device: s.Device, Elements: int(elems),
+		LR: s.LR, Log: cfg.Stderr,
+	})
 }

@@ -306,6 +306,9 @@ func (r *runtime) run(e *expert, backward bool, x, dy *tensor.Tensor) (out *tens
 			e.pendingRows, e.pendingBatches = 0, 0
 		}
 	}()
+	if e.cfg.Executor != nil {
+		return e.runExecutor(backward, x, dy)
+	}
 	if backward {
 		out, oc = e.backward(x, dy)
 		return out, oc, nil

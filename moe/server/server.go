@@ -36,7 +36,6 @@ import (
 
 	"github.com/skyhive/skyhive/dht"
 	"github.com/skyhive/skyhive/moe"
-	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/p2p"
 	"github.com/skyhive/skyhive/p2p/blocklist"
 	"github.com/skyhive/skyhive/tensor"
@@ -93,6 +92,12 @@ type Config struct {
 	// output layer learns first and the rest follows, as with zero-
 	// initialised residual blocks. Only for TypeFFN.
 	ZeroInit bool
+	// Executor, if set, computes the experts: each expert is the module
+	// the executor builds (a PyTorch module, bridge.Executor), trained
+	// by its optimizer; Type still sets the input's rank and Hidden its
+	// last dimension, ZeroInit and Heads do not apply. Nil: Skyhive's Go
+	// experts.
+	Executor Executor
 	// Lazy creates an expert's weights on its first request, so that
 	// servers hosting thousands of rarely used experts use little memory.
 	Lazy bool
@@ -247,7 +252,7 @@ func (c *Config) defaults() error {
 	}
 	if c.MemoryBudget > 0 {
 		var experts int64
-		if !c.Lazy {
+		if !c.Lazy && c.Executor == nil { // an executor's experts live in its process
 			experts = expertBytes(len(c.Experts), c.Type, c.Hidden)
 		}
 		p, err := PlanMemory(c.MemoryBudget, experts)
@@ -329,7 +334,13 @@ func NewContext(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		e := newExpert(uid, &s.cfg)
 		if !cfg.Lazy {
-			e.materialize()
+			if cfg.Executor != nil {
+				if err := e.build(ctx); err != nil {
+					return nil, fmt.Errorf("moe/server: %w", err)
+				}
+			} else {
+				e.materialize()
+			}
 		}
 		s.experts[uid] = e
 	}
@@ -549,8 +560,6 @@ func (s *Server) ExpertWeights(uid string) map[string]*tensor.Tensor {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.module == nil {
-		return nil
-	}
-	return nn.ExportParams(e.module.Params())
+	params, _, _, _ := e.weights()
+	return params
 }

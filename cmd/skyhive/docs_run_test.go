@@ -57,6 +57,8 @@ func docRunFor(c docCommand) docRun {
 		return docRun{skip: "ten minutes by design: the soak's own tests run it short"}
 	case path == "experiment":
 		return docRun{skip: "a long reproduction: package experiment's tests run each quick"}
+	case path == "server" && strings.Contains(text, " --executor python "):
+		return docRun{skip: "needs PyTorch and the Python package: TestPyTorchExperts runs servers with PyTorch experts"}
 	case path == "dht" || path == "server" || path == "dashboard":
 		return docRun{service: true}
 	case path == "train":

@@ -5,7 +5,8 @@ the other peers of a run through the skyhive daemon (the Go binary).
 skyhive.models holds PyTorch twins of Skyhive's registry models, which read
 and write its checkpoints and average with Go peers; skyhive.data reads the
 tokens `skyhive tokenize` writes; skyhive.checkpoint reads and writes
-Skyhive's safetensors files."""
+Skyhive's safetensors files; skyhive.experts holds expert modules for
+`skyhive server --executor python`, whose executor is skyhive.executor."""
 
 from .errors import (ConfigError, DaemonError, NonFiniteError, SkyhiveError, StepError,
                      SwarmError)

@@ -474,27 +474,20 @@ func (e *Executor) Forward(ctx context.Context, uid string, x *tensor.Tensor) (*
 	return y, err
 }
 
-// BackwardResult is what a backward call did to the module's weights.
-type BackwardResult struct {
-	// Stepped: an optimizer step was taken; Skipped: it was not, because
-	// the gradients were not finite (they are dropped).
-	Stepped, Skipped bool
-	// Norm is the gradient norm before clipping (NaN when skipped).
-	Norm float64
-}
-
 // Backward recomputes uid's forward pass on x, backpropagates dy and
 // returns the gradient with respect to x; the parameters' gradients
 // accumulate (zero: start afresh). With step > 0 the mean of the last
 // step batches' gradients is clipped to clip (0: not clipped) and applied
-// by the module's optimizer, unless it is not finite.
-func (e *Executor) Backward(ctx context.Context, uid string, x, dy *tensor.Tensor, zero bool, step int, clip float64) (*tensor.Tensor, BackwardResult, error) {
+// by the module's optimizer, unless it is not finite. It returns dx, the
+// gradient norm before clipping (NaN without a step or when the step was
+// skipped) and whether the step was taken.
+func (e *Executor) Backward(ctx context.Context, uid string, x, dy *tensor.Tensor, zero bool, step int, clip float64) (dx *tensor.Tensor, norm float64, stepped bool, err error) {
 	n := x.Len()
 	if !tensor.SameShape(x.Shape, dy.Shape) {
-		return nil, BackwardResult{}, fmt.Errorf("bridge: executor: dy of shape %v for x of shape %v", dy.Shape, x.Shape)
+		return nil, math.NaN(), false, fmt.Errorf("bridge: executor: dy of shape %v for x of shape %v", dy.Shape, x.Shape)
 	}
 	if err := e.fits(n, n, n); err != nil {
-		return nil, BackwardResult{}, err
+		return nil, math.NaN(), false, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -506,18 +499,18 @@ func (e *Executor) Backward(ctx context.Context, uid string, x, dy *tensor.Tenso
 		Zero: zero, Step: step, Clip: clip,
 	}, e.cfg.CallTimeout)
 	if err != nil {
-		return nil, BackwardResult{}, err
+		return nil, math.NaN(), false, err
 	}
-	dx, err := e.output(reply, 2*n, x.Shape)
+	if dx, err = e.output(reply, 2*n, x.Shape); err != nil {
+		e.account(start, reply)
+		return nil, math.NaN(), false, err
+	}
 	e.account(start, reply)
-	if err != nil {
-		return nil, BackwardResult{}, err
-	}
-	res := BackwardResult{Stepped: reply.Stepped, Skipped: step > 0 && !reply.Stepped, Norm: math.NaN()}
+	norm = math.NaN()
 	if reply.Norm != nil {
-		res.Norm = *reply.Norm
+		norm = *reply.Norm
 	}
-	return dx, res, nil
+	return dx, norm, reply.Stepped, nil
 }
 
 // State returns uid's parameters and its optimizer's moments by name (the

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skyhive/skyhive/moe/server"
 	"github.com/skyhive/skyhive/nn"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/tensor"
@@ -89,6 +90,9 @@ func closeTo(t *testing.T, what string, got, want []float32, tol float64) {
 	}
 }
 
+// The server computes experts with a bridge.Executor.
+var _ server.RoleExecutor = (*Executor)(nil)
+
 // TestExecutorMatchesGoExpert runs Skyhive's Go FFN expert and the same
 // expert in PyTorch, behind the executor, from the same weights: forward,
 // backward and one AdamW step agree within float32 tolerance.
@@ -130,13 +134,13 @@ func TestExecutorMatchesGoExpert(t *testing.T) {
 	_, st := goExpert.Forward(nn.Ctx{Train: true}, x)
 	wantDX := goExpert.Backward(st, dy)
 	opt.Step()
-	dx, res, err := ex.Backward(t.Context(), "ffn.0", x, dy, true, 1, 0)
+	dx, norm, stepped, err := ex.Backward(t.Context(), "ffn.0", x, dy, true, 1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	closeTo(t, "dx", dx.Data, wantDX.Data, 1e-5)
-	if !res.Stepped || res.Skipped || !(res.Norm > 0) {
-		t.Fatalf("backward result %+v, want a step with a positive norm", res)
+	if !stepped || !(norm > 0) {
+		t.Fatalf("backward: stepped %v, norm %v; want a step with a positive norm", stepped, norm)
 	}
 	state, step, err := ex.State(t.Context(), "ffn.0")
 	if err != nil {
@@ -174,7 +178,7 @@ func TestExecutorFaults(t *testing.T) {
 	if _, err := ex.Forward(ctx, "shape", tensor.New(4, 3)); !errors.As(err, &ee) || ee.Kind != "module" || !strings.Contains(err.Error(), "shape") {
 		t.Fatalf("wrong shape: %v", err)
 	}
-	if _, _, err := ex.Backward(ctx, "good", tensor.New(4, 3), tensor.New(4, 3), true, 1, 0); !errors.As(err, &ee) || ee.Kind != "module" {
+	if _, _, _, err := ex.Backward(ctx, "good", tensor.New(4, 3), tensor.New(4, 3), true, 1, 0); !errors.As(err, &ee) || ee.Kind != "module" {
 		t.Fatalf("input of another size: %v", err) // the Linear raises
 	}
 	if _, err := ex.Forward(ctx, "missing", tensor.New(1, 2)); !errors.As(err, &ee) || ee.Kind != "protocol" {

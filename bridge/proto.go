@@ -101,6 +101,19 @@ type Message struct {
 	Round    int                 `json:"round,omitempty"`
 	Stats    *optimizer.Stats    `json:"stats,omitempty"`
 	Progress *optimizer.Progress `json:"progress,omitempty"`
+	// hello: the session's mode (ModeAveraging when empty, ModeMoE) and
+	// a MoE session's options.
+	Mode string      `json:"mode,omitempty"`
+	MoE  *MoEOptions `json:"moe,omitempty"`
+	// moe_forward, moe_dx: the input's shape. moe_forward: Keep the pass
+	// for a backward pass; moe_out: the kept pass's Call (0: not kept),
+	// each sample's candidates' grid coordinates, best first, and whether
+	// each answered. moe_backward, moe_release: the pass's Call.
+	Shape    []int     `json:"shape,omitempty"`
+	Keep     bool      `json:"keep,omitempty"`
+	Call     int       `json:"call,omitempty"`
+	Coords   [][][]int `json:"coords,omitempty"`
+	Answered [][]bool  `json:"answered,omitempty"`
 	// error
 	Kind  string `json:"kind,omitempty"`
 	Error string `json:"error,omitempty"`

@@ -103,6 +103,13 @@ func (s *session) run(ctx context.Context) error {
 	if hello.Op != OpHello {
 		return s.fail(KindProtocol, fmt.Errorf("%w: first message %q, want %q", ErrProtocol, hello.Op, OpHello))
 	}
+	switch hello.Mode {
+	case "", ModeAveraging:
+	case ModeMoE:
+		return s.runMoE(ctx, hello)
+	default:
+		return s.fail(KindConfig, fmt.Errorf("mode %q: want %q or %q", hello.Mode, ModeAveraging, ModeMoE))
+	}
 	l, pc, err := s.configure(hello)
 	if err != nil {
 		return s.fail(KindConfig, err)

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/skyhive/skyhive/bridge"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/metrics"
 	"github.com/skyhive/skyhive/moe/server"
@@ -131,5 +132,17 @@ func runServerRole(ctx context.Context, stdout, stderr io.Writer, c launch.Serve
 	}
 	return server.RunRole(ctx, server.RoleConfig{Node: node.FromLaunch(host, c.Net, c.Process, metrics.RoleServer),
 		Server: c, Stdout: stdout, Stderr: stderr,
-		Announce: func(ctx context.Context, h *p2p.Host) { p2p.ReportReach(ctx, h, stdout, jsonOut) }})
+		Announce:      func(ctx context.Context, h *p2p.Host) { p2p.ReportReach(ctx, h, stdout, jsonOut) },
+		StartExecutor: startExecutor})
+}
+
+// startExecutor starts the PyTorch executor of `skyhive server --executor
+// python` (bridge.StartExecutor).
+func startExecutor(ctx context.Context, s server.ExecutorSpec) (server.RoleExecutor, error) {
+	ex, err := bridge.StartExecutor(ctx, bridge.ExecutorConfig{Module: s.Module, Python: s.Python, Device: s.Device,
+		Elements: s.Elements, LR: s.LR, Log: s.Log})
+	if err != nil {
+		return nil, err
+	}
+	return ex, nil
 }

@@ -125,6 +125,9 @@ func New(cfg Config) (*MixtureOfExperts, error) {
 	return &MixtureOfExperts{cfg: cfg, Gate: gate, dead: map[string]time.Time{}}, nil
 }
 
+// In is the layer's input size, the experts' hidden size.
+func (m *MixtureOfExperts) In() int { return m.cfg.In }
+
 // Params returns the gating network's parameters ("gate.weight",
 // "gate.bias"); the experts' parameters live on their servers.
 func (m *MixtureOfExperts) Params() []*nn.Param {
@@ -508,6 +511,16 @@ func (m *MixtureOfExperts) BackwardCtx(ctx context.Context, s nn.State, dy *tens
 		}
 	}
 
+	got, errs := m.sendBackward(ctx, douts, dx)
+	return dx, m.checkBackwardKMin(got, func(i int) bool { return len(st.choices[i]) > 0 }, errs)
+}
+
+// sendBackward sends each call's output gradient to its expert, within
+// BackwardTimeout, and adds the input gradients that come back to dx. It
+// returns how many expert gradients each sample got and the failures.
+func (m *MixtureOfExperts) sendBackward(ctx context.Context, douts map[*call]*tensor.Tensor, dx *tensor.Tensor) ([]int, []error) {
+	n := dx.Shape[0]
+	row := dx.Len() / n
 	bctx, cancel := context.WithTimeout(ctx, m.cfg.BackwardTimeout)
 	defer cancel()
 	type res struct {
@@ -538,18 +551,25 @@ func (m *MixtureOfExperts) BackwardCtx(ctx context.Context, s nn.State, dy *tens
 			tensor.Axpy(1, r.dx.Data[j*row:(j+1)*row], dx.Data[i*row:(i+1)*row])
 		}
 	}
-	if m.cfg.BackwardKMin > 0 {
-		short := 0
-		for i := range n {
-			if len(st.choices[i]) > 0 && got[i] < m.cfg.BackwardKMin {
-				short++
-			}
-		}
-		if short > 0 {
-			return dx, fmt.Errorf("moe/client: %d samples got fewer than %d expert gradients: %w", short, m.cfg.BackwardKMin, callErrors(errs))
+	return got, errs
+}
+
+// checkBackwardKMin reports the samples that had experts (chose) and got
+// fewer than BackwardKMin expert gradients.
+func (m *MixtureOfExperts) checkBackwardKMin(got []int, chose func(i int) bool, errs []error) error {
+	if m.cfg.BackwardKMin <= 0 {
+		return nil
+	}
+	short := 0
+	for i, g := range got {
+		if chose(i) && g < m.cfg.BackwardKMin {
+			short++
 		}
 	}
-	return dx, nil
+	if short > 0 {
+		return fmt.Errorf("moe/client: %d samples got fewer than %d expert gradients: %w", short, m.cfg.BackwardKMin, callErrors(errs))
+	}
+	return nil
 }
 
 var _ nn.Module = (*MixtureOfExperts)(nil)

@@ -3,17 +3,18 @@ package server
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"strings"
 	"time"
 
-	"github.com/skyhive/skyhive/bridge"
 	"github.com/skyhive/skyhive/optim"
 	"github.com/skyhive/skyhive/tensor"
 )
 
 // Executor computes experts in another process: bridge.Executor runs the
-// user's PyTorch modules. The server keeps everything else (batching,
+// user's PyTorch modules (package bridge depends on this one, not the
+// other way round). The server keeps everything else (batching,
 // guards, statistics, declarations, checkpoints); the executor holds each
 // expert's module and optimizer. Calls for one expert come one at a time.
 type Executor interface {
@@ -26,14 +27,14 @@ type Executor interface {
 	// returns dx; parameter gradients accumulate (zero: afresh), and with
 	// step > 0 the mean of the last step batches' gradients, clipped to
 	// clip, is applied unless it is not finite.
-	Backward(ctx context.Context, uid string, x, dy *tensor.Tensor, zero bool, step int, clip float64) (*tensor.Tensor, bridge.BackwardResult, error)
+	// It returns dx, the gradient norm of the step (NaN without one) and
+	// whether the step was taken.
+	Backward(ctx context.Context, uid string, x, dy *tensor.Tensor, zero bool, step int, clip float64) (*tensor.Tensor, float64, bool, error)
 	// State returns the expert's parameters and optimizer moments
 	// ("opt/…") and its step counter; Load sets them.
 	State(ctx context.Context, uid string) (map[string]*tensor.Tensor, int64, error)
 	Load(ctx context.Context, uid string, tensors map[string]*tensor.Tensor, step int64) error
 }
-
-var _ Executor = (*bridge.Executor)(nil)
 
 // executorSetup bounds building or loading one expert in the executor.
 const executorSetup = 5 * time.Minute
@@ -77,7 +78,7 @@ func (e *expert) runExecutor(backward bool, x, dy *tensor.Tensor) (*tensor.Tenso
 	if e.cfg.ClipNorm > 0 {
 		clip = e.cfg.ClipNorm
 	}
-	dx, res, err := e.cfg.Executor.Backward(ctx, e.uid, x, dy, zero, step, clip)
+	dx, norm, stepped, err := e.cfg.Executor.Backward(ctx, e.uid, x, dy, zero, step, clip)
 	if err != nil {
 		// The gradients accumulated so far are in an unknown state: the
 		// next batch starts afresh.
@@ -89,7 +90,7 @@ func (e *expert) runExecutor(backward bool, x, dy *tensor.Tensor) (*tensor.Tenso
 		return dx, outcome{}, nil
 	}
 	e.pendingRows, e.pendingBatches = 0, 0
-	return dx, outcome{stepped: res.Stepped, skipped: res.Skipped, clipped: res.Stepped && clip > 0 && res.Norm > clip, norm: res.Norm}, nil
+	return dx, outcome{stepped: stepped, skipped: !stepped, clipped: stepped && clip > 0 && norm > clip, norm: norm}, nil
 }
 
 // executorState returns e's weights and optimizer state as Save writes
@@ -132,4 +133,27 @@ func (e *expert) loadExecutor(params map[string]*tensor.Tensor, st optim.State) 
 		return fmt.Errorf("moe/server: checkpoint of %s: %w", e.uid, err)
 	}
 	return nil
+}
+
+// RoleExecutor is the executor of a server role (`skyhive server
+// --executor python`): an Executor that runs as a process of its own.
+type RoleExecutor interface {
+	Executor
+	// Done is closed when the executor has exited; Err says why.
+	Done() <-chan struct{}
+	Err() error
+	// Torch and Device describe it: PyTorch's version, the device.
+	Torch() string
+	Device() string
+	Close() error
+}
+
+// ExecutorSpec is what RoleConfig.StartExecutor starts: the user's
+// Module run by the interpreter Python on Device, a shared memory of
+// Elements float32s, LR for its optimizers, its output to Log.
+type ExecutorSpec struct {
+	Module, Python, Device string
+	Elements               int
+	LR                     float64
+	Log                    io.Writer
 }

@@ -11,7 +11,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/skyhive/skyhive/bridge"
 	"github.com/skyhive/skyhive/internal/memlimit"
 	"github.com/skyhive/skyhive/jsonl"
 	"github.com/skyhive/skyhive/launch"
@@ -67,6 +66,9 @@ type RoleConfig struct {
 	// Announce, if set, tells where others reach the server once its
 	// host runs, e.g. by printing its addresses.
 	Announce func(ctx context.Context, h *p2p.Host)
+	// StartExecutor starts the PyTorch executor of `--executor python`
+	// (bridge.StartExecutor); nil refuses that executor.
+	StartExecutor func(ctx context.Context, spec ExecutorSpec) (RoleExecutor, error)
 }
 
 // RunRole runs an expert server until ctx ends: it starts the node (host,
@@ -104,7 +106,7 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 		return err
 	}
 	defer n.Close()
-	var exec *bridge.Executor
+	var exec RoleExecutor
 	if python {
 		if exec, err = startExecutor(ctx, cfg); err != nil {
 			return err
@@ -343,8 +345,11 @@ func checkExecutor(s launch.Server) error {
 // the server's stderr; its shared memory holds a request's largest input,
 // output gradient and output, and the largest parameter tensor of an FFN
 // expert of this hidden size.
-func startExecutor(ctx context.Context, cfg RoleConfig) (*bridge.Executor, error) {
+func startExecutor(ctx context.Context, cfg RoleConfig) (RoleExecutor, error) {
 	s := cfg.Server
+	if cfg.StartExecutor == nil {
+		return nil, errors.New("this program cannot start a PyTorch executor: run skyhive server")
+	}
 	c := Config{Type: s.ExpertType, Hidden: s.Hidden, MaxBatch: s.MaxBatch, MaxSeqLen: s.MaxSeqLen}
 	if c.MaxSeqLen == 0 {
 		c.MaxSeqLen = DefaultMaxSeqLen
@@ -354,7 +359,7 @@ func startExecutor(ctx context.Context, cfg RoleConfig) (*bridge.Executor, error
 		return nil, fmt.Errorf("a batch of %d rows of hidden %d needs %d MiB of shared memory per call: lower --max-batch", s.MaxBatch, s.Hidden, elems>>18)
 	}
 	fmt.Fprintf(cfg.Stderr, "starting the PyTorch executor (%s -m skyhive.executor, module %s)\n", cmp.Or(s.Python, os.Getenv("SKYHIVE_PYTHON"), "python3"), s.Module)
-	return bridge.StartExecutor(ctx, bridge.ExecutorConfig{
+	return cfg.StartExecutor(ctx, ExecutorSpec{
 		Module: s.Module, Python: s.Python, Device: s.Device, Elements: int(elems),
 		LR: s.LR, Log: cfg.Stderr,
 	})

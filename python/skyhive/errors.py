@@ -26,7 +26,13 @@ class StepError(SkyhiveError):
     """The averaging of this step failed (a collective timed out); training can go on."""
 
 
+class ExpertsError(SkyhiveError):
+    """Too few experts answered: a sample got no answer in the forward pass
+    (allow_zero_outputs=False), or fewer than backward_k_min gradients."""
+
+
 KINDS = {
+    "experts": ExpertsError,
     "config": ConfigError,
     "swarm": SwarmError,
     "value": NonFiniteError,

@@ -74,3 +74,44 @@ def run_peers(configs, timeout=300):
             raise AssertionError(f"peer exited with {p.returncode}:\n{stderr[-4000:]}")
         out.append(json.loads(stdout.strip().splitlines()[-1]))
     return out
+
+
+class Server:
+    """A `skyhive server` on loopback hosting PyTorch experts
+    (skyhive.experts:ffn in an executor on the CPU); addr is its multiaddr."""
+
+    def __init__(self, experts, hidden, dht=None, seed=1, extra=()):
+        args = [binary(), "server", "--listen", "/ip4/127.0.0.1/tcp/0", "--experts", experts, "--hidden", str(hidden),
+                "--executor", "python", "--python", sys.executable, "--device", "cpu", "--module", "skyhive.experts:ffn",
+                "--seed", str(seed), "--stats-every", "0", "--declare-every", "2s", *extra]
+        if dht:
+            args += ["--dht", dht]
+        env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.addr, self.lines = None, []
+        found = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if self.addr is None and "/p2p/" in line and "127.0.0.1" in line:
+                    self.addr = line.strip().split()[-1]
+                if self.addr and "serving " in line:
+                    found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(60):
+            self.stop()
+            raise RuntimeError("skyhive server did not start:\n" + "".join(self.lines))
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()

@@ -94,8 +94,8 @@ func (o *MoEOptions) check(maxElements int) (moe.Grid, moeLayout, error) {
 	switch {
 	case o.InFeatures < 1 || o.InFeatures > 1<<16:
 		return grid, moeLayout{}, fmt.Errorf("in_features %d: want 1 to %d", o.InFeatures, 1<<16)
-	case o.RowElements < o.InFeatures || o.RowElements%o.InFeatures != 0:
-		return grid, moeLayout{}, fmt.Errorf("row_elements %d: want a multiple of in_features %d", o.RowElements, o.InFeatures)
+	case o.RowElements < o.InFeatures || o.RowElements > maxElements || o.RowElements%o.InFeatures != 0:
+		return grid, moeLayout{}, fmt.Errorf("row_elements %d: want a multiple of in_features %d, at most %d", o.RowElements, o.InFeatures, maxElements)
 	case o.MaxRows < 1 || o.MaxRows > MaxMoERows:
 		return grid, moeLayout{}, fmt.Errorf("max_rows %d: want 1 to %d", o.MaxRows, MaxMoERows)
 	case o.KBest < 1 || o.KBest > MaxKBest:
@@ -106,7 +106,7 @@ func (o *MoEOptions) check(maxElements int) (moe.Grid, moeLayout, error) {
 		o.ForwardTimeout > 3600 || o.TimeoutAfterKMin > 3600 || o.BackwardTimeout > 3600:
 		return grid, moeLayout{}, errors.New("timeouts: want 0 (the default) to 3600 seconds")
 	}
-	l := moeLayout{row: o.RowElements, k: o.KBest, total: grid.TotalSize(), rows: o.MaxRows}
+	l := moeLayout{in: o.InFeatures, row: o.RowElements, k: o.KBest, total: grid.TotalSize(), rows: o.MaxRows}
 	l.out = l.rows * l.row
 	l.scores = l.out + l.rows*l.k*l.row
 	l.elements = l.scores + l.rows*l.total
@@ -122,9 +122,9 @@ func (o *MoEOptions) check(maxElements int) (moe.Grid, moeLayout, error) {
 // gradients there too, before a backward pass), scores at scores (sample
 // i's, total of them, at i·total).
 type moeLayout struct {
-	row, k, total, rows int
-	out, scores         int
-	elements            int
+	in, row, k, total, rows int
+	out, scores             int
+	elements                int
 }
 
 // runMoE serves a MoE session after its hello.
@@ -259,22 +259,26 @@ func refuse(kind string, format string, args ...any) error {
 	return &kindError{kind: kind, err: fmt.Errorf(format, args...)}
 }
 
-// input checks a call's input shape (rows first, the last dimension the
-// experts' hidden size) and returns its rows.
-func (m *moeSession) input(shape []int) (int, error) {
+// input checks a call's input shape against the layout: [rows, in] or
+// [rows, seq, in], at most the layout's rows of at most its row elements.
+// It returns the rows.
+func (l moeLayout) input(shape []int) (int, error) {
 	if len(shape) < 2 || len(shape) > 3 {
-		return 0, refuse(KindValue, "input of shape %v: want [rows, %d] or [rows, seq, %d]", shape, m.layer.In(), m.layer.In())
+		return 0, refuse(KindValue, "input of shape %v: want [rows, %d] or [rows, seq, %d]", shape, l.in, l.in)
 	}
 	n := 1
 	for _, d := range shape {
-		if d < 1 || d > MaxMoERows*m.lay.row {
+		if d < 1 || d > l.rows*l.row {
 			return 0, refuse(KindValue, "input of shape %v", shape)
 		}
 		n *= d
+		if n > l.rows*l.row {
+			break
+		}
 	}
 	rows := shape[0]
-	if shape[len(shape)-1] != m.layer.In() || rows > m.lay.rows || n/rows > m.lay.row {
-		return 0, refuse(KindValue, "input of shape %v: want at most %d rows of at most %d elements ending in %d (max_rows, row_elements, in_features)", shape, m.lay.rows, m.lay.row, m.layer.In())
+	if shape[len(shape)-1] != l.in || rows > l.rows || n > rows*l.row {
+		return 0, refuse(KindValue, "input of shape %v: want at most %d rows of at most %d elements ending in %d (max_rows, row_elements, in_features)", shape, l.rows, l.row, l.in)
 	}
 	return rows, nil
 }
@@ -282,7 +286,7 @@ func (m *moeSession) input(shape []int) (int, error) {
 // forward reads the input and the scores, calls the experts and writes
 // their answers.
 func (m *moeSession) forward(ctx context.Context, msg Message) (Message, error) {
-	rows, err := m.input(msg.Shape)
+	rows, err := m.lay.input(msg.Shape)
 	if err != nil {
 		return Message{}, err
 	}

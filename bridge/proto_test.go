@@ -97,3 +97,38 @@ func FuzzHello(f *testing.F) {
 		_, _ = DecodeOptions(m.Options)
 	})
 }
+
+// FuzzMoEHello: a MoE session's options are accepted only with a layout
+// that fits the session's elements, and a call's input shape only when it
+// fits the layout.
+func FuzzMoEHello(f *testing.F) {
+	f.Add([]byte(`{"op":"hello","version":1,"mode":"moe","moe":{"uid_prefix":"ffn","grid_size":[4,2],"in_features":16,"k_best":2}}`), 8, 1, 16)
+	f.Add([]byte(`{"op":"hello","mode":"moe","moe":{"uid_prefix":"a.b","grid_size":[65536,65536],"in_features":65536,"max_rows":16384,"k_best":64}}`), 16384, 4, 65536)
+	f.Fuzz(func(t *testing.T, b []byte, rows, seq, in int) {
+		m, err := DecodeMessage(b)
+		if err != nil || m.MoE == nil {
+			return
+		}
+		const maxElements = 1 << 22
+		_, lay, err := m.MoE.check(maxElements)
+		if err != nil {
+			return
+		}
+		if lay.elements > maxElements || lay.elements < lay.scores || lay.scores < lay.out {
+			t.Fatalf("layout %+v accepted for %d elements", lay, maxElements)
+		}
+		for _, shape := range [][]int{{rows, in}, {rows, seq, in}} {
+			r, err := lay.input(shape)
+			if err != nil {
+				continue
+			}
+			n := 1
+			for _, d := range shape {
+				n *= d
+			}
+			if r != shape[0] || r > lay.rows || n > r*lay.row || shape[len(shape)-1] != lay.in {
+				t.Fatalf("input %v accepted by layout %+v", shape, lay)
+			}
+		}
+	})
+}

@@ -30,6 +30,20 @@
 //	close                            ->
 //	                                 <- closed
 //
+// A client may instead open a MoE session (hello with mode "moe", the
+// Python skyhive.RemoteMixtureOfExperts): the daemon joins the swarm's DHT
+// as a client and, for each forward call, runs the beam search on the
+// gate's scores the client wrote into the shared memory, calls the chosen
+// experts (moe/client.Dispatch) and writes their answers back; a backward
+// call sends the answers' gradients to the experts and writes the input's
+// gradient.
+//
+// The package also runs executors (Executor, StartExecutor): a PyTorch
+// child process of a role (python3 -m skyhive.executor) that builds the
+// user's modules and runs their forward and backward passes and optimizer
+// steps, reached over an inherited socket pair with this framing and a
+// sealed memfd it inherits too.
+//
 // Everything the client sends is checked before the daemon allocates or
 // maps: the protocol version, the number, names, shapes and total size of
 // the parameters, the options (those of `skyhive peer` that concern the

@@ -204,7 +204,8 @@ func (DHT) Role() string { return RoleDHT }
 // Server configures a MoE expert server (`skyhive server`; see
 // moe/server.RunRole); the fields are the command's flags. Lazy left out
 // creates the experts lazily when they would take more than 1 GiB;
-// QueueMemory 0 is the default, at most a quarter of Net.MemoryMiB.
+// QueueMemory 0 is the default, lowered to the memory plan's share under
+// Net.MemoryMiB.
 type Server struct {
 	Net
 	Process

@@ -26,7 +26,7 @@ func addressSpace() Limit {
 	if !ok {
 		return Limit{}
 	}
-	return Limit{Bytes: max(int64(r.Cur)-used, 1), Source: "address space (RLIMIT_AS)"}
+	return Limit{Bytes: max(int64(r.Cur)-used, 1), Source: "address space (RLIMIT_AS)", Reserve: NonHeapReserve}
 }
 
 func cgroup() Limit {

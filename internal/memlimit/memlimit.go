@@ -19,6 +19,10 @@ type Limit struct {
 	// Source names the limit: "address space (RLIMIT_AS)" or "cgroup
 	// memory.max".
 	Source string
+	// Reserve is what the limit must leave to memory that is not Go's
+	// heap (NonHeapReserve for an address-space limit, which counts
+	// every mapping; 0 for a cgroup's, which counts pages in use).
+	Reserve int64
 }
 
 // NonHeapReserve is what an address-space limit must leave to memory
@@ -28,17 +32,13 @@ type Limit struct {
 const NonHeapReserve = 512 << 20
 
 // Heap returns the bytes Go's heap may grow to within l: what l leaves,
-// less NonHeapReserve for an address-space limit; 0 when there is no
-// limit, and at least 1 when there is one.
+// less its Reserve; 0 when there is no limit, and at least 1 when there
+// is one.
 func (l Limit) Heap() int64 {
 	if l.Bytes <= 0 {
 		return 0
 	}
-	b := l.Bytes
-	if strings.HasPrefix(l.Source, "address space") {
-		b -= NonHeapReserve
-	}
-	return max(b, 1)
+	return max(l.Bytes-l.Reserve, 1)
 }
 
 // Min returns the smaller of two budgets, where 0 is none.

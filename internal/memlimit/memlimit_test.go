@@ -31,7 +31,7 @@ func TestParse(t *testing.T) {
 }
 
 func TestHeapAndCombine(t *testing.T) {
-	as := Limit{Bytes: 2 << 30, Source: "address space (RLIMIT_AS)"}
+	as := Limit{Bytes: 2 << 30, Source: "address space (RLIMIT_AS)", Reserve: NonHeapReserve}
 	cg := Limit{Bytes: 1700 << 20, Source: "cgroup memory.max"}
 	if as.Heap() != 2<<30-NonHeapReserve || cg.Heap() != 1700<<20 || (Limit{}).Heap() != 0 {
 		t.Fatalf("heaps %d %d", as.Heap(), cg.Heap())

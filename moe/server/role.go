@@ -31,7 +31,8 @@ const DefaultHidden = 64
 // process options: a 4×4 grid of small FFN experts, batches of up to 4096
 // rows, checkpoints every 5 minutes, declarations and statistics every 30
 // seconds. Lazy nil and QueueMemory 0 leave them to RunRole, which
-// decides by the experts' memory and the memory budget.
+// decides by the experts' memory and the memory budget (DefaultQueueMemory
+// without one).
 func Defaults() launch.Server {
 	return launch.Server{
 		Experts: "ffn.[0:4].[0:4]", ExpertType: TypeFFN, Hidden: DefaultHidden, Executor: ExecutorGo, Device: "auto",
@@ -57,8 +58,8 @@ type RoleConfig struct {
 	Node node.Config
 	// Server is the server's options, as the command's flags and a config
 	// file give them (see launch.Server). Its Net and Process are read
-	// only through Node, except Net.MemoryMiB, of which a quarter bounds
-	// the queued requests when QueueMemory is 0.
+	// only through Node, except Net.MemoryMiB, the memory budget the
+	// server plans (PlanMemory; QueueMemory 0 takes the plan's share).
 	Server launch.Server
 	// Stdout receives the statistics and Stderr the notices (nil:
 	// discarded).
@@ -131,7 +132,7 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 		Transport: n.Host(), DHT: n.DHT(), Experts: uids, Type: s.ExpertType, Hidden: s.Hidden, Heads: s.Heads,
 		MinBatch: s.MinBatch, MaxBatch: s.MaxBatch, BatchTimeout: time.Duration(s.BatchTimeout), Workers: s.ParallelBatches,
 		LR: s.LR, ClipNorm: s.Clip, StepRows: s.StepRows, MaxSeqLen: s.MaxSeqLen,
-		RequestMemory: s.RequestMemory << 20, QueueMemory: queueMemory(s) << 20, MemoryBudget: plan.Budget, ZeroInit: s.ZeroInit, Seed: s.Seed, Lazy: lazy,
+		RequestMemory: s.RequestMemory << 20, QueueMemory: s.QueueMemory << 20, MemoryBudget: plan.Budget, ZeroInit: s.ZeroInit, Seed: s.Seed, Lazy: lazy,
 		Limits:       WireLimits(s.MaxBatch, s.Hidden),
 		DeclareEvery: time.Duration(s.DeclareEvery), CheckpointPath: s.Checkpoint, CheckpointEvery: time.Duration(s.CheckpointEvery),
 		Logger:  slog.New(logs),
@@ -220,20 +221,6 @@ func startNode(ctx context.Context, cfg RoleConfig, requestBytes int64) (*node.N
 		return nil, ctx.Err()
 	}
 	return n, err
-}
-
-// queueMemory is the MiB of request tensors the server queues: the
-// config's, or by default DefaultQueueMemory, at most a quarter of the
-// memory budget.
-func queueMemory(s launch.Server) int64 {
-	if s.QueueMemory != 0 {
-		return s.QueueMemory
-	}
-	q := int64(DefaultQueueMemory >> 20)
-	if b := s.MemoryMiB; b > 0 {
-		q = min(q, max(b/4, 1))
-	}
-	return q
 }
 
 // WireLimits bounds decoded expert messages for batches of maxBatch rows

@@ -1,5 +1,6 @@
-"""`skyhive bench pytorch --quick` runs the package's benchmark and reports
-both comparisons in the benchmark protocol."""
+"""`skyhive bench pytorch --quick` runs the package's benchmark and the
+PyTorch expert server's, and reports every comparison in the benchmark
+protocol."""
 
 import json
 import os
@@ -15,6 +16,11 @@ def test_bench_pytorch_quick():
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(l) for l in out.stdout.splitlines() if l.strip()]
     cases = {l["case"]: l for l in lines}
-    assert set(cases) == {"cnn-step", "crossing"}, lines
+    assert set(cases) == {"cnn-step", "crossing", "executor-ffn-fwd+bwd/h1024/b64",
+                          "executor-bridge-share/h1024/b64"}, lines
     for l in lines:
-        assert l["suite"] == "pytorch" and l["value"] > 0 and l["baseline_value"] > 0 and l["ratio"] > 0, l
+        assert l["suite"] == "pytorch" and l["value"] > 0, l
+        if l["metric"] == "share":  # the bridge's share of the executor's calls
+            assert l["value"] < 1 and l["unit"] == "fraction", l
+        else:
+            assert l["baseline_value"] > 0 and l["ratio"] > 0, l

@@ -2,8 +2,6 @@
 run on `skyhive server`s of the swarm (Learning@home's DMoE layer, with
 hivemind's names)."""
 
-import mmap
-import os
 import threading
 
 import torch
@@ -82,13 +80,7 @@ class RemoteMixtureOfExperts(nn.Module):
             self._conn = Connection(self._daemon.socket, describe=self._daemon.describe)
             self._conn.send({"op": "hello", "version": VERSION, "mode": "moe", "moe": moe,
                              "options": _options(dict(options, dht=dht))})
-            msg, fd = self._conn.recv(with_fd=True)
-            if msg.get("op") != "shm" or fd is None:
-                raise DaemonError(f"the daemon answered {msg.get('op')!r} without shared memory")
-            try:
-                self._mem = mmap.mmap(fd, msg["bytes"])
-            finally:
-                os.close(fd)
+            msg, self._mem = self._conn.shared_memory()
         except BaseException:
             self.close()
             raise

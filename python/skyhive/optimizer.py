@@ -1,8 +1,5 @@
 """skyhive.Optimizer: a torch.optim optimizer that averages with a swarm."""
 
-import mmap
-import os
-
 import torch
 
 from .daemon import Daemon
@@ -171,13 +168,7 @@ class Optimizer:
         if self._twin is not None:
             hello["twin"] = self._twin
         self._conn.send(hello)
-        msg, fd = self._conn.recv(with_fd=True)
-        if msg.get("op") != "shm" or fd is None:
-            raise DaemonError(f"the daemon answered {msg.get('op')!r} without shared memory")
-        try:
-            self._mem = mmap.mmap(fd, msg["bytes"])
-        finally:
-            os.close(fd)
+        msg, self._mem = self._conn.shared_memory()
         flat = torch.frombuffer(self._mem, dtype=torch.float32)
         total = sum(p.numel() for p in self._params)
         self._views, self._state_views = [], []

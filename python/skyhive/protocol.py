@@ -3,6 +3,8 @@
 descriptor arrives with the daemon's "shm" reply."""
 
 import json
+import mmap
+import os
 import socket
 import struct
 
@@ -55,6 +57,19 @@ class Connection:
                 socket.close(fd)
             raise KINDS.get(msg.get("kind"), DaemonError)(msg.get("error", "the daemon reported an error"))
         return (msg, fd) if with_fd else msg
+
+    def shared_memory(self):
+        """Reads the daemon's "shm" reply and maps the region that came with
+        it; returns the reply and the mapping."""
+        msg, fd = self.recv(with_fd=True)
+        if msg.get("op") != "shm" or fd is None:
+            if fd is not None:
+                os.close(fd)
+            raise DaemonError(f"the daemon answered {msg.get('op')!r} without shared memory")
+        try:
+            return msg, mmap.mmap(fd, msg["bytes"])
+        finally:
+            os.close(fd)
 
     def _read(self, n):
         buf = bytearray()

@@ -20,12 +20,12 @@ def binary():
     return path
 
 
-class DHT:
-    """A `skyhive dht` on loopback; addr is its multiaddr."""
+class _Role:
+    """A skyhive command on loopback, ready once it printed its address
+    (and the line ready says, if any); addr is its multiaddr."""
 
-    def __init__(self):
-        self.proc = subprocess.Popen([binary(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    def __init__(self, args, what, env=None, ready=None, timeout=30):
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.addr, self.lines = None, []
         found = threading.Event()
 
@@ -34,20 +34,32 @@ class DHT:
                 self.lines.append(line)
                 if self.addr is None and "/p2p/" in line and "127.0.0.1" in line:
                     self.addr = line.strip().split()[-1]
+                if self.addr and (ready is None or ready in line):
                     found.set()
 
         threading.Thread(target=read, daemon=True).start()
-        if not found.wait(30):
+        if not found.wait(timeout):
             self.stop()
-            raise RuntimeError("skyhive dht printed no address:\n" + "".join(self.lines))
+            raise RuntimeError(f"{what} did not start:\n" + "".join(self.lines))
 
     def stop(self):
         self.proc.terminate()
         try:
-            self.proc.wait(10)
+            self.proc.wait(20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+class DHT(_Role):
+    """A `skyhive dht` on loopback; addr is its multiaddr."""
+
+    def __init__(self):
+        super().__init__([binary(), "dht", "--listen", "/ip4/127.0.0.1/tcp/0"], "skyhive dht")
 
 
 def run_peers(configs, timeout=300):
@@ -76,7 +88,7 @@ def run_peers(configs, timeout=300):
     return out
 
 
-class Server:
+class Server(_Role):
     """A `skyhive server` on loopback hosting PyTorch experts
     (skyhive.experts:ffn in an executor on the CPU); addr is its multiaddr."""
 
@@ -87,31 +99,4 @@ class Server:
         if dht:
             args += ["--dht", dht]
         env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.addr, self.lines = None, []
-        found = threading.Event()
-
-        def read():
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                if self.addr is None and "/p2p/" in line and "127.0.0.1" in line:
-                    self.addr = line.strip().split()[-1]
-                if self.addr and "serving " in line:
-                    found.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not found.wait(60):
-            self.stop()
-            raise RuntimeError("skyhive server did not start:\n" + "".join(self.lines))
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
+        super().__init__(args, "skyhive server", env=env, ready="serving ", timeout=60)

@@ -7,11 +7,17 @@ pytorch` relays), each measured side by side with its reference in this run:
   skyhive.Optimizer and no peers over the bare torch.optim optimizer;
 - the rate at which parameters and gradients cross into the daemon's shared
   memory (when they are not kept there) over the machine's memcpy rate,
-  measured as a copy between two private tensors of the same size.
+  measured as a copy between two private tensors of the same size;
+- samples/s of an FFN expert (skyhive.experts:ffn) on a `skyhive server
+  --executor python`, called through skyhive.RemoteMixtureOfExperts over
+  loopback (forward, then backward: the server recomputes the forward pass
+  and steps AdamW), over the same module doing the same work here, on the
+  same device (--device; a GPU when there is one).
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -22,27 +28,98 @@ import uuid
 import torch
 
 from .daemon import find_binary
+from .experts import ffn
+from .moe import RemoteMixtureOfExperts
 from .optimizer import Optimizer
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
-def _dht(binary):
-    proc = subprocess.Popen([binary, "dht", "--listen", "/ip4/127.0.0.1/tcp/0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    addr, found = [], threading.Event()
+def _start(args, ready=None, env=None, timeout=30):
+    """Starts a skyhive command on loopback; returns it and its multiaddr
+    once it printed it (and the line ready says, if any)."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    addr, lines, found = [], [], threading.Event()
 
     def read():
         for line in proc.stdout:
+            lines.append(line)
             if not addr and "/p2p/" in line and "127.0.0.1" in line:
                 addr.append(line.strip().split()[-1])
+            if addr and (ready is None or ready in line):
                 found.set()
 
     threading.Thread(target=read, daemon=True).start()
-    if not found.wait(30):
+    if not found.wait(timeout):
         proc.kill()
-        raise RuntimeError("skyhive dht printed no address")
+        raise RuntimeError(f"skyhive {args[1]} did not start:\n" + "".join(lines[-20:]))
     return proc, addr[0]
+
+
+def _dht(binary):
+    return _start([binary, "dht", "--listen", "/ip4/127.0.0.1/tcp/0"])
+
+
+def remote_expert(binary, reps, batch, hidden, device):
+    """Samples/s of one expert served by a server's PyTorch executor and
+    called through RemoteMixtureOfExperts (k_best 1: the layer's output is
+    the expert's), over the same module doing the server's work here:
+    forward, then forward + backward + AdamW step."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=pkg + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc, addr = _start([binary, "server", "--listen", "/ip4/127.0.0.1/tcp/0", "--experts", "ffn.[0:1]",
+                         "--hidden", str(hidden), "--max-batch", str(batch), "--executor", "python",
+                         "--python", sys.executable, "--module", "skyhive.experts:ffn", "--device", device,
+                         "--stats-every", "0", "--declare-every", "1s"], ready="serving ", env=env, timeout=120)
+    moe = None
+    try:
+        moe = RemoteMixtureOfExperts(in_features=hidden, grid_size=(1,), uid_prefix="ffn", dht=addr, k_best=1,
+                                     max_rows=batch, forward_timeout=60, backward_timeout=60, listen=LOOPBACK)
+        torch.manual_seed(1)
+        local = ffn(hidden).to(device)
+        opt = torch.optim.AdamW(local.parameters(), lr=1e-3, foreach=True)
+        x, dy = torch.randn(batch, hidden, device=device), torch.randn(batch, hidden, device=device) * 0.01
+        deadline = time.monotonic() + 60
+        while True:  # until the expert's declaration is on the DHT
+            try:
+                moe(x).backward(dy)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+        def sync():
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+
+        def remote():
+            moe(x).backward(dy)
+            sync()
+
+        def direct():
+            with torch.no_grad():
+                local(x)
+            opt.zero_grad()
+            local(x).backward(dy)
+            opt.step()
+            sync()
+
+        direct()
+        a, b = [], []
+        for _ in range(reps):
+            for fn, out in ((direct, a), (remote, b)):
+                t0 = time.perf_counter()
+                fn()
+                out.append(batch / (time.perf_counter() - t0))
+        return _line(f"remote-expert/h{hidden}/b{batch}", "samples/s", "samples/s", b, "direct", a,
+                     f"skyhive.experts:ffn on {device}: through RemoteMixtureOfExperts, the daemon, libp2p on loopback, "
+                     f"the server and its executor vs the module called here; alternating")
+    finally:
+        if moe is not None:
+            moe.close()
+        proc.terminate()
+        proc.wait()
 
 
 def _cnn():
@@ -126,9 +203,12 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a shorter run (under 30 s)")
     ap.add_argument("--reps", type=int, default=7, help="measured repetitions of each (at least 5)")
     ap.add_argument("--binary", help="the skyhive binary (default $SKYHIVE_BIN or PATH)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the expert computes, here and on the server (default: a GPU when there is one)")
     a = ap.parse_args(argv)
     reps = max(a.reps, 5)
-    proc, dht = _dht(find_binary(a.binary))
+    binary = find_binary(a.binary)
+    proc, dht = _dht(binary)
     try:
         for line in (step_overhead(dht, reps, 3 if a.quick else 8, 32),
                      crossing(dht, reps, (4 if a.quick else 16) << 20)):
@@ -136,6 +216,8 @@ def main(argv=None):
     finally:
         proc.terminate()
         proc.wait()
+    for batch in (64,) if a.quick else (64, 256):
+        print(json.dumps(remote_expert(binary, reps, batch, 1024, a.device)), flush=True)
 
 
 if __name__ == "__main__":

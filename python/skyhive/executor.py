@@ -240,7 +240,7 @@ class Executor:
         dy = self._tensor(msg["dy"], shape).to(self.device, copy=True)
         start = time.perf_counter()
         if msg.get("zero"):
-            module.zero_grad(set_to_none=True)
+            module.zero_grad(set_to_none=False)
         x.requires_grad_(True)
         with torch.enable_grad():
             y = module(x)
@@ -255,7 +255,8 @@ class Executor:
             if batches > 1:
                 for g in grads:
                     g.div_(batches)
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double()) for g in grads])).item() if grads else 0.0
+            # Each tensor's norm in float32 (a non-finite value stays non-finite), their sum in float64.
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]).double()).item() if grads else 0.0
             clip = float(msg.get("clip") or 0)
             finite = norm == norm and norm != float("inf")
             if finite:
@@ -264,7 +265,7 @@ class Executor:
                         g.mul_(clip / (norm + 1e-12))
                 opt.step()
                 ex["step"] += 1
-            module.zero_grad(set_to_none=True)
+            module.zero_grad(set_to_none=False)
             out.update({"norm": norm if finite else None, "stepped": finite, "skipped": not finite})
         self._sync()
         out.update({"seconds": time.perf_counter() - start, "memory": self._memory()})

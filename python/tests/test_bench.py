@@ -16,7 +16,7 @@ def test_bench_pytorch_quick():
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(l) for l in out.stdout.splitlines() if l.strip()]
     cases = {l["case"]: l for l in lines}
-    assert set(cases) == {"cnn-step", "crossing", "executor-ffn-fwd+bwd/h1024/b64",
+    assert set(cases) == {"cnn-step", "crossing", "remote-expert/h1024/b64", "executor-ffn-fwd+bwd/h1024/b64",
                           "executor-bridge-share/h1024/b64"}, lines
     for l in lines:
         assert l["suite"] == "pytorch" and l["value"] > 0, l

@@ -89,10 +89,11 @@ def test_wagma_swarm_converges_survives_a_kill_and_takes_a_joiner():
         assert r["test_accuracy"] >= 0.85, r
     for r in results[:3]:
         assert r["max_step_seconds"] <= TIMEOUT + 1.0, r
-    # The joiner's first evaluation, of the state it downloaded: within 2
-    # points of the others' evaluations nearest in time (of their range:
-    # the mean of two donors' replicas often evaluates a point or two
-    # better than any one replica; a model from scratch is at 10%).
+    # The joiner's first evaluation, of the state it downloaded: no more
+    # than 2 points below the others' evaluations nearest in time, and at
+    # most 5 above them (the mean of two donors' replicas evaluates up to
+    # a few points better than any one replica: 2.4 was seen; a model from
+    # scratch is at 10%).
     others = [min(p.find("eval"), key=lambda e: abs(e["time"] - first["time"]))["accuracy"] for p in peers[:3]]
     print("others near the join", others)
-    assert min(others) - 0.02 <= first["accuracy"] <= max(others) + 0.02, (first, others)
+    assert min(others) - 0.02 <= first["accuracy"] <= max(others) + 0.05, (first, others)

@@ -82,16 +82,6 @@ func (e *expert) weights() (params map[string]*tensor.Tensor, st optim.State, ok
 	return nn.ExportParams(e.module.Params()), e.opt.State(), true, nil
 }
 
-// finiteWeights is weights when e exists and every value is finite. The
-// caller holds e.mu.
-func (e *expert) finiteWeights() (map[string]*tensor.Tensor, optim.State, bool) {
-	params, st, ok, err := e.weights()
-	if err != nil || !ok || !tensorsFinite(params) || !tensorsFinite(st.Tensors) {
-		return nil, optim.State{}, false
-	}
-	return params, st, true
-}
-
 // reset gives e its initial weights and a fresh optimizer. The caller
 // holds e.mu.
 func (e *expert) reset() error {

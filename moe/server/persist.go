@@ -273,7 +273,7 @@ func (s *Server) restore(e *expert, f *checkpoint.File) (map[string]*tensor.Tens
 	e.pendingRows, e.pendingBatches = 0, 0
 	if f != nil {
 		if err := s.loadExpert(e, f); err == nil {
-			if params, st, ok := e.finiteWeights(); ok {
+			if params, st, ok, err := e.weights(); err == nil && ok {
 				return params, st, true
 			}
 		}
@@ -314,12 +314,13 @@ func (s *Server) load(path string) error {
 		e := s.experts[uid]
 		e.mu.Lock()
 		err := s.loadExpert(e, f)
-		if _, _, finite := e.finiteWeights(); err == nil && !finite {
+		if errors.Is(err, errNotFinite) {
 			if prev == nil {
 				prev, _ = checkpoint.Load(path + PrevSuffix)
 			}
 			_, _, ok := s.restore(e, prev)
 			s.cfg.Logger.Error("checkpoint: expert weights not finite; not loaded", "expert", uid, "from_previous", ok)
+			err = nil
 		}
 		e.mu.Unlock()
 		if err != nil {
@@ -329,8 +330,12 @@ func (s *Server) load(path string) error {
 	return nil
 }
 
+// errNotFinite marks an expert whose saved state holds NaN or infinity.
+var errNotFinite = errors.New("saved state not finite")
+
 // loadExpert imports e's weights and optimizer state from f; on error e is
-// left unchanged. The caller holds e.mu.
+// left unchanged, and a saved state that is not finite is an error
+// (errNotFinite). The caller holds e.mu.
 func (s *Server) loadExpert(e *expert, f *checkpoint.File) error {
 	uid := e.uid
 	stepStr, ok := f.Meta[uid+"/step"]
@@ -353,6 +358,9 @@ func (s *Server) loadExpert(e *expert, f *checkpoint.File) error {
 				}
 			}
 		}
+		if !tensorsFinite(params) || !tensorsFinite(st.Tensors) {
+			return fmt.Errorf("moe/server: checkpoint of %s: %w", uid, errNotFinite)
+		}
 		return e.loadExecutor(params, st)
 	}
 	e.materialize()
@@ -373,6 +381,9 @@ func (s *Server) loadExpert(e *expert, f *checkpoint.File) error {
 		if t == nil {
 			return fmt.Errorf("moe/server: checkpoint lacks optimizer state %s/%s", uid, name)
 		}
+	}
+	if !tensorsFinite(params) || !tensorsFinite(st.Tensors) {
+		return fmt.Errorf("moe/server: checkpoint of %s: %w", uid, errNotFinite)
 	}
 	old := nn.ExportParams(e.module.Params())
 	if err := nn.ImportParams(e.module.Params(), params); err != nil {

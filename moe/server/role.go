@@ -135,11 +135,9 @@ func RunRole(ctx context.Context, cfg RoleConfig) error {
 		RequestMemory: s.RequestMemory << 20, QueueMemory: s.QueueMemory << 20, MemoryBudget: plan.Budget, ZeroInit: s.ZeroInit, Seed: s.Seed, Lazy: lazy,
 		Limits:       WireLimits(s.MaxBatch, s.Hidden),
 		DeclareEvery: time.Duration(s.DeclareEvery), CheckpointPath: s.Checkpoint, CheckpointEvery: time.Duration(s.CheckpointEvery),
-		Logger:  slog.New(logs),
-		Metrics: n.Metrics(),
-	}
-	if exec != nil {
-		scfg.Executor = exec
+		Logger:   slog.New(logs),
+		Metrics:  n.Metrics(),
+		Executor: exec, // nil without --executor python
 	}
 	srv, err := NewContext(ctx, scfg)
 	if err != nil {

@@ -42,7 +42,10 @@
 // child process of a role (python3 -m skyhive.executor) that builds the
 // user's modules and runs their forward and backward passes and optimizer
 // steps, reached over an inherited socket pair with this framing and a
-// sealed memfd it inherits too.
+// sealed memfd it inherits too. An expert server's executor builds one
+// module per expert (Build, Forward, Backward); a pipeline worker's holds
+// a stage, the PyTorch twins of a registry model's layers (StageModule,
+// BuildStage, StageForward, StageBackward, StageStep, StageProfile).
 //
 // Everything the client sends is checked before the daemon allocates or
 // maps: the protocol version, the number, names, shapes and total size of

@@ -134,6 +134,26 @@ type execMessage struct {
 	Stepped bool     `json:"stepped,omitempty"`
 	Seconds float64  `json:"seconds,omitempty"`
 	Memory  int64    `json:"memory,omitempty"`
+	CPU     float64  `json:"cpu,omitempty"`
+	// stage: the registry model, its layers [First, Last) and their
+	// optimizer; stage_forward / stage_backward: the micro-batch, and the
+	// room left for the output.
+	Spec  string      `json:"spec,omitempty"`
+	First int         `json:"first,omitempty"`
+	Last  int         `json:"last,omitempty"`
+	Optim *StageOptim `json:"optim,omitempty"`
+	Micro int         `json:"micro,omitempty"`
+	Room  int         `json:"room,omitempty"`
+	Scale float64     `json:"scale,omitempty"`
+	// stage_profile: labels at DY of shape YShape, Reps timed passes,
+	// optimizer steps timed too with Profile.
+	YShape   []int        `json:"yshape,omitempty"`
+	Reps     int          `json:"reps,omitempty"`
+	Profile  bool         `json:"optim_steps,omitempty"`
+	Fwd      []float64    `json:"fwd,omitempty"`
+	Bwd      []float64    `json:"bwd,omitempty"`
+	Passes   [][2]float64 `json:"passes,omitempty"`
+	PerParam float64      `json:"per_param,omitempty"`
 	// state, read, write
 	Tensors []ParamSpec `json:"tensors,omitempty"`
 	Name    string      `json:"name,omitempty"`

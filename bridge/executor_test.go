@@ -42,14 +42,14 @@ func needTorch(t *testing.T) {
 }
 
 // testExecutor starts an executor over the test modules in python/tests.
-func testExecutor(t *testing.T, module string, callTimeout time.Duration) *Executor {
+func testExecutor(t *testing.T, module string, callTimeout time.Duration, elements int) *Executor {
 	t.Helper()
 	py, err := filepath.Abs("../python")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ex, err := StartExecutor(t.Context(), ExecutorConfig{
-		Module: module, Python: testPython(), Device: "cpu", Elements: 1 << 16, WeightDecay: 0.01,
+		Module: module, Python: testPython(), Device: "cpu", Elements: elements, WeightDecay: 0.01,
 		CallTimeout: callTimeout,
 		Env:         []string{"PYTHONPATH=" + py + ":" + filepath.Join(py, "tests")},
 	})
@@ -98,7 +98,7 @@ var _ server.RoleExecutor = (*Executor)(nil)
 // backward and one AdamW step agree within float32 tolerance.
 func TestExecutorMatchesGoExpert(t *testing.T) {
 	needTorch(t)
-	ex := testExecutor(t, "experts:make_ffn", 0)
+	ex := testExecutor(t, "experts:make_ffn", 0, 1<<16)
 	const hidden, rows = 16, 5
 	n, err := ex.Build(t.Context(), "ffn.0", hidden, 1)
 	if err != nil {
@@ -168,7 +168,7 @@ func TestExecutorMatchesGoExpert(t *testing.T) {
 func TestExecutorFaults(t *testing.T) {
 	needTorch(t)
 	ctx := t.Context()
-	ex := testExecutor(t, "experts:make_faulty", 3*time.Second)
+	ex := testExecutor(t, "experts:make_faulty", 3*time.Second, 1<<16)
 	for _, h := range []int{2, 3, 5, 7} {
 		if _, err := ex.Build(ctx, map[int]string{2: "good", 3: "shape", 5: "nan", 7: "hang"}[h], h, 1); err != nil {
 			t.Fatal(err)
@@ -203,7 +203,7 @@ func TestExecutorFaults(t *testing.T) {
 		t.Fatalf("call after the kill: %v", err)
 	}
 
-	crash := testExecutor(t, "experts:make_faulty", 0)
+	crash := testExecutor(t, "experts:make_faulty", 0, 1<<16)
 	if _, err := crash.Build(ctx, "crash", 9, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestExecutorFaults(t *testing.T) {
 			t.Fatalf("module %s: %v, want %q", module, err, want)
 		}
 	}
-	bad := testExecutor(t, "experts:not_a_module", 0)
+	bad := testExecutor(t, "experts:not_a_module", 0, 1<<16)
 	if _, err := bad.Build(ctx, "x", 4, 1); err == nil || !strings.Contains(err.Error(), "not a torch.nn.Module") {
 		t.Fatalf("function returning an int: %v", err)
 	}

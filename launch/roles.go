@@ -184,6 +184,12 @@ type Worker struct {
 	MemCap    int64    `json:"mem_cap,omitempty"`
 	Heartbeat Duration `json:"heartbeat,omitempty"`
 	Verbose   bool     `json:"verbose,omitempty"`
+	// Executor is "go" (the layers compute in Skyhive's Go models) or
+	// "python" (in their PyTorch twins, by an executor on Device run by
+	// the interpreter Python).
+	Executor string `json:"executor,omitempty"`
+	Python   string `json:"python,omitempty"`
+	Device   string `json:"device,omitempty"`
 }
 
 // Role returns RoleWorker.
@@ -332,6 +338,10 @@ type Pipeline struct {
 	CoordinatorRegion string   `json:"coordinator_region,omitempty"`
 	KillAt            int      `json:"kill_at,omitempty"`
 	KillWorker        int      `json:"kill_worker,omitempty"`
+	// Executor, Python and Device are the local workers' (Worker's).
+	Executor string `json:"executor,omitempty"`
+	Python   string `json:"python,omitempty"`
+	Device   string `json:"device,omitempty"`
 }
 
 // Role returns RolePipeline.

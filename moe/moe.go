@@ -361,6 +361,7 @@ func EncodeRequest(uid string, msg []wire.Named, o wire.Options) ([]byte, error)
 		return nil, fmt.Errorf("%w: uid of %d bytes", ErrUID, len(uid))
 	}
 	var buf bytes.Buffer
+	buf.Grow(len(requestMagic) + 1 + len(uid) + wire.MessageSize(msg, o))
 	buf.Write(requestMagic[:])
 	buf.WriteByte(byte(len(uid)))
 	buf.WriteString(uid)

@@ -55,6 +55,8 @@
 //   - worker_stage.go: installing a stage, commit, abort, fetch.
 //   - executor.go: running one iteration's schedule; inbox.go: tensors
 //     that arrived from neighbours; transport.go: how tensors leave.
+//   - torchstage.go: a stage whose layers a PyTorch executor computes
+//     (WorkerConfig.Executor, `skyhive worker --executor python`).
 //
 // Shared: proto.go (protocol IDs and messages), schedule.go (Sequential,
 // GPipe, 1F1B), model.go (model specs), routes.go (the addresses peers

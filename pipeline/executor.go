@@ -238,7 +238,7 @@ func (w *Worker) onIter(ctx context.Context, b []byte) ([]byte, error) {
 	}
 	box.done(req.Iter)
 	if err != nil {
-		nn.ZeroGrad(st.params)
+		_ = st.discard(ctx) // the executor's error, if any, is the next call's
 		if cause := context.Cause(ictx); cause != nil && !errors.Is(err, cause) {
 			err = fmt.Errorf("%w (%w)", err, cause)
 		}
@@ -284,7 +284,10 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 	start := time.Now()
 	ctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
-	nn.ZeroGrad(st.params) // an uncommitted earlier iteration is discarded
+	// An uncommitted earlier iteration is discarded.
+	if err := st.discard(ctx); err != nil {
+		return iterResp{}, err
+	}
 	var spread opSpread
 	m := len(req.Sizes)
 	it := &iterRun{st: st, req: req, x: x, y: y, offs: make([]int, m+1),
@@ -312,8 +315,15 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 		}
 		t0 := time.Now()
 		clk := startOp()
-		result := it.run(op, in)
+		result, execBusy, err := it.run(ctx, op, in)
 		wl, b := clk.stop()
+		if err != nil {
+			opErr = fmt.Errorf("%v: %w", op, err)
+			break
+		}
+		if st.exec != nil {
+			b = execBusy
+		}
 		b = w.emulatedBusy(opKey{work: st.work(), backward: op.Backward, n: n}, b, st.cold())
 		busy += b
 		// The emulated device finishes the op, then its result leaves.
@@ -347,6 +357,13 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 		return iterResp{}, opErr
 	}
 	resp := it.resp
+	if st.exec != nil {
+		sq, err := st.exec.StageGradSq(ctx, execStage)
+		if err != nil {
+			return iterResp{}, err
+		}
+		resp.GradSq = sq
+	}
 	for _, p := range st.params {
 		resp.GradSq += tensor.SumSquares(p.Grad.Data)
 	}
@@ -400,20 +417,24 @@ func (it *iterRun) input(ctx context.Context, box *inbox, op Op) (*tensor.Tensor
 }
 
 // run computes op on in and returns its result: the forward output
-// (whose loss the last stage also takes) or the input gradient.
-func (it *iterRun) run(op Op, in *tensor.Tensor) *tensor.Tensor {
+// (whose loss the last stage also takes) or the input gradient, and for a
+// stage in the executor the busy time it measured.
+func (it *iterRun) run(ctx context.Context, op Op, in *tensor.Tensor) (*tensor.Tensor, time.Duration, error) {
 	st := it.st
+	if st.exec != nil {
+		return it.runExec(ctx, op, in)
+	}
 	if op.Backward {
 		result := st.model.Backward(it.states[op.Micro], in)
 		it.states[op.Micro], it.dlogits[op.Micro] = nil, nil
-		return result
+		return result, 0, nil
 	}
 	out, s := st.model.Forward(nn.Ctx{Train: true}, in)
 	it.states[op.Micro] = s
 	if st.last() {
 		it.loss(op, out)
 	}
-	return out
+	return out, 0, nil
 }
 
 // loss adds micro-batch op.Micro's share of the loss and its correct

@@ -102,7 +102,7 @@ func TestExecutorOverChannels(t *testing.T) {
 					t.Fatal(err)
 				}
 				workers[k] = &Worker{dev: dev}
-				if stages[k], err = workers[k].buildStage(req, mapNamed(part.tensors())); err != nil {
+				if stages[k], err = workers[k].buildStage(context.Background(), req, mapNamed(part.tensors())); err != nil {
 					t.Fatal(err)
 				}
 				boxes[k] = newInbox(0, stages[k].in, stages[k].out)

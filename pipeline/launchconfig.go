@@ -138,6 +138,9 @@ func scenarioFromLaunch(c launch.Pipeline) (ScenarioConfig, error) {
 	if err != nil {
 		return cfg, err
 	}
+	if err := checkExecutor(c.Executor, c.Python, c.Device); err != nil {
+		return cfg, err
+	}
 	if c.Workers > 0 {
 		if cfg.Slowdowns, err = localSlowdowns(c); err != nil {
 			return cfg, err
@@ -147,6 +150,7 @@ func scenarioFromLaunch(c launch.Pipeline) (ScenarioConfig, error) {
 			return cfg, launch.NewFieldError(nil, fmt.Sprintf("%%s needs %d integers: %v", c.Workers, err), "mem_caps")
 		}
 		cfg.MemCaps = caps
+		cfg.Worker.Executor, cfg.Worker.Python, cfg.Worker.Device = c.Executor, c.Python, c.Device
 	}
 	if prof == nil {
 		return cfg, nil
@@ -229,10 +233,13 @@ func localSlowdowns(c launch.Pipeline) ([]float64, error) {
 // at full speed and no failure drill.
 func Defaults() launch.Pipeline {
 	return launch.Pipeline{Strategy: "skyhive", Schedule: "1f1b", Micro: 4, ReplanThreshold: 0.3, CheckpointEvery: 10,
-		IterTimeout: launch.Duration(time.Minute), LogEvery: 10, KillWorker: -1, CompareRounds: 5, SlowdownMax: 1}
+		IterTimeout: launch.Duration(time.Minute), LogEvery: 10, KillWorker: -1, CompareRounds: 5, SlowdownMax: 1,
+		Executor: ExecutorGo, Device: "auto"}
 }
 
 // WorkerDefaults returns a worker's own options without any given, as
 // `skyhive worker` has them without flags, but for the network and process
 // options: a device at full speed.
-func WorkerDefaults() launch.Worker { return launch.Worker{Slowdown: 1} }
+func WorkerDefaults() launch.Worker {
+	return launch.Worker{Slowdown: 1, Executor: ExecutorGo, Device: "auto"}
+}

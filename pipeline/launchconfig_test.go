@@ -2,12 +2,15 @@ package pipeline
 
 import (
 	"errors"
+	"io"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/models"
+	"github.com/skyhive/skyhive/p2p"
 )
 
 // given is a FromLaunch given: the options named.
@@ -38,6 +41,9 @@ func TestFromLaunchNamesFields(t *testing.T) {
 		{func(c *launch.Pipeline) { c.Vocab = 300 }, []string{"vocab"}, []string{"vocab"}},
 		{func(c *launch.Pipeline) { c.Model, c.Data, c.Steps = "gpt-mini", "text:x.txt", 5 }, []string{"data", "epochs"}, []string{"epochs", "steps", "data"}},
 		{func(c *launch.Pipeline) { c.Model, c.Data, c.Steps = "gpt-mini", "tokens:x.bin", 5 }, []string{"data"}, []string{"data", "vocab"}},
+		{func(c *launch.Pipeline) { c.Executor = "java" }, nil, []string{"executor"}},
+		{func(c *launch.Pipeline) { c.Device = "cuda" }, nil, []string{"device"}},
+		{func(c *launch.Pipeline) { c.Executor, c.Python = "go", "/usr/bin/python3" }, nil, []string{"python"}},
 	} {
 		c := ok
 		tc.edit(&c)
@@ -68,6 +74,11 @@ func TestFromLaunch(t *testing.T) {
 	if len(sc.Slowdowns) != 3 || sc.Coordinator.Network == nil || !slices.Equal(sc.Regions, []string{"a", "b", "a"}) {
 		t.Errorf("scenario %+v: want 3 local workers in regions a, b, a", sc)
 	}
+	c.Executor, c.Device = ExecutorPython, "cpu"
+	if cfg, err := FromLaunch(c, given("data", "steps", "seq", "lr")); err != nil || cfg.Scenario.Worker.Executor != ExecutorPython || cfg.Scenario.Worker.Device != "cpu" {
+		t.Errorf("--executor python --device cpu: local workers %+v, %v", cfg.Scenario.Worker, err)
+	}
+	c.Executor, c.Device = "", ""
 	if cfg, err := FromLaunch(c, given("steps")); err != nil || cfg.Data != "" {
 		t.Errorf("data not given: %q, %v; want the model's", cfg.Data, err)
 	}
@@ -94,6 +105,24 @@ func TestDemoConfigCheck(t *testing.T) {
 		var fe *launch.FieldError
 		if err := c.Check(); !errors.As(err, &fe) || !slices.Equal(fe.Fields, tc.fields) {
 			t.Errorf("%+v: got %v, want a field error about %v", c, err, tc.fields)
+		}
+	}
+}
+
+// A worker role refuses executor options it cannot use before starting
+// anything.
+func TestWorkerRoleExecutorOptions(t *testing.T) {
+	for _, tc := range []struct {
+		w    launch.Worker
+		want string
+	}{
+		{launch.Worker{Join: "x", Executor: "java"}, `executor "java": want go or python`},
+		{launch.Worker{Join: "x", Device: "cuda"}, "device is an option of the PyTorch executor"},
+		{launch.Worker{Join: "x", Executor: ExecutorPython}, "cannot start a PyTorch executor"},
+	} {
+		err := RunWorkerRole(t.Context(), tc.w, p2p.Config{}, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.w, err, tc.want)
 		}
 	}
 }

@@ -64,6 +64,10 @@ type WorkerConfig struct {
 	// travel in one. Plain calls on the host the worker starts are bounded
 	// to 8 MiB + 64 KiB, activations to a batch of the stage's shape.
 	MaxMessageBytes int
+	// Executor, if set, computes the worker's layers in PyTorch
+	// (bridge.Executor started with bridge.StageModule): its stages,
+	// commits, fetches and profiles go there; the caller closes it.
+	Executor StageExecutor
 	// Logger receives events; nil discards them.
 	Logger *slog.Logger
 	// Reach, if set, is called with where others reach the worker's own

@@ -3,7 +3,6 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/skyhive/skyhive/nn"
@@ -48,7 +47,7 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 	// The device: whole-model passes at req.Batch, each followed by the
 	// emulated slowdown.
 	var times, busys, overs []float64
-	_, _, err = w.timeLayers(ctx, model, info, req.Seed, req.Batch, req.Reps, func(wall, busy time.Duration) {
+	after := func(wall, busy time.Duration) {
 		t0 := time.Now()
 		w.throttle(ctx, wall, busy)
 		slept := time.Since(t0)
@@ -57,8 +56,16 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 		// How late the emulated op ended: timer and scheduling delays.
 		target := max(time.Duration(w.dev.Slowdown()*float64(busy)), wall)
 		overs = append(overs, max(wall+slept-target, 0).Seconds())
-	})
-	if err != nil {
+	}
+	if w.cfg.Executor != nil {
+		if err := w.profileExec(ctx, req, model, info, &resp, after); err != nil {
+			return nil, err
+		}
+		resp.Seconds, resp.CPU, resp.Overshoot = stats.Median(times), stats.Median(busys), stats.Median(overs)
+		resp.FLOPS = model.Cost(append([]int{req.Batch}, info.Input...)).TotalFLOPs() / resp.Seconds
+		return encodeMsg(resp, nil)
+	}
+	if _, _, err = w.timeLayers(ctx, model, info, req.Seed, req.Batch, req.Reps, after); err != nil {
 		return nil, err
 	}
 	resp.Seconds, resp.CPU, resp.Overshoot = stats.Median(times), stats.Median(busys), stats.Median(overs)
@@ -96,23 +103,7 @@ func (w *Worker) onProfile(ctx context.Context, b []byte) ([]byte, error) {
 // median forward and backward busy seconds. after, if set, is called
 // after every pass with its wall and busy time.
 func (w *Worker) timeLayers(ctx context.Context, model *nn.Sequential, info ModelInfo, seed uint64, n, reps int, after func(wall, busy time.Duration)) (fwd, bwd []float64, err error) {
-	rng := rand.New(rand.NewPCG(seed, 7))
-	x := tensor.New(append([]int{n}, info.Input...)...)
-	y := make([]int, n*info.Labels)
-	if info.lm() {
-		// Random token ids and labels: the model's real input shape.
-		for i := range x.Data {
-			x.Data[i] = float32(rng.IntN(info.Classes))
-		}
-		for i := range y {
-			y[i] = rng.IntN(info.Classes)
-		}
-	} else {
-		tensor.FillNormal(x.Data, rng, 0, 1)
-		for i := range y {
-			y[i] = i % 10
-		}
-	}
+	x, y := profileBatch(info, seed, n)
 	layers := model.Layers()
 	fs := make([][]float64, len(layers))
 	bs := make([][]float64, len(layers))

@@ -28,6 +28,22 @@ type stage struct {
 	info    ModelInfo // the whole model's examples (inputs, labels)
 	ready   int       // iteration whose gradients await a commit, or −1
 	iter    int       // iterations committed
+
+	// exec, if set, holds the layers and their optimizer (a PyTorch
+	// stage); model then only describes them, and params is nil. names
+	// are the stage's parameter names.
+	exec  StageExecutor
+	names map[string]bool
+}
+
+// discard drops an iteration's gradients (and, in the executor, its kept
+// forward passes).
+func (s *stage) discard(ctx context.Context) error {
+	if s.exec != nil {
+		return s.exec.StageDiscard(ctx, execStage)
+	}
+	nn.ZeroGrad(s.params)
+	return nil
 }
 
 func (s *stage) first() bool { return s.req.Stage == 0 }
@@ -42,7 +58,7 @@ func (s *stage) work() stageWork {
 }
 
 // onSetup installs a stage (or releases the worker when Stage < 0).
-func (w *Worker) onSetup(_ context.Context, b []byte) ([]byte, error) {
+func (w *Worker) onSetup(ctx context.Context, b []byte) ([]byte, error) {
 	var req setupReq
 	ts, err := decodeMsg(b, &req, bulkLimits)
 	if err != nil {
@@ -70,7 +86,7 @@ func (w *Worker) onSetup(_ context.Context, b []byte) ([]byte, error) {
 		w.log.Info("pipeline: released", "gen", req.Gen)
 		return nil, nil
 	}
-	st, err := w.buildStage(req, ts)
+	st, err := w.buildStage(ctx, req, ts)
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +103,7 @@ func (w *Worker) onSetup(_ context.Context, b []byte) ([]byte, error) {
 	return nil, nil
 }
 
-func (w *Worker) buildStage(req setupReq, ts []wire.Named) (*stage, error) {
+func (w *Worker) buildStage(ctx context.Context, req setupReq, ts []wire.Named) (*stage, error) {
 	if req.Stages < 1 || req.Stages > maxStages || req.Stage >= req.Stages || req.Batch < 1 || req.Batch > maxBatch || req.Iter < 0 || req.Step < 0 {
 		return nil, fmt.Errorf("pipeline: bad setup %d/%d batch %d", req.Stage, req.Stages, req.Batch)
 	}
@@ -105,23 +121,29 @@ func (w *Worker) buildStage(req setupReq, ts []wire.Named) (*stage, error) {
 		return nil, fmt.Errorf("pipeline: stage %d of %d cannot hold layers [%d,%d) of %d", req.Stage, req.Stages, req.First, req.Last, full.Len())
 	}
 	st := &stage{req: req, model: full.Slice(req.First, req.Last), info: info, ready: -1, iter: req.Iter}
-	st.params = st.model.Params()
 	snap, err := snapshotFrom(namedMap(ts), req.Step)
 	if err != nil {
 		return nil, err
-	}
-	if err := nn.ImportParams(st.params, snap.Params); err != nil {
-		return nil, fmt.Errorf("pipeline: stage weights: %w", err)
-	}
-	st.opt = req.Optim.NewOptimizer(st.params)
-	if err := st.opt.LoadState(optim.State{Step: req.Step, Tensors: snap.Optim}); err != nil {
-		return nil, fmt.Errorf("pipeline: stage optimizer state: %w", err)
 	}
 	st.in = full.Slice(0, req.First).Cost(append([]int{1}, info.Input...)).OutShape[1:]
 	cost := st.model.Cost(append([]int{req.Batch}, st.in...))
 	st.out = cost.OutShape[1:]
 	if need := alloc.StateCopies*4*cost.Params + cost.ActivationBytes; w.cfg.MemCap > 0 && need > w.cfg.MemCap {
 		return nil, fmt.Errorf("pipeline: stage needs %d bytes, over the worker's memory cap of %d", need, w.cfg.MemCap)
+	}
+	if w.cfg.Executor != nil {
+		if err := st.buildExec(ctx, w.cfg.Executor, snap); err != nil {
+			return nil, err
+		}
+	} else {
+		st.params = st.model.Params()
+		if err := nn.ImportParams(st.params, snap.Params); err != nil {
+			return nil, fmt.Errorf("pipeline: stage weights: %w", err)
+		}
+		st.opt = req.Optim.NewOptimizer(st.params)
+		if err := st.opt.LoadState(optim.State{Step: req.Step, Tensors: snap.Optim}); err != nil {
+			return nil, fmt.Errorf("pipeline: stage optimizer state: %w", err)
+		}
 	}
 	if st.prev, err = req.Prev.addrInfo(); err != nil {
 		return nil, err
@@ -159,15 +181,26 @@ func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 	}
 	t0 := time.Now()
 	clk := startOp()
-	if req.Scale != 1 {
-		for _, p := range st.params {
-			tensor.Scale(float32(req.Scale), p.Grad.Data)
+	var execBusy float64
+	if st.exec != nil {
+		var err error
+		if execBusy, err = st.exec.StageStep(ctx, execStage, req.LR, req.Scale); err != nil {
+			return nil, fmt.Errorf("pipeline: commit: %w", err)
 		}
+	} else {
+		if req.Scale != 1 {
+			for _, p := range st.params {
+				tensor.Scale(float32(req.Scale), p.Grad.Data)
+			}
+		}
+		st.opt.SetLR(req.LR)
+		st.opt.Step()
+		st.opt.ZeroGrad()
 	}
-	st.opt.SetLR(req.LR)
-	st.opt.Step()
-	st.opt.ZeroGrad()
 	wall, busy := clk.stop()
+	if st.exec != nil {
+		busy = secs(execBusy)
+	}
 	w.throttle(ctx, wall, w.emulatedBusy(opKey{work: st.work(), commit: true}, busy, st.cold()))
 	st.ready, st.iter = -1, req.Iter+1
 	return encodeMsg(commitResp{Seconds: time.Since(t0).Seconds()}, nil)
@@ -189,7 +222,7 @@ func (w *Worker) onAbort(_ context.Context, b []byte) ([]byte, error) {
 }
 
 // onFetch returns the stage's weights and optimizer state.
-func (w *Worker) onFetch(_ context.Context, b []byte) ([]byte, error) {
+func (w *Worker) onFetch(ctx context.Context, b []byte) ([]byte, error) {
 	var req fetchReq
 	if err := decodeHeader(b, &req); err != nil {
 		return nil, err
@@ -200,7 +233,15 @@ func (w *Worker) onFetch(_ context.Context, b []byte) ([]byte, error) {
 	if st == nil || st.req.Gen != req.Gen {
 		return nil, fmt.Errorf("pipeline: no stage of generation %d to fetch", req.Gen)
 	}
-	os := st.opt.State()
-	snap := Snapshot{Params: nn.ExportParams(st.params), Optim: os.Tensors, Step: os.Step}
-	return encodeMsg(fetchResp{Step: os.Step, Iter: st.iter}, mapNamed(snap.tensors()))
+	var snap Snapshot
+	if st.exec != nil {
+		var err error
+		if snap, err = st.fetchExec(ctx); err != nil {
+			return nil, fmt.Errorf("pipeline: fetch: %w", err)
+		}
+	} else {
+		os := st.opt.State()
+		snap = Snapshot{Params: nn.ExportParams(st.params), Optim: os.Tensors, Step: os.Step}
+	}
+	return encodeMsg(fetchResp{Step: snap.Step, Iter: st.iter}, mapNamed(snap.tensors()))
 }

@@ -93,18 +93,104 @@ func RunWorkerOn(ctx context.Context, n *node.Node, cfg WorkerConfig) error {
 // its reachability and its notices go to log. A worker has no DHT and no
 // status record, which only a config file could give it; a bad coordinator
 // address is a *launch.FieldError.
-func RunWorkerRole(ctx context.Context, w launch.Worker, host p2p.Config, log io.Writer) error {
+//
+// With w.Executor "python" the layers compute in PyTorch: start starts the
+// executor (bridge.StartExecutor of bridge.StageModule; nil refuses that
+// executor), which the role closes; if it dies, the worker stops with
+// what to do.
+func RunWorkerRole(ctx context.Context, w launch.Worker, host p2p.Config, log io.Writer, start StartStageExecutor) error {
 	switch {
 	case len(w.DHT) > 0:
 		return fmt.Errorf("%s config: %q is not an option of this role", launch.RoleWorker, "dht")
 	case w.StatusEvery != 0:
 		return fmt.Errorf("%s config: %q is not an option of this role", launch.RoleWorker, "status_every")
 	}
+	if err := checkExecutor(w.Executor, w.Python, w.Device); err != nil {
+		return err
+	}
+	if w.Executor == ExecutorPython {
+		if start == nil {
+			return errors.New("this build cannot start a PyTorch executor")
+		}
+		return runPythonWorker(ctx, w, host, log, start)
+	}
+	return runWorkerRole(ctx, w, host, log, nil)
+}
+
+// checkExecutor checks a worker's executor options: python and device
+// belong to the PyTorch executor. Errors are *launch.FieldErrors.
+func checkExecutor(executor, python, device string) error {
+	switch executor {
+	case "", ExecutorGo:
+		if python != "" {
+			return launch.NewFieldError(nil, "%s is an option of the PyTorch executor: add --executor python", "python")
+		}
+		if device != "" && device != "auto" {
+			return launch.NewFieldError(nil, "%s is an option of the PyTorch executor: add --executor python", "device")
+		}
+	case ExecutorPython:
+	default:
+		return launch.NewFieldError(nil, fmt.Sprintf("%%s %q: want go or python", executor), "executor")
+	}
+	return nil
+}
+
+// Executors of `skyhive worker --executor`.
+const (
+	ExecutorGo     = "go"
+	ExecutorPython = "python"
+)
+
+// RoleStageExecutor is the executor of a worker role (`skyhive worker
+// --executor python`): a StageExecutor that runs as a process of its own.
+type RoleStageExecutor interface {
+	StageExecutor
+	// Done is closed when the executor has exited; Err says why.
+	Done() <-chan struct{}
+	Err() error
+	// Torch and Device describe it: PyTorch's version, the device.
+	Torch() string
+	Device() string
+	Close() error
+}
+
+// StartStageExecutor starts a worker's executor: the interpreter python
+// (empty: $SKYHIVE_PYTHON, else python3) on device, its output to log.
+type StartStageExecutor func(ctx context.Context, python, device string, log io.Writer) (RoleStageExecutor, error)
+
+// runPythonWorker runs the worker with its layers in a PyTorch executor;
+// the executor's exit stops the worker.
+func runPythonWorker(ctx context.Context, w launch.Worker, host p2p.Config, log io.Writer, start StartStageExecutor) error {
+	ex, err := start(ctx, w.Python, w.Device, log)
+	if err != nil {
+		return err
+	}
+	defer ex.Close()
+	fmt.Fprintf(log, "pipeline worker computing in PyTorch %s on %s\n", ex.Torch(), ex.Device())
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	gone := errors.New("executor gone")
+	go func() {
+		select {
+		case <-ex.Done():
+			cancel(gone)
+		case <-ctx.Done():
+		}
+	}()
+	err = runWorkerRole(ctx, w, host, log, ex)
+	if errors.Is(context.Cause(ctx), gone) {
+		return fmt.Errorf("pipeline: the PyTorch executor exited (%w): start the worker again", ex.Err())
+	}
+	return err
+}
+
+func runWorkerRole(ctx context.Context, w launch.Worker, host p2p.Config, log io.Writer, ex StageExecutor) error {
 	level := slog.LevelWarn
 	if w.Verbose {
 		level = slog.LevelInfo
 	}
 	cfg := WorkerFromLaunch(w)
+	cfg.Executor = ex
 	cfg.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: level}))
 	cfg.Host = host
 	cfg.Reach = func(r p2p.Reach) { p2p.WriteReach(log, r) }

@@ -69,15 +69,20 @@ func EncodeMessage(w io.Writer, msg []Named, o Options) error {
 	return nil
 }
 
-// MarshalMessage returns the encoding of the named tensors.
-func MarshalMessage(msg []Named, o Options) ([]byte, error) {
+// MessageSize returns the number of bytes EncodeMessage writes for msg.
+func MessageSize(msg []Named, o Options) int {
 	size := 6
 	for _, e := range msg {
 		if e.Tensor != nil {
 			size += 1 + len(e.Name) + EncodedSize(e.Tensor, o)
 		}
 	}
-	w := &sliceWriter{b: make([]byte, 0, size)}
+	return size
+}
+
+// MarshalMessage returns the encoding of the named tensors.
+func MarshalMessage(msg []Named, o Options) ([]byte, error) {
+	w := &sliceWriter{b: make([]byte, 0, MessageSize(msg, o))}
 	if err := EncodeMessage(w, msg, o); err != nil {
 		return nil, err
 	}

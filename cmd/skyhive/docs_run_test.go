@@ -59,6 +59,8 @@ func docRunFor(c docCommand) docRun {
 		return docRun{skip: "a long reproduction: package experiment's tests run each quick"}
 	case path == "server" && strings.Contains(text, " --executor python "):
 		return docRun{skip: "needs PyTorch and the Python package: TestPyTorchExperts runs servers with PyTorch experts"}
+	case strings.Contains(text, " --executor python "):
+		return docRun{skip: "needs PyTorch and the Python package: TestTrainPipelineLMInPyTorch runs workers computing in PyTorch"}
 	case path == "dht" || path == "server" || path == "dashboard":
 		return docRun{service: true}
 	case path == "train":

@@ -18,10 +18,30 @@ func TestTrainPipelineLM(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	trainPipelineLM(t)
+}
+
+// --executor python: the same run with the workers' layers in PyTorch.
+func TestTrainPipelineLMInPyTorch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes and PyTorch executors")
+	}
+	py := torchPython(t)
+	log := trainPipelineLM(t, "--executor", "python", "--python", py, "--device", "cpu")
+	if n := strings.Count(log, "pipeline worker computing in PyTorch"); n != 2 {
+		t.Fatalf("%d workers say they compute in PyTorch, want 2:\n%s", n, tail(log))
+	}
+}
+
+// trainPipelineLM runs train pipeline on a GPT over 2 local workers with
+// the extra flags, checks its result and returns its log.
+func trainPipelineLM(t *testing.T, extra ...string) string {
+	t.Helper()
 	corpus := writeText(t)
 	var stdout syncBuffer
-	p := startCLI(t, &stdout, "train", "pipeline", "--workers", "2", "--model", "gpt-mini", "--data", "text:"+corpus,
-		"--vocab", "280", "--seq", "16", "--batch", "4", "--micro", "2", "--schedule", "gpipe", "--strategy", "even", "--steps", "6", "--log-every", "0", "--json")
+	args := []string{"train", "pipeline", "--workers", "2", "--model", "gpt-mini", "--data", "text:" + corpus,
+		"--vocab", "280", "--seq", "16", "--batch", "4", "--micro", "2", "--schedule", "gpipe", "--strategy", "even", "--steps", "6", "--log-every", "0", "--json"}
+	p := startCLI(t, &stdout, append(args, extra...)...)
 	if err := p.wait(t, 3*time.Minute); err != nil {
 		t.Fatalf("%v\n%s", err, tail(p.stderr.String()))
 	}
@@ -41,6 +61,7 @@ func TestTrainPipelineLM(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "untied") {
 		t.Errorf("the log does not say the head is untied:\n%s", tail(p.stderr.String()))
 	}
+	return p.stderr.String()
 }
 
 // Flags of the wrong kind of model are refused before any worker starts.

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/skyhive/skyhive/bridge"
 	"github.com/skyhive/skyhive/launch"
 	"github.com/skyhive/skyhive/pipeline"
 )
@@ -23,9 +24,14 @@ func newWorkerCmd() *cobra.Command {
 			"answering heartbeats.\n\n" +
 			"--slowdown F emulates a device F times slower (after each op it sleeps (F-1)x the op's busy time: its CPU time, or while it waits for helper threads, its wall time less waits for a core);\n" +
 			"--steady makes that busy time the median of the op's recent executions (a device of steady speed);\n" +
-			"--mem-cap refuses stages needing more memory than BYTES.",
+			"--mem-cap refuses stages needing more memory than BYTES.\n\n" +
+			"--executor python computes the layers in PyTorch instead of Go: the worker starts\n" +
+			"python3 -m skyhive.executor (--python; the skyhive package of python/ on its path) on --device,\n" +
+			"which holds the PyTorch twins of the model's layers (skyhive.stages) and their optimizer;\n" +
+			"the coordinator plans, moves and checkpoints them as it does Go layers.",
 		Example: "  skyhive worker --join /ip4/10.0.0.1/tcp/4001/p2p/12D3KooW... --listen /ip4/0.0.0.0/tcp/0\n" +
-			"  skyhive worker --join $COORD --slowdown 2.5 --mem-cap 2000000000",
+			"  skyhive worker --join $COORD --slowdown 2.5 --mem-cap 2000000000\n" +
+			"  PYTHONPATH=python skyhive worker --join $COORD --executor python --device cuda",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runWorkerRole(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f.config())
@@ -57,6 +63,9 @@ func (f *workerFlags) register(fl *pflag.FlagSet) {
 	fl.Int64Var(&w.MemCap, "mem-cap", 0, "memory cap in bytes for the assigned layers (0: none)")
 	fl.DurationVar(durationVar(&w.Heartbeat), "heartbeat", 0, "interval of liveness pings to the coordinator (default 1s)")
 	fl.BoolVar(&w.Verbose, "verbose", false, "log stage assignments and joins")
+	fl.StringVar(&w.Executor, "executor", w.Executor, "what computes the layers: go, or python (PyTorch)")
+	fl.StringVar(&w.Python, "python", "", "with --executor python: the interpreter (default $SKYHIVE_PYTHON, else python3)")
+	fl.StringVar(&w.Device, "device", w.Device, "with --executor python: auto (a GPU when there is one), cpu, cuda or cuda:N")
 	f.metrics.register(fl)
 }
 
@@ -82,5 +91,21 @@ func runWorkerRole(ctx context.Context, _, stderr io.Writer, w launch.Worker) er
 	if err != nil {
 		return err
 	}
-	return flagError(pipeline.RunWorkerRole(ctx, w, host, stderr))
+	return flagError(pipeline.RunWorkerRole(ctx, w, host, stderr, startStageExecutor))
+}
+
+// stageElements sizes a worker executor's shared memory (float32s): a
+// micro-batch's input and output side by side, and any one parameter.
+// Pages never touched take no memory.
+const stageElements = 1 << 28
+
+// startStageExecutor starts the PyTorch executor of `skyhive worker
+// --executor python` (bridge.StartExecutor of bridge.StageModule).
+func startStageExecutor(ctx context.Context, python, device string, log io.Writer) (pipeline.RoleStageExecutor, error) {
+	ex, err := bridge.StartExecutor(ctx, bridge.ExecutorConfig{Module: bridge.StageModule, Python: python, Device: device,
+		Elements: stageElements, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	return ex, nil
 }

@@ -8,6 +8,9 @@ pytorch` relays), each measured side by side with its reference in this run:
 - the rate at which parameters and gradients cross into the daemon's shared
   memory (when they are not kept there) over the machine's memcpy rate,
   measured as a copy between two private tensors of the same size;
+- with --pipeline, tokens/s of a GPT trained by `skyhive train pipeline`
+  over 2 local workers that compute in PyTorch (--executor python), over
+  its twin trained in this process on the same device;
 - samples/s of an FFN expert (skyhive.experts:ffn) on a `skyhive server
   --executor python`, called through skyhive.RemoteMixtureOfExperts over
   loopback (forward, then backward: the server recomputes the forward pass
@@ -74,7 +77,8 @@ def remote_expert(binary, reps, batch, hidden, device):
     moe = None
     try:
         moe = RemoteMixtureOfExperts(in_features=hidden, grid_size=(1,), uid_prefix="ffn", dht=addr, k_best=1,
-                                     max_rows=batch, forward_timeout=60, backward_timeout=60, listen=LOOPBACK)
+                                     max_rows=batch, forward_timeout=60, backward_timeout=60,
+                                     listen=LOOPBACK).to(device)
         torch.manual_seed(1)
         local = ffn(hidden).to(device)
         opt = torch.optim.AdamW(local.parameters(), lr=1e-3, foreach=True)
@@ -120,6 +124,75 @@ def remote_expert(binary, reps, batch, hidden, device):
             moe.close()
         proc.terminate()
         proc.wait()
+
+
+def _corpus(path):
+    """A text file of the repository's Markdown (at most 300 kB), for the
+    pipeline's tokenizer and batches."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parts = []
+    for d, _, files in os.walk(root):
+        if "/." in d or "node_modules" in d:
+            continue
+        for f in sorted(files):
+            if f.endswith(".md"):
+                with open(os.path.join(d, f), encoding="utf-8", errors="replace") as fh:
+                    parts.append(fh.read())
+    text = "\n".join(parts)[:300_000]
+    if len(text) < 50_000:
+        raise RuntimeError(f"only {len(text)} bytes of Markdown under {root} for the pipeline's text")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def pipeline_gpt(binary, device, layers, hidden, batch, micro, steps, workers=2):
+    """Tokens/s of a GPT trained by `skyhive train pipeline` over local
+    workers whose layers compute in PyTorch on device (--executor python),
+    over the same model (its PyTorch twin, untied head) trained here with
+    AdamW on batches of the same shape."""
+    from . import models
+    vocab, seq = 1024, 128
+    spec = f"gpt:{layers}x{hidden}:{vocab}x{seq}"
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=pkg + os.pathsep + os.environ.get("PYTHONPATH", ""), SKYHIVE_PYTHON=sys.executable)
+    corpus = f"/tmp/skyhive-bench-corpus-{os.getpid()}.txt"
+    _corpus(corpus)
+    try:
+        out = subprocess.run([binary, "train", "pipeline", "--workers", str(workers), "--executor", "python",
+                              "--device", device, "--model", spec, "--data", "text:" + corpus, "--vocab", str(vocab),
+                              "--seq", str(seq), "--batch", str(batch), "--micro", str(micro), "--steps", str(steps),
+                              "--replan-threshold", "0", "--eval-tokens", "4096", "--json"],
+                             capture_output=True, text=True, env=env, timeout=480)
+    finally:
+        os.remove(corpus)
+    if out.returncode != 0:
+        raise RuntimeError("skyhive train pipeline failed:\n" + out.stderr[-3000:])
+    res = json.loads(out.stdout)
+    piped = res["iterations_run"] * batch * seq / res["seconds"]
+
+    torch.manual_seed(1)
+    model = models.build(spec, untied=True).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=True)
+    ids = torch.randint(0, vocab, (batch, seq + 1), device=device)
+
+    def step():
+        opt.zero_grad()
+        model.loss(ids[:, :-1], ids[:, 1:]).backward()
+        opt.step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    step()
+    rates = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            step()
+        rates.append(10 * batch * seq / (time.perf_counter() - t0))
+    return _line(f"pipeline-gpt/{layers}x{hidden}/b{batch}", "tokens/s", "tokens/s", [piped], "direct", rates,
+                 f"{spec} over {workers} local workers computing in PyTorch on {device} (skyhive train pipeline "
+                 f"--executor python, micro-batches {micro}, {res['iterations_run']} iterations, profiling and "
+                 f"planning not counted; plan {json.dumps(res.get('plan'))[:200]}) vs its twin trained here")
 
 
 def _cnn():
@@ -203,6 +276,12 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a shorter run (under 30 s)")
     ap.add_argument("--reps", type=int, default=7, help="measured repetitions of each (at least 5)")
     ap.add_argument("--binary", help="the skyhive binary (default $SKYHIVE_BIN or PATH)")
+    ap.add_argument("--batches", type=int, nargs="+", help="the expert's batch sizes (default 64 256; 64 with --quick)")
+    ap.add_argument("--pipeline", metavar="LAYERSxHIDDEN",
+                    help="also train a GPT of this size by `skyhive train pipeline` over 2 local workers computing in "
+                         "PyTorch on --device, against its twin trained here (e.g. 12x768)")
+    ap.add_argument("--pipeline-batch", type=int, default=32, help="the pipeline's batch (sequences of 128 tokens)")
+    ap.add_argument("--pipeline-steps", type=int, default=40, help="the pipeline's iterations")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="where the expert computes, here and on the server (default: a GPU when there is one)")
     a = ap.parse_args(argv)
@@ -216,8 +295,11 @@ def main(argv=None):
     finally:
         proc.terminate()
         proc.wait()
-    for batch in (64,) if a.quick else (64, 256):
+    for batch in a.batches or ((64,) if a.quick else (64, 256)):
         print(json.dumps(remote_expert(binary, reps, batch, 1024, a.device)), flush=True)
+    if a.pipeline:
+        layers, hidden = (int(v) for v in a.pipeline.split("x"))
+        print(json.dumps(pipeline_gpt(binary, a.device, layers, hidden, a.pipeline_batch, 4, a.pipeline_steps)), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,23 @@ answers each in order:
     write {uid, name, shape, at, step}  -> done
     close                               -> closed
 
+and for a pipeline stage (the module is skyhive.stages:layers):
+
+    stage {spec, first, last, optim}    -> built {params}
+    stage_forward {micro, shape, x,
+                   out, room}           -> done {shape, seconds, cpu}
+    stage_backward {micro, shape, dy,
+                    out}                -> done {shape, seconds, cpu}
+    stage_grads                         -> done {norm: sum of squares}
+    stage_step {lr, scale}              -> done
+    stage_discard                       -> done
+    stage_profile {shape, x, yshape, dy,
+                   reps, optim}         -> profile {fwd, bwd, passes,
+                                                    per_param, memory}
+
+each taking the stage's uid ("stage" when absent; a worker profiles the
+whole model as "profile"), with state, read and write under that uid.
+
 x, dy, out and at are element offsets into the region. A failed request
 is answered {op: "error", kind, error} and the executor goes on; it exits
 when the socket closes, so it never outlives its role.
@@ -271,6 +288,206 @@ class Executor:
         out.update({"seconds": time.perf_counter() - start, "memory": self._memory()})
         return out
 
+    # --- pipeline stages ----------------------------------------------------
+
+    def op_stage(self, msg):
+        """Builds layers [first, last) of the registry model spec (the
+        layers of skyhive.stages) with their optimizer; the weights come
+        next, through write."""
+        torch = self.torch
+        spec, first, last = str(msg.get("spec", "")), int(msg.get("first") or 0), int(msg["last"])
+        from .errors import ConfigError
+        try:
+            entries = self.factory(spec)
+        except ConfigError as e:
+            raise Failure("config", str(e)) from e
+        if not 0 <= first < last <= len(entries):
+            raise Failure("config", f"layers [{first},{last}) of a {len(entries)}-layer model {spec}")
+        mods = [m for m, _ in entries[first:last]]
+        names = [n for _, ns in entries[first:last] for n in ns]
+        module = torch.nn.Sequential(*mods).to(self.device).float().train()
+        params = list(zip(names, module.parameters()))
+        o = msg.get("optim") or {}
+        kind, lr, wd = o.get("kind") or "adamw", float(o.get("lr") or 1e-3), float(o.get("weight_decay") or 0)
+        ps = [p for _, p in params]
+        if not ps:
+            opt = None
+        elif kind == "sgd":
+            opt = torch.optim.SGD(ps, lr=lr, momentum=float(o.get("momentum") or 0), weight_decay=wd, foreach=True)
+        elif kind == "adamw":
+            # As Skyhive's AdamW: biases and LayerNorm parameters without decay.
+            groups = [g for g in ({"params": [p for p in ps if p.dim() > 1], "weight_decay": wd},
+                                  {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}) if g["params"]]
+            opt = torch.optim.AdamW(groups, lr=lr, foreach=True)
+        else:
+            raise Failure("config", f"optimizer {kind!r}: want adamw or sgd")
+        module.zero_grad(set_to_none=False)
+        self.experts[str(msg.get("uid") or "stage")] = {"module": module, "opt": opt, "params": dict(params),
+                                                        "step": 0, "kind": kind, "kept": {}, "first": first,
+                                                        "layers": mods}
+        return {"op": "built", "params": [{"name": n, "shape": list(p.shape)} for n, p in params]}
+
+    def _stage(self, msg):
+        st = self.experts.get(str(msg.get("uid") or "stage"))
+        if st is None or "kept" not in st:
+            raise Failure("protocol", "no stage was built")
+        return st
+
+    def _busy(self, wall0, cpu0):
+        """Seconds the device was busy since (wall0, cpu0): the wall time on
+        a GPU (synchronized); on the CPU the smaller of the wall time and
+        the process's CPU time."""
+        wall = time.perf_counter() - wall0
+        if self.device.type == "cuda":
+            return wall
+        # The process's CPU time counts each of torch's threads; the wall
+        # time, other processes' turns on the cores: the smaller is closer.
+        return min(wall, time.process_time() - cpu0)
+
+    def op_stage_forward(self, msg):
+        """Runs the stage on micro-batch msg.micro, keeping what its
+        backward needs; the output goes to out (at most msg.room elements)."""
+        torch = self.torch
+        st = self._stage(msg)
+        shape = [int(d) for d in msg["shape"]]
+        x = self._tensor(msg["x"], shape).to(self.device, copy=True)
+        start, cpu = time.perf_counter(), time.process_time()
+        if st["first"] > 0:
+            x.requires_grad_(True)
+        with torch.enable_grad():
+            y = st["module"](x)
+        if not isinstance(y, torch.Tensor):
+            raise Failure("module", f"the stage returned a {type(y).__name__}, not a tensor")
+        out = int(msg["out"])
+        self._put(out, y, limit=out + int(msg["room"]))
+        self._sync()
+        st["kept"][int(msg.get("micro") or 0)] = (x, y)
+        return {"op": "done", "shape": list(y.shape), "seconds": time.perf_counter() - start,
+                "cpu": self._busy(start, cpu), "memory": self._memory()}
+
+    def op_stage_backward(self, msg):
+        """Backpropagates dy through micro-batch msg.micro's forward pass;
+        gradients accumulate; dx goes to out unless the stage is the first."""
+        st = self._stage(msg)
+        micro = int(msg.get("micro") or 0)
+        kept = st["kept"].pop(micro, None)
+        if kept is None:
+            raise Failure("protocol", f"no forward pass of micro-batch {micro} to backpropagate")
+        x, y = kept
+        shape = [int(d) for d in msg["shape"]]
+        if list(y.shape) != shape:
+            raise Failure("protocol", f"gradient of shape {shape} for an output of shape {list(y.shape)}")
+        dy = self._tensor(msg["dy"], shape).to(self.device, copy=True)
+        start, cpu = time.perf_counter(), time.process_time()
+        y.backward(dy)
+        out = {"op": "done", "shape": []}
+        if x.grad is not None:
+            self._put(int(msg["out"]), x.grad, limit=int(msg["out"]) + x.numel())
+            out["shape"] = list(x.grad.shape)
+        self._sync()
+        out.update({"seconds": time.perf_counter() - start, "cpu": self._busy(start, cpu), "memory": self._memory()})
+        return out
+
+    def op_stage_grads(self, msg):
+        """The sum of the squared gradients (float64)."""
+        st = self._stage(msg)
+        total = 0.0
+        for p in st["params"].values():
+            total += float(p.grad.double().pow(2).sum()) if p.grad is not None else 0.0
+        return {"op": "done", "norm": total}
+
+    def op_stage_step(self, msg):
+        """Scales the accumulated gradients, steps the optimizer at lr and
+        zeroes the gradients."""
+        st = self._stage(msg)
+        start, cpu = time.perf_counter(), time.process_time()
+        scale, lr = float(msg.get("scale") or 1), float(msg["lr"])
+        grads = [p.grad for p in st["params"].values() if p.grad is not None]
+        if scale != 1 and grads:
+            self.torch._foreach_mul_(grads, scale)
+        if st["opt"] is not None:
+            for g in st["opt"].param_groups:
+                g["lr"] = lr
+            st["opt"].step()
+        st["step"] += 1
+        st["module"].zero_grad(set_to_none=False)
+        self._sync()
+        return {"op": "done", "seconds": time.perf_counter() - start, "cpu": self._busy(start, cpu)}
+
+    def op_stage_profile(self, msg):
+        """Times each layer's forward and backward pass on x (labels y for
+        the cross entropy of the output), reps + 1 times, the first a
+        warm-up; then, with optim set, reps + 1 optimizer steps. Returns
+        the medians of each layer's busy seconds (see _busy), each pass's
+        wall and busy seconds, the optimizer's busy seconds per parameter,
+        and the peak memory."""
+        torch = self.torch
+        F = torch.nn.functional
+        st = self._stage(msg)
+        shape, yshape = [int(d) for d in msg["shape"]], [int(d) for d in msg["yshape"]]
+        x = self._tensor(msg["x"], shape).to(self.device, copy=True)
+        y = self._tensor(msg["dy"], yshape).to(self.device, copy=True).long()
+        reps = int(msg.get("reps") or 1)
+        layers = st["layers"]
+        fwd, bwd = [[] for _ in layers], [[] for _ in layers]
+        passes = []
+        for rep in range(reps + 1):
+            wall0, cpu0 = time.perf_counter(), time.process_time()
+            ins, outs, h = [], [], x
+            for i, layer in enumerate(layers):
+                h = h.detach()
+                if h.is_floating_point() and i > 0:
+                    h.requires_grad_(True)
+                t0, c0 = time.perf_counter(), time.process_time()
+                with torch.enable_grad():
+                    out = layer(h)
+                self._sync()
+                if rep:
+                    fwd[i].append(self._busy(t0, c0))
+                ins.append(h)
+                outs.append(out)
+                h = out
+            with torch.enable_grad():
+                loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), y.reshape(-1))
+            g = torch.autograd.grad(loss, h)[0]
+            for i in range(len(layers) - 1, -1, -1):
+                t0, c0 = time.perf_counter(), time.process_time()
+                if outs[i].requires_grad:
+                    outs[i].backward(g)
+                self._sync()
+                if rep:
+                    bwd[i].append(self._busy(t0, c0))
+                g = ins[i].grad
+                if g is None:
+                    break
+            if rep:
+                passes.append([time.perf_counter() - wall0, self._busy(wall0, cpu0)])
+        st["module"].zero_grad(set_to_none=False)
+        per_param = 0.0
+        if msg.get("optim_steps") and st["opt"] is not None:
+            steps = []
+            for rep in range(reps + 1):
+                t0, c0 = time.perf_counter(), time.process_time()
+                st["opt"].step()
+                self._sync()
+                if rep:
+                    steps.append(self._busy(t0, c0))
+            n = sum(p.numel() for p in st["params"].values())
+            per_param = sorted(steps)[len(steps) // 2] / max(n, 1)
+
+        def median(v):
+            return sorted(v)[len(v) // 2] if v else 0.0
+
+        return {"op": "profile", "fwd": [median(v) for v in fwd], "bwd": [median(v) for v in bwd],
+                "passes": passes, "per_param": per_param, "memory": self._memory()}
+
+    def op_stage_discard(self, msg):
+        """Drops kept forward passes and zeroes the gradients."""
+        st = self._stage(msg)
+        st["kept"].clear()
+        st["module"].zero_grad(set_to_none=False)
+        return {"op": "done"}
+
     def _check_output(self, y, shape):
         if not isinstance(y, self.torch.Tensor):
             raise Failure("module", f"the module returned a {type(y).__name__}, not a tensor")
@@ -280,7 +497,10 @@ class Executor:
 
     def _state_tensors(self, ex, create=False):
         """The expert's parameters and AdamW moments by name; moments not
-        made yet are zeros (created in the optimizer when create is set)."""
+        made yet are zeros (created in the optimizer when create is set).
+        A pipeline stage's are named as Skyhive's optimizers name them."""
+        if "kept" in ex:
+            return self._stage_tensors(ex, create)
         torch = self.torch
         out = {}
         for name, p in ex["params"].items():
@@ -293,6 +513,27 @@ class Executor:
             for key in ("exp_avg", "exp_avg_sq"):
                 t = st.get(key) if st else None
                 out[f"opt/{name}.{key}"] = t if t is not None else torch.zeros_like(p)
+        return out
+
+    def _stage_tensors(self, st, create):
+        """A stage's parameters, then its optimizer's buffers under
+        Skyhive's names: "<name>.m" and "<name>.v" (AdamW), "<name>.momentum"
+        (SGD with momentum)."""
+        torch = self.torch
+        opt, kind = st["opt"], st["kind"]
+        keys = {"adamw": (("exp_avg", "m"), ("exp_avg_sq", "v")), "sgd": (("momentum_buffer", "momentum"),)}[kind]
+        if kind == "sgd" and not (opt is not None and opt.defaults.get("momentum")):
+            keys = ()
+        out = dict(st["params"])
+        for name, p in st["params"].items():
+            state = opt.state.get(p) if opt is not None else None
+            if create and opt is not None and not state:
+                state = opt.state[p] = {k: torch.zeros_like(p, memory_format=torch.preserve_format) for k, _ in keys}
+                if kind == "adamw":
+                    state["step"] = torch.tensor(float(st["step"]))
+            for key, suffix in keys:
+                t = state.get(key) if state else None
+                out[f"{name}.{suffix}"] = t if t is not None else torch.zeros_like(p)
         return out
 
     def op_state(self, msg):
@@ -327,7 +568,7 @@ class Executor:
         if ex["opt"] is not None:
             for p in ex["params"].values():
                 st = ex["opt"].state.get(p)
-                if st:
+                if st and "exp_avg" in st:
                     st["step"] = torch.tensor(float(step))
         return {"op": "done"}
 

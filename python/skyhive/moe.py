@@ -64,7 +64,8 @@ class RemoteMixtureOfExperts(nn.Module):
         self.uid_prefix = uid_prefix.rstrip(".")
         self.allow_zero_outputs = allow_zero_outputs
         self.proj = nn.Linear(self.in_features, sum(grid_size))
-        self._offsets = torch.tensor([sum(grid_size[:d]) for d in range(len(grid_size))])
+        self.register_buffer("_offsets", torch.tensor([sum(grid_size[:d]) for d in range(len(grid_size))]),
+                             persistent=False)
         self._row = int(row_elements or in_features)
         self._rows = int(max_rows)
         self._lock = threading.Lock()
@@ -101,7 +102,7 @@ class RemoteMixtureOfExperts(nn.Module):
         outs, coords, answered = _ExpertsCall.apply(self, torch.is_grad_enabled(), dummy, x, logits.detach())
         self.answered = answered.sum(dim=1)
         b, k, d = coords.shape
-        idx = (coords + self._offsets.to(coords.device)).view(b, k * d)
+        idx = (coords + self._offsets).view(b, k * d)
         scores = logits.gather(1, idx).view(b, k, d).sum(-1)
         scores = scores.masked_fill(~answered, float("-inf"))
         weights = torch.softmax(scores, dim=1)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/skyhive/skyhive/alloc"
+	"github.com/skyhive/skyhive/text"
 )
 
 // PlanComparison is one strategy's plan for the session's profiled cluster,
@@ -60,8 +61,10 @@ func (s *Session) ComparePlans(ctx context.Context, strategies []string) (PlanCo
 
 // MeasureOptions configures MeasurePlans.
 type MeasureOptions struct {
-	// Data yields the batches of the measured iterations.
-	Data *Batches
+	// Data yields the batches of the measured iterations of an image
+	// model; Tokens those of a language model.
+	Data   *Batches
+	Tokens *text.Sampler
 	// Rounds is how many iterations of each plan are measured (at least 1).
 	Rounds int
 	// Warmup is how many unmeasured iterations run after every install of
@@ -71,6 +74,12 @@ type MeasureOptions struct {
 	// optimizer state and buffers (up to 45% for bert-stack stages on
 	// steady emulated devices).
 	Warmup int
+	// Calibrate, for MeasureStrategies, is how many iterations of the
+	// session's current plan calibrate the cost model (Recalibrate, after
+	// CalibrationWarmup unmeasured ones) before the strategies plan, so
+	// that their predictions are calibrated ones (0: the profiles'
+	// predictions).
+	Calibrate int
 	// OnIteration, when set, is called after every measured iteration with
 	// the plan's strategy, the iteration's stats and how long installing
 	// the plan took.
@@ -84,8 +93,8 @@ type MeasureOptions struct {
 // install of a plan runs that many. The session is left on the last plan
 // measured.
 func (s *Session) MeasurePlans(ctx context.Context, cmp PlanComparisons, o MeasureOptions) error {
-	if o.Data == nil || o.Rounds < 1 {
-		return fmt.Errorf("pipeline: measure plans: need data and at least one round, got %d", o.Rounds)
+	if (o.Data == nil) == (o.Tokens == nil) || o.Rounds < 1 {
+		return fmt.Errorf("pipeline: measure plans: need data (images or tokens) and at least one round, got %d", o.Rounds)
 	}
 	for round := 0; round < o.Rounds; round++ {
 		for i := range cmp {
@@ -104,9 +113,8 @@ func (s *Session) MeasurePlans(ctx context.Context, cmp PlanComparisons, o Measu
 			}
 			var st IterStats
 			for range steps {
-				b, _ := o.Data.Next()
 				var err error
-				if st, err = s.Step(ctx, b); err != nil {
+				if st, err = o.step(ctx, s); err != nil {
 					return err
 				}
 			}
@@ -117,6 +125,36 @@ func (s *Session) MeasurePlans(ctx context.Context, cmp PlanComparisons, o Measu
 		}
 	}
 	return nil
+}
+
+// step trains one iteration on the next batch of o's data.
+func (o MeasureOptions) step(ctx context.Context, s *Session) (IterStats, error) {
+	if o.Tokens != nil {
+		return s.StepTokens(ctx, o.Tokens.Next())
+	}
+	b, _ := o.Data.Next()
+	return s.Step(ctx, b)
+}
+
+// CalibrationWarmup iterations of a fresh plan run before the ones that
+// calibrate (MeasureOptions.Calibrate): the first iterations of fresh
+// workers are up to 1.7× slower (heaps and buffers growing).
+const CalibrationWarmup = 2
+
+// calibrate runs o.Calibrate iterations of the current plan after
+// CalibrationWarmup unmeasured ones and recalibrates on them.
+func (o MeasureOptions) calibrate(ctx context.Context, s *Session) error {
+	var calib []IterStats
+	for i := range CalibrationWarmup + o.Calibrate {
+		st, err := o.step(ctx, s)
+		if err != nil {
+			return fmt.Errorf("pipeline: calibration iteration: %w", err)
+		}
+		if i >= CalibrationWarmup {
+			calib = append(calib, st)
+		}
+	}
+	return s.Recalibrate(calib)
 }
 
 // PlanComparisons are the entries of ComparePlans, in the order asked.

@@ -38,12 +38,19 @@ type PlanMeasurement struct {
 	Times     []float64  `json:"times"`
 }
 
-// MeasureStrategies plans with each of strategies, runs each plan for
-// m.Rounds iterations in turn (real training steps, on m.Data), then
+// MeasureStrategies calibrates the cost model on the current plan
+// (m.Calibrate), plans with each of strategies, runs each plan for
+// m.Rounds iterations in turn (real training steps, on m's data), then
 // leaves the session on then's plan (Compare). It prints each
 // measurement, and each strategy that cannot plan, on log; those are left
 // out of the result.
 func (s *Session) MeasureStrategies(ctx context.Context, strategies []string, then string, m MeasureOptions, log io.Writer) ([]PlanMeasurement, error) {
+	if m.Calibrate > 0 {
+		fmt.Fprintf(log, "calibrating the cost model on %d iterations of the current plan\n", m.Calibrate)
+		if err := m.calibrate(ctx, s); err != nil {
+			return nil, err
+		}
+	}
 	cmp, err := s.Compare(ctx, CompareOptions{
 		Strategies: strategies,
 		Planned: func(PlanComparisons) error {

@@ -80,7 +80,7 @@ func (cfg *TrainConfig) checkModel(given func(string) bool) error {
 	if dataset == "" {
 		dataset = "gcide"
 	}
-	for _, name := range []string{"epochs", "limit", "data_dir", "compare"} {
+	for _, name := range []string{"epochs", "limit", "data_dir"} {
 		if given(name) && train.IsTextData(dataset) {
 			return launch.NewFieldError(nil, "%s is for image models; a language model trains for %s on %s "+dataset, name, "steps", "data")
 		}

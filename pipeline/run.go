@@ -62,8 +62,8 @@ type TrainConfig struct {
 	// Strategy plans the stages, unless Plan fixes the initial plan.
 	Strategy string
 	Plan     *alloc.Plan
-	// Compare, if set, names strategies (of an image model) whose plans
-	// are measured for CompareRounds iterations each before training.
+	// Compare, if set, names strategies whose plans are measured for
+	// CompareRounds iterations each before training.
 	Compare       []string
 	CompareRounds int
 	// ReplanThreshold is the drift of a stage's speed that re-plans (0:
@@ -133,21 +133,24 @@ type RunResult struct {
 
 // LMRunResult is what Train prints with JSON for a language model.
 type LMRunResult struct {
-	Model         string         `json:"model"`
-	Data          string         `json:"data"`
-	Iterations    int            `json:"iterations"`
-	Ran           int            `json:"iterations_run"`
-	Seconds       float64        `json:"seconds"`
-	FinalLoss     float64        `json:"final_loss"`
-	FinalAccuracy float64        `json:"final_token_accuracy"`
-	ValLoss       float64        `json:"val_loss"`
-	ValPerplexity float64        `json:"val_perplexity"`
-	ValTokens     int            `json:"val_tokens"`
-	Plan          alloc.Plan     `json:"plan"`
-	Workers       []WorkerInfo   `json:"workers"`
-	Events        []string       `json:"events,omitempty"`
-	Last          *IterStats     `json:"last_iteration,omitempty"`
-	Config        map[string]any `json:"config"`
+	Model         string       `json:"model"`
+	Data          string       `json:"data"`
+	Iterations    int          `json:"iterations"`
+	Ran           int          `json:"iterations_run"`
+	Seconds       float64      `json:"seconds"`
+	FinalLoss     float64      `json:"final_loss"`
+	FinalAccuracy float64      `json:"final_token_accuracy"`
+	ValLoss       float64      `json:"val_loss"`
+	ValPerplexity float64      `json:"val_perplexity"`
+	ValTokens     int          `json:"val_tokens"`
+	Plan          alloc.Plan   `json:"plan"`
+	Workers       []WorkerInfo `json:"workers"`
+	Events        []string     `json:"events,omitempty"`
+	Last          *IterStats   `json:"last_iteration,omitempty"`
+	// Compare holds the plans of TrainConfig.Compare as measured before
+	// training.
+	Compare []PlanMeasurement `json:"compare,omitempty"`
+	Config  map[string]any    `json:"config"`
 }
 
 // Train runs a pipeline coordinator's role: it reads the data, starts the

@@ -69,8 +69,15 @@ func (r *coordRun) measurePlans(ctx context.Context, s *Session, trainSet *data.
 		return nil, err
 	}
 	// Train on Strategy's plan: the one just measured if it was compared.
-	return s.MeasureStrategies(ctx, c.Compare, c.Strategy, MeasureOptions{Data: NewBatches(loader), Rounds: c.CompareRounds}, r.log)
+	return s.MeasureStrategies(ctx, c.Compare, c.Strategy, MeasureOptions{Data: NewBatches(loader), Rounds: c.CompareRounds, Warmup: 1, Calibrate: compareCalibration}, r.log)
 }
+
+// compareCalibration iterations of the first plan calibrate the cost
+// model before the plans of TrainConfig.Compare are planned and
+// predicted; each install of a plan then runs one unmeasured iteration
+// before its measured one (the first after a switch is slower than the
+// plan's steady state).
+const compareCalibration = 5
 
 // lmText is a language model's data for the pipeline: the spec completed
 // with the vocabulary and context, and the tokens split into training and
@@ -152,6 +159,21 @@ func (r *coordRun) trainLM(ctx context.Context, sc *Scenario, corpus *lmText) er
 	for range s.Iter() {
 		sampler.Next() // a resumed run continues the sequence of batches
 	}
+	var compared []PlanMeasurement
+	if len(c.Compare) > 0 {
+		own, err := text.NewSampler(corpus.train, c.Batch, corpus.info.Input[0], c.Seed+1)
+		if err != nil {
+			return err
+		}
+		compared, err = s.MeasureStrategies(ctx, c.Compare, c.Strategy, MeasureOptions{Tokens: own, Rounds: c.CompareRounds, Warmup: 1, Calibrate: compareCalibration}, r.log)
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			fmt.Fprintf(r.log, "comparing plans failed, training without it: %v\n", err)
+			compared = nil
+		}
+	}
 	tr, err := s.Train(ctx, TrainOptions{Tokens: sampler, Steps: int(total), EvalTokens: corpus.val, EvalBatch: 16,
 		OnIteration: r.onIteration(c.Batch), Stats: c.Stats, BeforeStep: sc.FailureDrill(c.KillWorker, c.KillAt, r.log)})
 	if err != nil {
@@ -159,7 +181,7 @@ func (r *coordRun) trainLM(ctx context.Context, sc *Scenario, corpus *lmText) er
 	}
 	res := LMRunResult{Model: corpus.spec, Data: corpus.name, ValTokens: len(corpus.val),
 		Iterations: tr.Iterations, Ran: tr.Ran, Seconds: tr.Duration.Seconds(), FinalLoss: tr.Last.Loss, FinalAccuracy: tr.Last.Accuracy,
-		ValLoss: tr.TestLoss, ValPerplexity: math.Exp(tr.TestLoss), Plan: s.Plan(), Workers: sc.Coordinator().Workers(), Events: tr.Events, Last: &tr.Last,
+		ValLoss: tr.TestLoss, ValPerplexity: math.Exp(tr.TestLoss), Plan: s.Plan(), Workers: sc.Coordinator().Workers(), Events: tr.Events, Last: &tr.Last, Compare: compared,
 		Config: map[string]any{"model": corpus.spec, "batch": c.Batch, "micro": c.Micro, "schedule": c.Schedule.String(), "strategy": c.Strategy, "lr": c.LR}}
 	if c.JSON {
 		return r.printJSON(res)

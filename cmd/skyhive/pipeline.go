@@ -90,7 +90,7 @@ func (p *pipelineFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&c.WorkerRegions, "worker-regions", "", "comma-separated region per local worker (default: round-robin over the profile's regions)")
 	fl.StringVar(&c.CoordinatorRegion, "coordinator-region", "", "the coordinator's region (default: the profile's first)")
 	p.link.register(fl, "between two regions a and b of local workers (instead of --regions)", 0)
-	fl.StringVar(&c.Compare, "compare", "", "before training, measure the iteration time of these strategies' plans in turn (e.g. even,skyhive), then train with --strategy")
+	fl.StringVar(&c.Compare, "compare", "", "before training, calibrate the cost model on 5 iterations of the first plan, then measure the iteration time of these strategies' plans in turn next to their calibrated predictions (e.g. even,skyhive), then train with --strategy")
 	fl.IntVar(&c.CompareRounds, "compare-rounds", c.CompareRounds, "measured iterations per strategy of --compare (alternating, after one warm-up each)")
 	p.train.metrics.register(fl)
 	renameFlags(fl, map[string]string{"link-latency": "latency", "link-bandwidth": "bandwidth", "micro-batches": "micro"})

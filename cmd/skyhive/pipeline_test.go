@@ -18,8 +18,9 @@ import (
 	"github.com/skyhive/skyhive/pipeline"
 )
 
-// train pipeline on an image model compares the plans of --compare (6
-// iterations: two rounds of two plans, each first run once unmeasured),
+// train pipeline on an image model compares the plans of --compare (15
+// iterations: 7 calibrating the cost model, then two rounds of two plans,
+// each installed and first run once unmeasured),
 // trains on --strategy's plan up to --steps iterations in all, recovers
 // from the failure drill's killed worker and prints its JSON result.
 func TestTrainPipelineCompare(t *testing.T) {
@@ -28,8 +29,8 @@ func TestTrainPipelineCompare(t *testing.T) {
 	}
 	var stdout syncBuffer
 	p := startCLI(t, &stdout, "train", "pipeline", "--workers", "3", "--slowdown-max", "3", "--data", "blobs", "--model", "deep-mlp:32x6",
-		"--batch", "32", "--micro", "2", "--steps", "12", "--compare", "even,skyhive", "--compare-rounds", "2", "--strategy", "even",
-		"--kill-worker", "1", "--kill-at", "8", "--log-every", "0", "--json")
+		"--batch", "32", "--micro", "2", "--steps", "24", "--compare", "even,skyhive", "--compare-rounds", "2", "--strategy", "even",
+		"--kill-worker", "1", "--kill-at", "20", "--log-every", "0", "--json")
 	if err := p.wait(t, 3*time.Minute); err != nil {
 		t.Fatalf("%v\n%s", err, tail(p.stderr.String()))
 	}
@@ -37,7 +38,9 @@ func TestTrainPipelineCompare(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil {
 		t.Fatalf("stdout is not the JSON result: %v\n%s\n%s", err, stdout.String(), tail(p.stderr.String()))
 	}
-	if res.Iterations != 12 || res.Ran != 6 || len(res.Plan.Stages) == 0 || !(res.TestAccuracy > 0) {
+	// The comparison: 2 + 5 calibration iterations, then two rounds of
+	// two plans, each installed and run once unmeasured.
+	if res.Iterations != 24 || res.Ran != 24-15 || len(res.Plan.Stages) == 0 || !(res.TestAccuracy > 0) {
 		t.Fatalf("result %+v", res)
 	}
 	if len(res.Compare) != 2 || res.Compare[0].Strategy != "even" || res.Compare[1].Strategy != "skyhive" {
@@ -48,7 +51,7 @@ func TestTrainPipelineCompare(t *testing.T) {
 			t.Errorf("%s measured %+v", m.Strategy, m)
 		}
 	}
-	if len(res.Events) == 0 || !strings.Contains(p.stderr.String(), "failure drill: killing worker w1 before iteration 8") {
+	if len(res.Events) == 0 || !strings.Contains(p.stderr.String(), "failure drill: killing worker w1 before iteration 20") {
 		t.Errorf("no recovery from the failure drill: events %v\n%s", res.Events, tail(p.stderr.String()))
 	}
 	if !strings.Contains(p.stderr.String(), "comparing plans of even,skyhive: 2 measured iterations each") {

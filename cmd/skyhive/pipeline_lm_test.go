@@ -4,7 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,4 +86,67 @@ func TestTrainPipelineLMBadFlags(t *testing.T) {
 			t.Errorf("%v: %v, want an error about %q", tc.args, err, tc.want)
 		}
 	}
+}
+
+// A worker whose PyTorch executor dies stops and says what to do; the
+// executor of a worker that stops goes with it.
+func TestPyTorchWorkerExecutorDies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a coordinator, a worker and a PyTorch executor")
+	}
+	py := torchPython(t)
+	corpus := writeText(t)
+	var coordErr syncBuffer
+	startCLIWith(t, nil, &coordErr, "train", "pipeline", "--join-wait", "1", "--listen", "/ip4/127.0.0.1/tcp/0", "--model", "gpt-mini",
+		"--data", "text:"+corpus, "--vocab", "280", "--seq", "16", "--batch", "4", "--steps", "100000", "--log-every", "0")
+	join := regexp.MustCompile(`skyhive worker --join (\S+)`)
+	waitFor(t, "the coordinator's address", time.Minute, func() bool { return join.MatchString(coordErr.String()) })
+	addr := join.FindStringSubmatch(coordErr.String())[1]
+
+	var workerErr syncBuffer
+	w := startCLIWith(t, nil, &workerErr, "worker", "--join", addr, "--executor", "python", "--python", py, "--device", "cpu")
+	waitFor(t, "the worker's executor", time.Minute, func() bool { return strings.Contains(workerErr.String(), "computing in PyTorch") })
+	waitFor(t, "training", time.Minute, func() bool { return strings.Contains(coordErr.String(), "plan (") })
+	exec := childrenRunning(t, w.cmd.Process.Pid, "skyhive.executor")
+	if len(exec) != 1 {
+		t.Fatalf("the worker has %d executor children, want 1", len(exec))
+	}
+	if err := syscall.Kill(exec[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := w.wait(t, 30*time.Second)
+	if err == nil || !strings.Contains(workerErr.String(), "the PyTorch executor exited") || !strings.Contains(workerErr.String(), "start the worker again") {
+		t.Fatalf("worker after its executor was killed: %v\n%s", err, tail(workerErr.String()))
+	}
+}
+
+// childrenRunning returns the PIDs of pid's children whose command line
+// contains what.
+func childrenRunning(t *testing.T, pid int, what string) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so parse after ')'.
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(fields) < 2 || fields[1] != strconv.Itoa(pid) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if strings.Contains(string(cmdline), what) {
+			out = append(out, child)
+		}
+	}
+	return out
 }

@@ -138,6 +138,18 @@ func (e *Executor) StageDiscard(ctx context.Context, uid string) error {
 	return err
 }
 
+// StageFree makes the executor forget stage uid: its layers, optimizer
+// and kept passes (and, on a GPU, their memory).
+func (e *Executor) StageFree(ctx context.Context, uid string) error {
+	_, err := e.call(ctx, execMessage{Op: "stage_free", UID: uid}, e.cfg.CallTimeout)
+	return err
+}
+
+// stageProfileTimeout bounds one StageProfile call, which runs the whole
+// model's passes several times (longer than CallTimeout on a CPU for a
+// large model).
+const stageProfileTimeout = 10 * time.Minute
+
 // StageProfile times stage uid layer by layer on x with labels y (the
 // cross entropy of its output), reps times after a warm-up: it returns
 // each layer's median forward and backward busy seconds, each pass's wall
@@ -152,7 +164,7 @@ func (e *Executor) StageProfile(ctx context.Context, uid string, x, y *tensor.Te
 	defer e.mu.Unlock()
 	e.put(0, x)
 	e.put(n, y)
-	reply, err := e.roundTrip(ctx, execMessage{Op: "stage_profile", UID: uid, Shape: x.Shape, X: 0, YShape: y.Shape, DY: n, Reps: reps, Profile: optim}, e.cfg.CallTimeout)
+	reply, err := e.roundTrip(ctx, execMessage{Op: "stage_profile", UID: uid, Shape: x.Shape, X: 0, YShape: y.Shape, DY: n, Reps: reps, Profile: optim}, max(e.cfg.CallTimeout, stageProfileTimeout))
 	if err != nil {
 		return nil, nil, nil, 0, err
 	}

@@ -108,6 +108,10 @@ func TestPipelineStagesInPyTorch(t *testing.T) {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
 	defer s.Close()
+	// Profiling built the whole model in every executor, and freed it.
+	if _, err := execs[0].StageGradSq(ctx, "profile"); err == nil || !strings.Contains(err.Error(), "no stage was built") {
+		t.Errorf("the profiled model after profiling: %v, want it gone", err)
+	}
 
 	// The reference: the whole model in one process, from the same seed.
 	ref, err := pipeline.BuildModel(spec, seed)
@@ -199,5 +203,28 @@ func TestPipelineStagesInPyTorch(t *testing.T) {
 			t.Fatalf("step %d (plan %v): loss %.7f through the pipeline, %.7f in one process", i, plans[i/2], it.Loss, want)
 		}
 		t.Logf("step %d: loss %.6f (one process %.6f)", i, it.Loss, want)
+	}
+	s.Close()
+
+	// Iterations that time out at once (IterTimeout 1 ms) fail and are
+	// re-planned, but the executors live on: a call to one is never
+	// cancelled midway (its state would be lost; the bridge kills an
+	// executor whose answer it stops waiting for).
+	for i := range 2 {
+		execs[i] = testExecutor(t, StageModule, 0, 1<<20)
+	}
+	c = torchPipeline(t, ctx, execs[:2])
+	s, err = c.Start(ctx, pipeline.SessionConfig{Model: spec, Seed: seed, Batch: 6, Micro: 3, Schedule: pipeline.GPipe,
+		Optim: o, ProfileReps: 1, IterTimeout: time.Millisecond, MaxRecoveries: 1, Log: &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StepTokens(ctx, smp.Next()); err == nil {
+		t.Fatal("an iteration of 1 ms succeeded")
+	}
+	for i, ex := range execs[:2] {
+		if err := ex.Err(); err != nil {
+			t.Fatalf("executor %d after iterations that timed out: %v", i, err)
+		}
 	}
 }

@@ -358,7 +358,7 @@ func (w *Worker) runIter(ctx context.Context, st *stage, box *inbox, req iterReq
 	}
 	resp := it.resp
 	if st.exec != nil {
-		sq, err := st.exec.StageGradSq(ctx, execStage)
+		sq, err := st.exec.StageGradSq(execCtx(ctx), execStage)
 		if err != nil {
 			return iterResp{}, err
 		}

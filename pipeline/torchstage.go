@@ -25,6 +25,7 @@ type StageExecutor interface {
 	StageGradSq(ctx context.Context, uid string) (float64, error)
 	StageStep(ctx context.Context, uid string, lr, scale float64) (float64, error)
 	StageDiscard(ctx context.Context, uid string) error
+	StageFree(ctx context.Context, uid string) error
 	StageProfile(ctx context.Context, uid string, x, y *tensor.Tensor, reps int, optim bool) (fwd, bwd []float64, passes [][2]float64, perParam float64, err error)
 	State(ctx context.Context, uid string) (map[string]*tensor.Tensor, int64, error)
 	Load(ctx context.Context, uid string, tensors map[string]*tensor.Tensor, step int64) error
@@ -41,6 +42,14 @@ const (
 // state.
 const execSetup = 5 * time.Minute
 
+// execCtx is the context of a call to the executor: ctx's values without
+// its cancellation. The executor cannot take back a call it is computing,
+// so a cancelled call would end it (bridge.Executor kills an executor
+// whose answer it stops waiting for); an aborted iteration instead stops
+// after the op in progress. Each call is bounded by the executor's own
+// timeout.
+func execCtx(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // optimKind is the executor's name of the configured optimizer.
@@ -56,7 +65,7 @@ func (c OptimConfig) optimKind() string {
 // model's, name for name and shape for shape: a mismatch means the
 // executor's skyhive package is not this binary's.
 func (st *stage) buildExec(ctx context.Context, x StageExecutor, snap Snapshot) error {
-	ctx, cancel := context.WithTimeout(ctx, execSetup)
+	ctx, cancel := context.WithTimeout(execCtx(ctx), execSetup)
 	defer cancel()
 	o := st.req.Optim
 	shapes, err := x.BuildStage(ctx, execStage, st.req.Model, st.req.First, st.req.Last, o.optimKind(), o.LR, o.WeightDecay, o.Momentum)
@@ -86,7 +95,8 @@ func (st *stage) buildExec(ctx context.Context, x StageExecutor, snap Snapshot) 
 	if err := x.Load(ctx, execStage, tensors, snap.Step); err != nil {
 		return fmt.Errorf("pipeline: PyTorch stage state: %w", err)
 	}
-	st.exec = x
+	// The executor holds the layers; the Go copy only described them.
+	st.exec, st.model = x, nil
 	return nil
 }
 
@@ -94,6 +104,7 @@ func (st *stage) buildExec(ctx context.Context, x StageExecutor, snap Snapshot) 
 // the busy time the executor measured.
 func (it *iterRun) runExec(ctx context.Context, op Op, in *tensor.Tensor) (*tensor.Tensor, time.Duration, error) {
 	st := it.st
+	ctx = execCtx(ctx)
 	n := it.req.Sizes[op.Micro]
 	if op.Backward {
 		var shape []int
@@ -116,7 +127,7 @@ func (it *iterRun) runExec(ctx context.Context, op Op, in *tensor.Tensor) (*tens
 
 // fetchExec returns the executor stage's weights and optimizer state.
 func (st *stage) fetchExec(ctx context.Context) (Snapshot, error) {
-	ts, step, err := st.exec.State(ctx, execStage)
+	ts, step, err := st.exec.State(execCtx(ctx), execStage)
 	if err != nil {
 		return Snapshot{}, err
 	}
@@ -137,6 +148,10 @@ func (st *stage) fetchExec(ctx context.Context) (Snapshot, error) {
 // calibration size.
 func (w *Worker) profileExec(ctx context.Context, req profileReq, model *nn.Sequential, info ModelInfo, resp *profileResp, after func(wall, busy time.Duration)) error {
 	x := w.cfg.Executor
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ctx = execCtx(ctx)
 	bctx, cancel := context.WithTimeout(ctx, execSetup)
 	defer cancel()
 	o := req.Optim
@@ -146,6 +161,8 @@ func (w *Worker) profileExec(ctx context.Context, req profileReq, model *nn.Sequ
 	if _, err := x.BuildStage(bctx, execProfile, req.Model, 0, model.Len(), o.optimKind(), o.LR, o.WeightDecay, o.Momentum); err != nil {
 		return fmt.Errorf("pipeline: profiling in PyTorch: %w", err)
 	}
+	// The whole model leaves the executor's device when profiling ends.
+	defer func() { _ = x.StageFree(ctx, execProfile) }()
 	sample := func(n int) (*tensor.Tensor, *tensor.Tensor) {
 		in, y := profileBatch(info, req.Seed, n)
 		labels := tensor.New(len(y))

@@ -30,8 +30,8 @@ type stage struct {
 	iter    int       // iterations committed
 
 	// exec, if set, holds the layers and their optimizer (a PyTorch
-	// stage); model then only describes them, and params is nil. names
-	// are the stage's parameter names.
+	// stage); model and params are then nil. names are the stage's
+	// parameter names.
 	exec  StageExecutor
 	names map[string]bool
 }
@@ -40,7 +40,7 @@ type stage struct {
 // forward passes).
 func (s *stage) discard(ctx context.Context) error {
 	if s.exec != nil {
-		return s.exec.StageDiscard(ctx, execStage)
+		return s.exec.StageDiscard(execCtx(ctx), execStage)
 	}
 	nn.ZeroGrad(s.params)
 	return nil
@@ -184,7 +184,7 @@ func (w *Worker) onCommit(ctx context.Context, b []byte) ([]byte, error) {
 	var execBusy float64
 	if st.exec != nil {
 		var err error
-		if execBusy, err = st.exec.StageStep(ctx, execStage, req.LR, req.Scale); err != nil {
+		if execBusy, err = st.exec.StageStep(execCtx(ctx), execStage, req.LR, req.Scale); err != nil {
 			return nil, fmt.Errorf("pipeline: commit: %w", err)
 		}
 	} else {

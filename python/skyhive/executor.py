@@ -28,6 +28,7 @@ and for a pipeline stage (the module is skyhive.stages:layers):
     stage_grads                         -> done {norm: sum of squares}
     stage_step {lr, scale}              -> done
     stage_discard                       -> done
+    stage_free                          -> done
     stage_profile {shape, x, yshape, dy,
                    reps, optim}         -> profile {fwd, bwd, passes,
                                                     per_param, memory}
@@ -480,6 +481,15 @@ class Executor:
 
         return {"op": "profile", "fwd": [median(v) for v in fwd], "bwd": [median(v) for v in bwd],
                 "passes": passes, "per_param": per_param, "memory": self._memory()}
+
+    def op_stage_free(self, msg):
+        """Forgets a stage: its layers, optimizer and kept passes."""
+        st = self._stage(msg)
+        st["kept"].clear()
+        del self.experts[str(msg.get("uid") or "stage")]
+        if self.device.type == "cuda":
+            self.torch.cuda.empty_cache()
+        return {"op": "done"}
 
     def op_stage_discard(self, msg):
         """Drops kept forward passes and zeroes the gradients."""

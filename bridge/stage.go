@@ -57,25 +57,8 @@ type StageOptim struct {
 // its output, which must have the shape want, and the busy seconds; the
 // executor keeps what the micro-batch's backward pass needs.
 func (e *Executor) StageForward(ctx context.Context, uid string, micro int, x *tensor.Tensor, want []int) (*tensor.Tensor, float64, error) {
-	n, m := x.Len(), tensor.NumElements(want)
-	if err := e.fits(n, m); err != nil {
-		return nil, 0, err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	start := time.Now()
-	e.put(0, x)
-	reply, err := e.roundTrip(ctx, execMessage{Op: "stage_forward", UID: uid, Micro: micro, Shape: x.Shape, X: 0, Out: n, Room: m}, e.cfg.CallTimeout)
-	if err != nil {
-		return nil, 0, err
-	}
-	e.account(start, reply)
-	if !tensor.SameShape(reply.Shape, want) {
-		return nil, 0, &ExecutorError{Kind: "module", Msg: fmt.Sprintf("the stage returned shape %v, want %v", reply.Shape, want)}
-	}
-	y := tensor.New(want...)
-	copy(y.Data, e.region.floats(n, m))
-	return y, reply.CPU, nil
+	n := x.Len()
+	return e.stageCall(ctx, execMessage{Op: "stage_forward", UID: uid, Micro: micro, Shape: x.Shape, X: 0, Out: n, Room: tensor.NumElements(want)}, x, want, "the stage returned")
 }
 
 // StageBackward backpropagates dy through micro-batch micro's forward
@@ -83,28 +66,36 @@ func (e *Executor) StageForward(ctx context.Context, uid string, micro int, x *t
 // gradient of the stage's input, of shape in, or nil when in is nil (the
 // first stage, whose input is data), and the busy seconds.
 func (e *Executor) StageBackward(ctx context.Context, uid string, micro int, dy *tensor.Tensor, in []int) (*tensor.Tensor, float64, error) {
-	n, m := dy.Len(), tensor.NumElements(in)
-	if err := e.fits(n, m); err != nil {
+	return e.stageCall(ctx, execMessage{Op: "stage_backward", UID: uid, Micro: micro, Shape: dy.Shape, DY: 0, Out: dy.Len()}, dy, in, "the stage's input gradient has")
+}
+
+// stageCall puts in at the start of the region, sends m, whose result
+// follows in, and reads that result, which must have the shape want (no
+// result when want is nil); what names the result in an error. It
+// returns the busy seconds the executor measured.
+func (e *Executor) stageCall(ctx context.Context, m execMessage, in *tensor.Tensor, want []int, what string) (*tensor.Tensor, float64, error) {
+	n, k := in.Len(), tensor.NumElements(want)
+	if err := e.fits(n, k); err != nil {
 		return nil, 0, err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	start := time.Now()
-	e.put(0, dy)
-	reply, err := e.roundTrip(ctx, execMessage{Op: "stage_backward", UID: uid, Micro: micro, Shape: dy.Shape, DY: 0, Out: n}, e.cfg.CallTimeout)
+	e.put(0, in)
+	reply, err := e.roundTrip(ctx, m, e.cfg.CallTimeout)
 	if err != nil {
 		return nil, 0, err
 	}
 	e.account(start, reply)
-	if in == nil {
+	if want == nil {
 		return nil, reply.CPU, nil
 	}
-	if !tensor.SameShape(reply.Shape, in) {
-		return nil, 0, &ExecutorError{Kind: "module", Msg: fmt.Sprintf("the stage's input gradient has shape %v, want %v", reply.Shape, in)}
+	if !tensor.SameShape(reply.Shape, want) {
+		return nil, 0, &ExecutorError{Kind: "module", Msg: fmt.Sprintf("%s shape %v, want %v", what, reply.Shape, want)}
 	}
-	dx := tensor.New(in...)
-	copy(dx.Data, e.region.floats(n, m))
-	return dx, reply.CPU, nil
+	out := tensor.New(want...)
+	copy(out.Data, e.region.floats(n, k))
+	return out, reply.CPU, nil
 }
 
 // StageGradSq returns the sum of the squares of stage uid's accumulated
